@@ -1,0 +1,352 @@
+// Package agent is skiffd: one per host, it joins the cluster, owns the
+// host's data plane and converges it to the cluster store. Kernel state
+// (links, routes, neighbours, iptables chains) outlives the process, so the
+// agent can restart — or lose the store — without dropping traffic.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/store"
+)
+
+// Modes the agent can run the data plane in.
+var Modes = []string{"overlay"}
+
+// Config is what skiffd is started with.
+type Config struct {
+	Name          string // host name in the cluster
+	Underlay      string // interface carrying the underlay address
+	EtcdEndpoints []string
+	Socket        string // API socket path
+	StateDir      string // local cache of the host's cluster identity
+	Cluster       store.Cluster
+	Mode          string
+	ResyncEvery   time.Duration // full reconcile period besides watch events
+}
+
+// Agent is a running skiffd.
+type Agent struct {
+	cfg   Config
+	log   *slog.Logger
+	store *store.Store
+
+	mu      sync.Mutex // serialises data-plane changes
+	host    store.Host
+	cluster store.Cluster
+	overlay *overlay.Overlay
+
+	stateMu      sync.Mutex
+	isRegistered bool // the store has confirmed this host since start
+	storeErr     error
+	syncErr   error
+	lastSync  time.Time
+	remotes   int
+	endpoints int
+}
+
+type identity struct {
+	Cluster store.Cluster `json:"cluster"`
+	Host    store.Host    `json:"host"`
+}
+
+// New validates cfg and connects to the store (without waiting for it).
+func New(cfg Config, log *slog.Logger) (*Agent, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("host name is empty")
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = "overlay"
+	}
+	if !validMode(cfg.Mode) {
+		return nil, fmt.Errorf("mode %q is not one of %v", cfg.Mode, Modes)
+	}
+	if cfg.ResyncEvery == 0 {
+		cfg.ResyncEvery = 30 * time.Second
+	}
+	if err := cfg.Cluster.Validate(); err != nil {
+		return nil, err
+	}
+	under, err := overlay.UnderlayAddr(cfg.Underlay)
+	if err != nil {
+		return nil, err
+	}
+	if under.Masked().Overlaps(cfg.Cluster.CIDR) {
+		return nil, fmt.Errorf("cluster CIDR %s overlaps the underlay network %s of %s: choose another --cluster-cidr", cfg.Cluster.CIDR, under.Masked(), cfg.Underlay)
+	}
+	s, err := store.Open(cfg.EtcdEndpoints)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: log, store: s}
+	a.host = store.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String()}
+	return a, nil
+}
+
+func validMode(m string) bool {
+	for _, x := range Modes {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+// Run joins the cluster, builds the data plane, serves the API and converges
+// until ctx ends. The data plane stays in place when Run returns.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.store.Close()
+	if err := a.join(ctx); err != nil {
+		return err
+	}
+	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay}, a.log)
+	if err != nil {
+		return err
+	}
+	if err := ov.Setup(); err != nil {
+		return fmt.Errorf("set up overlay: %w", err)
+	}
+	a.overlay = ov
+	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.cfg.Mode)
+
+	srv, err := a.serve(a.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	a.converge(ctx)
+	a.log.Info("stopping; the data plane stays in place")
+	return nil
+}
+
+// join registers the host. With a cached identity from an earlier run the
+// agent does not need the store to start: it rebuilds the data plane from
+// the cache and registers once the store answers.
+func (a *Agent) join(ctx context.Context) error {
+	cached, haveCache := a.loadIdentity()
+	if haveCache && cached.Cluster != a.cfg.Cluster {
+		return fmt.Errorf("this host was set up for cluster %+v (state in %s), not %+v", cached.Cluster, a.cfg.StateDir, a.cfg.Cluster)
+	}
+	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
+		err := a.tryJoin(ctx)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, store.ErrUnavailable) {
+			return err
+		}
+		a.setStoreErr(err)
+		if haveCache {
+			a.log.Warn("cluster store unreachable; starting from cached identity", "err", err)
+			a.cluster, a.host.Subnet = cached.Cluster, cached.Host.Subnet
+			return nil
+		}
+		a.log.Warn("cluster store unreachable; retrying", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (a *Agent) tryJoin(ctx context.Context) error {
+	c, err := a.store.EnsureCluster(ctx, a.cfg.Cluster)
+	if err != nil {
+		return err
+	}
+	h, err := ipam.Join(ctx, a.store, c, a.host)
+	if err != nil {
+		return fmt.Errorf("join cluster as %s: %w", a.host.Name, err)
+	}
+	if a.host.Subnet.IsValid() && h.Subnet != a.host.Subnet {
+		// Only possible when the host was removed and its subnet taken by
+		// another host meanwhile: the data plane built for the old subnet
+		// must not serve the new one.
+		return fmt.Errorf("host %s was removed and its subnet %s given away; restart skiffd to take %s", h.Name, a.host.Subnet, h.Subnet)
+	}
+	a.cluster, a.host = c, h
+	a.setStoreErr(nil)
+	a.setRegistered(true)
+	return a.saveIdentity()
+}
+
+func (a *Agent) identityPath() string { return filepath.Join(a.cfg.StateDir, "identity.json") }
+
+func (a *Agent) loadIdentity() (identity, bool) {
+	var id identity
+	data, err := os.ReadFile(a.identityPath())
+	if err != nil || json.Unmarshal(data, &id) != nil || id.Host.Name != a.host.Name {
+		return id, false
+	}
+	return id, true
+}
+
+func (a *Agent) saveIdentity() error {
+	if err := os.MkdirAll(a.cfg.StateDir, 0o755); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	data, _ := json.MarshalIndent(identity{Cluster: a.cluster, Host: a.host}, "", "  ")
+	tmp := a.identityPath() + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	return os.Rename(tmp, a.identityPath())
+}
+
+// converge reconciles on every store change and periodically, re-watching
+// with backoff when the store goes away.
+func (a *Agent) converge(ctx context.Context) {
+	delay := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, store.EndpointPrefix+a.host.Name+"/")
+		err := a.reconcile(ctx)
+		if err == nil {
+			delay = 250 * time.Millisecond
+		}
+		ticker := time.NewTicker(a.cfg.ResyncEvery)
+	watch:
+		for {
+			select {
+			case <-ctx.Done():
+				ticker.Stop()
+				return
+			case _, ok := <-changed:
+				if !ok {
+					break watch
+				}
+				a.reconcile(ctx)
+			case <-ticker.C:
+				a.reconcile(ctx)
+			}
+		}
+		ticker.Stop()
+		a.log.Warn("store watch ended; retrying", "in", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// reconcile makes the data plane match the store.
+func (a *Agent) reconcile(ctx context.Context) error {
+	err := a.reconcileOnce(ctx)
+	a.stateMu.Lock()
+	defer a.stateMu.Unlock()
+	a.syncErr = err
+	if errors.Is(err, store.ErrUnavailable) {
+		a.storeErr = err
+	} else {
+		a.storeErr = nil
+	}
+	if err == nil {
+		a.lastSync = time.Now()
+	} else {
+		a.log.Warn("reconcile failed", "err", err)
+	}
+	return err
+}
+
+func (a *Agent) reconcileOnce(ctx context.Context) error {
+	if !a.registered() {
+		if err := a.tryJoin(ctx); err != nil {
+			return err
+		}
+	}
+	hosts, err := a.store.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	if !containsHost(hosts, a.host.Name) {
+		// Removed from the cluster while running (skiff hosts remove): register
+		// again, asking for the same subnet, rather than serve a subnet nobody
+		// routes to.
+		a.log.Warn("this host is no longer registered; rejoining")
+		a.setRegistered(false)
+		return a.tryJoin(ctx)
+	}
+	rules, err := a.store.Policies(ctx)
+	if err != nil {
+		return err
+	}
+	eps, err := a.store.Endpoints(ctx, a.host.Name)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	eps = a.collectGarbage(ctx, eps)
+	errs := errors.Join(
+		a.overlay.SyncHosts(hosts),
+		a.overlay.SyncPolicy(rules),
+		a.overlay.PruneEndpoints(eps),
+	)
+	a.stateMu.Lock()
+	a.remotes, a.endpoints = len(hosts)-1, len(eps)
+	a.stateMu.Unlock()
+	return errs
+}
+
+// collectGarbage releases endpoints whose container namespace is gone (a
+// runtime that never called DEL) and returns the rest.
+func (a *Agent) collectGarbage(ctx context.Context, eps []store.Endpoint) []store.Endpoint {
+	keep := eps[:0]
+	for _, e := range eps {
+		if _, err := os.Stat(e.Netns); errors.Is(err, os.ErrNotExist) {
+			a.log.Info("releasing endpoint whose namespace is gone", "container", e.ContainerID, "ip", e.IP)
+			if err := a.overlay.RemoveEndpoint(e); err != nil {
+				a.log.Warn("remove endpoint", "err", err)
+			}
+			if err := ipam.Release(ctx, a.store, e); err != nil {
+				keep = append(keep, e)
+			}
+			continue
+		}
+		keep = append(keep, e)
+	}
+	return keep
+}
+
+func containsHost(hosts []store.Host, name string) bool {
+	for _, h := range hosts {
+		if h.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Agent) registered() bool {
+	a.stateMu.Lock()
+	defer a.stateMu.Unlock()
+	return a.isRegistered
+}
+
+func (a *Agent) setRegistered(ok bool) {
+	a.stateMu.Lock()
+	a.isRegistered = ok
+	a.stateMu.Unlock()
+}
+
+func (a *Agent) setStoreErr(err error) {
+	a.stateMu.Lock()
+	a.storeErr = err
+	a.stateMu.Unlock()
+}
+
+// Subnet returns the host subnet (for tests).
+func (a *Agent) Subnet() netip.Prefix { return a.host.Subnet }

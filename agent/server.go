@@ -1,0 +1,259 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+)
+
+func (a *Agent) serve(socket string) (*http.Server, error) {
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return nil, fmt.Errorf("socket directory: %w", err)
+	}
+	// A socket file left by a previous run would make Listen fail; nobody
+	// answers on it (we are the agent), so remove it.
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", socket, err)
+	}
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", socket, err)
+	}
+	if err := os.Chmod(socket, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", a.handle(func(r *http.Request) (any, error) { return a.Status(r.Context()), nil }))
+	mux.HandleFunc("POST /v1/endpoints", a.handle(func(r *http.Request) (any, error) {
+		return decodeThen(r, a.AddEndpoint)
+	}))
+	mux.HandleFunc("POST /v1/endpoints/check", a.handle(func(r *http.Request) (any, error) {
+		return decodeThen(r, a.CheckEndpoint)
+	}))
+	mux.HandleFunc("POST /v1/endpoints/delete", a.handle(func(r *http.Request) (any, error) {
+		return decodeThen(r, func(ctx context.Context, req api.AddRequest) (any, error) {
+			return struct{}{}, a.DeleteEndpoint(ctx, req)
+		})
+	}))
+	mux.HandleFunc("GET /v1/endpoints", a.handle(func(r *http.Request) (any, error) {
+		host := a.host.Name
+		if r.URL.Query().Get("all") != "" {
+			host = ""
+		}
+		return a.store.Endpoints(r.Context(), host)
+	}))
+	mux.HandleFunc("GET /v1/hosts", a.handle(func(r *http.Request) (any, error) { return a.store.Hosts(r.Context()) }))
+	mux.HandleFunc("DELETE /v1/hosts/{name}", a.handle(func(r *http.Request) (any, error) {
+		return struct{}{}, a.store.RemoveHost(r.Context(), r.PathValue("name"))
+	}))
+	mux.HandleFunc("GET /v1/policies", a.handle(func(r *http.Request) (any, error) { return a.store.Policies(r.Context()) }))
+	mux.HandleFunc("POST /v1/policies", a.handle(func(r *http.Request) (any, error) {
+		return decodeThen(r, func(ctx context.Context, rule policy.Rule) (any, error) {
+			if err := rule.Validate(); err != nil {
+				return nil, badRequest(err)
+			}
+			return struct{}{}, a.store.PutPolicy(ctx, rule)
+		})
+	}))
+	mux.HandleFunc("DELETE /v1/policies/{id}", a.handle(func(r *http.Request) (any, error) {
+		return struct{}{}, a.store.DeletePolicy(r.Context(), r.PathValue("id"))
+	}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("API server stopped", "err", err)
+		}
+	}()
+	a.log.Info("API listening", "socket", socket)
+	return srv, nil
+}
+
+type requestError struct{ error }
+
+func badRequest(err error) error { return requestError{err} }
+
+func decodeThen[T any, R any](r *http.Request, f func(context.Context, T) (R, error)) (any, error) {
+	var in T
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return nil, badRequest(fmt.Errorf("decode request: %w", err))
+	}
+	return f(r.Context(), in)
+}
+
+func (a *Agent) handle(f func(*http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		out, err := f(r)
+		w.Header().Set("Content-Type", "application/json")
+		if err != nil {
+			e := api.Error{Message: err.Error()}
+			status := http.StatusInternalServerError
+			var re requestError
+			switch {
+			case errors.As(err, &re):
+				status = http.StatusBadRequest
+			case errors.Is(err, store.ErrNotFound):
+				status = http.StatusNotFound
+			case errors.Is(err, store.ErrUnavailable):
+				status, e.Retry = http.StatusServiceUnavailable, true
+			}
+			a.log.Warn("API request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+			w.WriteHeader(status)
+			json.NewEncoder(w).Encode(e)
+			return
+		}
+		json.NewEncoder(w).Encode(out)
+	}
+}
+
+// Status reports the agent's view of its host and the cluster.
+func (a *Agent) Status(ctx context.Context) api.Status {
+	pingErr := a.store.Ping(ctx)
+	a.stateMu.Lock()
+	defer a.stateMu.Unlock()
+	s := api.Status{
+		Host: a.host, Cluster: a.cluster, Mode: a.cfg.Mode, StoreReachable: pingErr == nil,
+		Ready: a.isRegistered && a.syncErr == nil && !a.lastSync.IsZero(), Endpoints: a.endpoints,
+		RemoteHosts: a.remotes, LastSync: a.lastSync, Version: api.Version,
+	}
+	if pingErr != nil {
+		s.StoreError = pingErr.Error()
+	}
+	if a.syncErr != nil {
+		s.SyncError = a.syncErr.Error()
+	}
+	return s
+}
+
+var ifNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+
+func (a *Agent) validate(req api.AddRequest) error {
+	switch {
+	case req.ContainerID == "":
+		return badRequest(errors.New("container ID is empty"))
+	case !ifNamePattern.MatchString(req.IfName):
+		return badRequest(fmt.Errorf("interface name %q is not a valid Linux interface name", req.IfName))
+	case !filepath.IsAbs(req.Netns):
+		return badRequest(fmt.Errorf("network namespace %q is not an absolute path", req.Netns))
+	}
+	return nil
+}
+
+func (a *Agent) attachment(e store.Endpoint, o overlay.Attachment) api.Attachment {
+	return api.Attachment{Endpoint: e, Gateway: o.Gateway.String(), MTU: o.MTU, HostVethMAC: o.HostVethMAC,
+		ContainerMAC: o.ContainerMAC, ClusterCIDR: a.cluster.CIDR.String()}
+}
+
+// AddEndpoint allocates an address for a container and attaches it.
+func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attachment, error) {
+	if err := a.validate(req); err != nil {
+		return api.Attachment{}, err
+	}
+	if _, err := os.Stat(req.Netns); err != nil {
+		return api.Attachment{}, badRequest(fmt.Errorf("network namespace %s: %w", req.Netns, err))
+	}
+	if !a.registered() {
+		return api.Attachment{}, fmt.Errorf("host %s is not registered yet: %w", a.host.Name, store.ErrUnavailable)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want := store.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
+		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC()}
+	e, err := ipam.Allocate(ctx, a.store, a.host.Subnet, want)
+	if err != nil {
+		return api.Attachment{}, fmt.Errorf("allocate address: %w", err)
+	}
+	fresh := e.Created.Equal(want.Created)
+	// The same container and interface in a new namespace means the runtime
+	// recreated the sandbox; the endpoint follows it.
+	moved := e.Netns != req.Netns
+	e.Netns = req.Netns
+	att, err := a.overlay.AddEndpoint(e)
+	if err != nil {
+		if fresh {
+			if rerr := ipam.Release(ctx, a.store, e); rerr != nil {
+				a.log.Error("release address after failed attach", "ip", e.IP, "err", rerr)
+			}
+		}
+		return api.Attachment{}, fmt.Errorf("attach %s: %w", req.ContainerID, err)
+	}
+	if e.MAC != att.ContainerMAC || moved || fresh {
+		e.MAC = att.ContainerMAC
+		if err := a.store.PutEndpoint(ctx, e); err != nil {
+			return api.Attachment{}, err
+		}
+	}
+	a.log.Info("endpoint added", "container", e.ContainerID, "if", e.IfName, "ip", e.IP, "veth", e.Veth)
+	return a.attachment(e, att), nil
+}
+
+// CheckEndpoint verifies a container's attachment against the store and the kernel.
+func (a *Agent) CheckEndpoint(ctx context.Context, req api.AddRequest) (api.Attachment, error) {
+	if err := a.validate(req); err != nil {
+		return api.Attachment{}, err
+	}
+	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
+	if err != nil {
+		return api.Attachment{}, err
+	}
+	if e.Netns != req.Netns {
+		return api.Attachment{}, fmt.Errorf("endpoint is attached in %s, not %s", e.Netns, req.Netns)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	att, err := a.overlay.CheckEndpoint(e)
+	if err != nil {
+		return api.Attachment{}, err
+	}
+	return a.attachment(e, att), nil
+}
+
+// DeleteEndpoint detaches a container and releases its address. Deleting an
+// endpoint that is partly or wholly gone succeeds.
+func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
+	if req.ContainerID == "" || !ifNamePattern.MatchString(req.IfName) {
+		return a.validate(req)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
+	if errors.Is(err, store.ErrNotFound) {
+		e = store.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
+			Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns}
+		return a.overlay.RemoveEndpoint(e)
+	}
+	if err != nil {
+		// Take the kernel state down anyway; the runtime retries DEL and the
+		// address is released once the store answers.
+		_ = a.overlay.RemoveEndpoint(store.Endpoint{IfName: req.IfName, Netns: req.Netns,
+			Veth: overlay.VethName(req.ContainerID, req.IfName)})
+		return err
+	}
+	if req.Netns != "" {
+		e.Netns = req.Netns
+	}
+	if err := a.overlay.RemoveEndpoint(e); err != nil {
+		return err
+	}
+	if err := ipam.Release(ctx, a.store, e); err != nil {
+		return err
+	}
+	a.log.Info("endpoint deleted", "container", e.ContainerID, "if", e.IfName, "ip", e.IP)
+	return nil
+}

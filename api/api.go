@@ -1,0 +1,191 @@
+// Package api is the local API of skiffd: JSON over HTTP on a Unix socket,
+// used by the CNI plugin and the CLI. The client maps transport failures to
+// ErrAgentUnreachable and agent answers to typed errors.
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+)
+
+// Version of skiff, reported by every binary.
+const Version = "0.1.0"
+
+// DefaultSocket is where skiffd listens unless told otherwise.
+const DefaultSocket = "/run/skiff/skiffd.sock"
+
+// AddRequest asks the agent to attach a container to the overlay.
+type AddRequest struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Netns       string `json:"netns"`
+}
+
+// Attachment is what the agent built for a container: the data a CNI result
+// needs.
+type Attachment struct {
+	Endpoint     store.Endpoint `json:"endpoint"`
+	Gateway      string         `json:"gateway"`
+	MTU          int            `json:"mtu"`
+	HostVethMAC  string         `json:"hostVethMAC"`
+	ContainerMAC string         `json:"containerMAC"`
+	ClusterCIDR  string         `json:"clusterCIDR"`
+}
+
+// Status describes the agent and its host.
+type Status struct {
+	Host           store.Host    `json:"host"`
+	Cluster        store.Cluster `json:"cluster"`
+	Mode           string        `json:"mode"`
+	StoreReachable bool          `json:"storeReachable"`
+	StoreError     string        `json:"storeError,omitempty"`
+	Ready          bool          `json:"ready"`
+	Endpoints      int           `json:"endpoints"`
+	RemoteHosts    int           `json:"remoteHosts"`
+	LastSync       time.Time     `json:"lastSync"`
+	SyncError      string        `json:"syncError,omitempty"`
+	Version        string        `json:"version"`
+}
+
+// Error is an agent error as it travels over the API.
+type Error struct {
+	Message string `json:"error"`
+	// Retry is set when the failure is temporary (store unreachable, agent
+	// not ready): the caller should try again later.
+	Retry  bool `json:"retry,omitempty"`
+	Status int  `json:"-"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// ErrAgentUnreachable means nothing answered on the socket.
+var ErrAgentUnreachable = errors.New("skiffd is not reachable")
+
+// Client talks to one agent.
+type Client struct {
+	Socket string
+	http   *http.Client
+}
+
+// NewClient returns a client for the agent listening on socket.
+func NewClient(socket string) *Client {
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	return &Client{Socket: socket, http: &http.Client{
+		Timeout: 60 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}},
+	}}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://skiffd"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w at %s: %w", ErrAgentUnreachable, c.Socket, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read answer of skiffd: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		e := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, e) != nil || e.Message == "" {
+			e.Message = fmt.Sprintf("skiffd answered %s: %s", resp.Status, bytes.TrimSpace(data))
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode answer of skiffd to %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// Status returns the agent's status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var s Status
+	return s, c.do(ctx, http.MethodGet, "/v1/status", nil, &s)
+}
+
+// AddEndpoint attaches a container.
+func (c *Client) AddEndpoint(ctx context.Context, r AddRequest) (Attachment, error) {
+	var a Attachment
+	return a, c.do(ctx, http.MethodPost, "/v1/endpoints", r, &a)
+}
+
+// CheckEndpoint verifies that a container's attachment is intact.
+func (c *Client) CheckEndpoint(ctx context.Context, r AddRequest) (Attachment, error) {
+	var a Attachment
+	return a, c.do(ctx, http.MethodPost, "/v1/endpoints/check", r, &a)
+}
+
+// DeleteEndpoint detaches a container; detaching one that is gone succeeds.
+func (c *Client) DeleteEndpoint(ctx context.Context, r AddRequest) error {
+	return c.do(ctx, http.MethodPost, "/v1/endpoints/delete", r, nil)
+}
+
+// Endpoints lists endpoints of this host, or of every host when all is set.
+func (c *Client) Endpoints(ctx context.Context, all bool) ([]store.Endpoint, error) {
+	var eps []store.Endpoint
+	q := "/v1/endpoints"
+	if all {
+		q += "?all=1"
+	}
+	return eps, c.do(ctx, http.MethodGet, q, nil, &eps)
+}
+
+// Hosts lists the cluster's hosts.
+func (c *Client) Hosts(ctx context.Context) ([]store.Host, error) {
+	var hs []store.Host
+	return hs, c.do(ctx, http.MethodGet, "/v1/hosts", nil, &hs)
+}
+
+// RemoveHost removes a host and everything it owns from the cluster.
+func (c *Client) RemoveHost(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/hosts/"+url.PathEscape(name), nil, nil)
+}
+
+// Policies lists the policy rules in evaluation order.
+func (c *Client) Policies(ctx context.Context) (policy.Set, error) {
+	var s policy.Set
+	return s, c.do(ctx, http.MethodGet, "/v1/policies", nil, &s)
+}
+
+// PutPolicy adds or replaces a rule.
+func (c *Client) PutPolicy(ctx context.Context, r policy.Rule) error {
+	return c.do(ctx, http.MethodPost, "/v1/policies", r, nil)
+}
+
+// DeletePolicy removes a rule.
+func (c *Client) DeletePolicy(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/policies/"+url.PathEscape(id), nil, nil)
+}

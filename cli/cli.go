@@ -1,0 +1,278 @@
+// Package cli is the skiff command: status, endpoints, hosts, policies, the
+// lab and the benchmark. Commands take an Env so tests run them in-process.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/policy"
+)
+
+// Env is what a command sees of the world.
+type Env struct {
+	Args           []string
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+}
+
+// exitError carries an exit code without printing anything more.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// usageError is a mistake in how the command was called (exit code 2).
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, env Env, args []string) error
+	hidden  bool
+}
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"status":    {summary: "show this host's agent, store and data plane", run: cmdStatus},
+		"endpoints": {summary: "list container endpoints (--all: of every host)", run: cmdEndpoints},
+		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
+		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
+		"lab":       {summary: "lab up|down|exec|ip|status: an emulated cluster on this machine", run: cmdLab},
+		"version":   {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error { fmt.Fprintln(env.Stdout, "skiff", api.Version); return nil }},
+	}
+}
+
+// Run runs the skiff command line and returns the process exit code.
+func Run(ctx context.Context, env Env) int {
+	if env.Getenv == nil {
+		env.Getenv = os.Getenv
+	}
+	err := dispatch(ctx, env)
+	var ee exitError
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return int(ee)
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintln(env.Stderr, "skiff:", err)
+		return 2
+	default:
+		fmt.Fprintln(env.Stderr, "skiff:", err)
+		return 1
+	}
+}
+
+func dispatch(ctx context.Context, env Env) error {
+	if len(env.Args) == 0 || env.Args[0] == "help" || env.Args[0] == "-h" || env.Args[0] == "--help" {
+		usage(env.Stdout)
+		return nil
+	}
+	c, ok := commands[env.Args[0]]
+	if !ok {
+		usage(env.Stderr)
+		return usagef("unknown command %q", env.Args[0])
+	}
+	return c.run(ctx, env, env.Args[1:])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "skiff: a container overlay network as fast as the host network\n\nusage: skiff COMMAND [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n, c := range commands {
+		if !c.hidden {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nAgent commands talk to skiffd on --socket (or $SKIFF_SOCKET, default "+api.DefaultSocket+");\nwith no agent there but a lab up, they talk to the lab's first host.")
+}
+
+// flags returns a flag set that reports errors as usage errors.
+func flags(env Env, name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("skiff "+name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	return nil
+}
+
+// socketFlag adds --socket and returns a function giving the client.
+func socketFlag(env Env, fs *flag.FlagSet) func() *api.Client {
+	sock := fs.String("socket", "", "skiffd API socket")
+	return func() *api.Client {
+		switch {
+		case *sock != "":
+			return api.NewClient(*sock)
+		case env.Getenv("SKIFF_SOCKET") != "":
+			return api.NewClient(env.Getenv("SKIFF_SOCKET"))
+		}
+		if _, err := os.Stat(api.DefaultSocket); err != nil {
+			for _, name := range lab.List() {
+				if l, err := lab.Open(name); err == nil && len(l.Hosts) > 0 {
+					fmt.Fprintf(env.Stderr, "(no agent at %s; using lab %s host %s)\n", api.DefaultSocket, name, l.Hosts[0].Name)
+					return api.NewClient(l.Hosts[0].Socket)
+				}
+			}
+		}
+		return api.NewClient(api.DefaultSocket)
+	}
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(w io.Writer, header string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+func cmdStatus(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "status")
+	client := socketFlag(env, fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	st, err := client().Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(env.Stdout, st)
+	}
+	w := env.Stdout
+	fmt.Fprintf(w, "host:       %s (underlay %s, VTEP MAC %s)\n", st.Host.Name, st.Host.UnderlayIP, st.Host.VTEPMAC)
+	fmt.Fprintf(w, "subnet:     %s of cluster %s (VNI %d, UDP port %d)\n", st.Host.Subnet, st.Cluster.CIDR, st.Cluster.VNI, st.Cluster.VXLANPort)
+	fmt.Fprintf(w, "mode:       %s\n", st.Mode)
+	store := "reachable"
+	if !st.StoreReachable {
+		store = "UNREACHABLE: " + st.StoreError
+	}
+	fmt.Fprintf(w, "store:      %s\n", store)
+	fmt.Fprintf(w, "ready:      %v (last sync %s)\n", st.Ready, st.LastSync.Format("15:04:05.000"))
+	if st.SyncError != "" {
+		fmt.Fprintf(w, "sync error: %s\n", st.SyncError)
+	}
+	fmt.Fprintf(w, "endpoints:  %d local; %d remote hosts\n", st.Endpoints, st.RemoteHosts)
+	return nil
+}
+
+func cmdEndpoints(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "endpoints")
+	client := socketFlag(env, fs)
+	all := fs.Bool("all", false, "endpoints of every host")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	eps, err := client().Endpoints(ctx, *all)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(env.Stdout, eps)
+	}
+	var rows [][]string
+	for _, e := range eps {
+		rows = append(rows, []string{e.Host, e.ContainerID, e.IfName, e.IP.String(), e.Veth, e.MAC})
+	}
+	return table(env.Stdout, "HOST\tCONTAINER\tIF\tIP\tVETH\tMAC", rows)
+}
+
+func cmdHosts(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "hosts")
+	client := socketFlag(env, fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	switch rest := fs.Args(); {
+	case len(rest) == 2 && rest[0] == "remove":
+		return client().RemoveHost(ctx, rest[1])
+	case len(rest) != 0:
+		return usagef("usage: skiff hosts [remove NAME]")
+	}
+	hosts, err := client().Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(env.Stdout, hosts)
+	}
+	var rows [][]string
+	for _, h := range hosts {
+		rows = append(rows, []string{h.Name, h.UnderlayIP.String(), h.Subnet.String(), h.VTEPMAC})
+	}
+	return table(env.Stdout, "NAME\tUNDERLAY\tSUBNET\tVTEP MAC", rows)
+}
+
+func cmdPolicy(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "policy")
+	client := socketFlag(env, fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return usagef("usage: skiff policy add ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N] | del ID | list")
+	}
+	switch rest[0] {
+	case "add":
+		r, err := policy.ParseRule(rest[1:])
+		if err != nil {
+			return usageError{err}
+		}
+		return client().PutPolicy(ctx, r)
+	case "del", "delete", "rm":
+		if len(rest) != 2 {
+			return usagef("usage: skiff policy del ID")
+		}
+		return client().DeletePolicy(ctx, rest[1])
+	case "list", "ls":
+		set, err := client().Policies(ctx)
+		if err != nil {
+			return err
+		}
+		for _, r := range set {
+			fmt.Fprintln(env.Stdout, r)
+		}
+		return nil
+	}
+	return usagef("unknown policy command %q (add, del, list)", rest[0])
+}

@@ -1,0 +1,193 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/skiffnet/skiff/agent"
+	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/store"
+)
+
+func cmdLab(ctx context.Context, env Env, args []string) error {
+	if len(args) == 0 {
+		return usagef("usage: skiff lab up|down|exec|ip|status [flags]")
+	}
+	sub := map[string]func(context.Context, Env, []string) error{
+		"up": labUp, "down": labDown, "exec": labExec, "ip": labIP, "status": labStatus, "etcd-server": labEtcd,
+	}[args[0]]
+	if sub == nil {
+		return usagef("unknown lab command %q (up, down, exec, ip, status)", args[0])
+	}
+	return sub(ctx, env, args[1:])
+}
+
+func nameFlag(fs *flag.FlagSet) *string {
+	return fs.String("name", lab.DefaultName, "lab name (several labs can run side by side under different names)")
+}
+
+func labUp(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "lab up")
+	var cfg lab.Config
+	fs.StringVar(&cfg.Name, "name", lab.DefaultName, "lab name")
+	fs.IntVar(&cfg.Hosts, "hosts", 2, "number of hosts")
+	fs.IntVar(&cfg.ContainersPerHost, "containers-per-host", 2, "containers on each host")
+	fs.StringVar(&cfg.Mode, "mode", "overlay", "data-plane mode: "+strings.Join(agent.Modes, ", "))
+	fs.IntVar(&cfg.UnderlayMTU, "underlay-mtu", 1500, "MTU of the underlay links")
+	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "10.244.0.0/16", "overlay address range")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding skiffd and skiff-cni (default: next to skiff)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	start := time.Now()
+	l, err := lab.Up(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "lab %s up in %.1fs: %d hosts, %d containers, mode %s\n",
+		l.Config.Name, time.Since(start).Seconds(), len(l.Hosts), len(l.Containers), l.Config.Mode)
+	return printLab(env, l)
+}
+
+func printLab(env Env, l *lab.Lab) error {
+	var rows [][]string
+	for _, h := range l.Hosts {
+		rows = append(rows, []string{h.Name, "host", h.UnderlayIP.String(), h.Netns, fmt.Sprint(h.AgentPID)})
+		for _, c := range l.Containers {
+			if c.Host == h.Name {
+				rows = append(rows, []string{c.Name, "container", c.IP.String(), c.Netns, ""})
+			}
+		}
+	}
+	return table(env.Stdout, "TARGET\tKIND\tIP\tNETNS\tAGENT PID", rows)
+}
+
+func labDown(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "lab down")
+	name := nameFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return lab.Down(ctx, *name)
+}
+
+func labExec(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "lab exec")
+	name := nameFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) > 1 && rest[1] == "--" {
+		rest = append(rest[:1], rest[2:]...)
+	}
+	if len(rest) < 2 {
+		return usagef("usage: skiff lab exec [--name LAB] TARGET -- COMMAND [ARGS...]   (TARGET: h1 or h1/c2)")
+	}
+	l, err := lab.Open(*name)
+	if err != nil {
+		return err
+	}
+	cmd, err := l.Command(ctx, rest[0], rest[1], rest[2:]...)
+	if err != nil {
+		return err
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = env.Stdin, env.Stdout, env.Stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return exitError(ee.ExitCode())
+	}
+	return err
+}
+
+func labIP(_ context.Context, env Env, args []string) error {
+	fs := flags(env, "lab ip")
+	name := nameFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usagef("usage: skiff lab ip [--name LAB] TARGET   (TARGET: h1 or h1/c2)")
+	}
+	l, err := lab.Open(*name)
+	if err != nil {
+		return err
+	}
+	ip, err := l.IP(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, ip)
+	return nil
+}
+
+func labStatus(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "lab status")
+	name := nameFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	l, err := lab.Open(*name)
+	if err != nil {
+		return err
+	}
+	health := l.Healthy(ctx)
+	if *asJSON {
+		type status struct {
+			*lab.Lab
+			Healthy bool   `json:"healthy"`
+			Problem string `json:"problem,omitempty"`
+		}
+		st := status{Lab: l, Healthy: health == nil}
+		if health != nil {
+			st.Problem = health.Error()
+		}
+		return printJSON(env.Stdout, st)
+	}
+	fmt.Fprintf(env.Stdout, "lab %s: mode %s, underlay MTU %d, cluster %s\n", l.Config.Name, l.Config.Mode, l.Config.UnderlayMTU, l.Config.ClusterCIDR)
+	if health != nil {
+		fmt.Fprintf(env.Stdout, "UNHEALTHY: %v\n", health)
+	} else {
+		fmt.Fprintln(env.Stdout, "healthy: every agent ready and in sync")
+	}
+	return printLab(env, l)
+}
+
+// labEtcd runs the lab's embedded etcd server (started by lab up inside the
+// switch namespace).
+func labEtcd(ctx context.Context, env Env, args []string) error {
+	fs := flags(env, "lab etcd-server")
+	dir := fs.String("dir", "", "data directory")
+	listen := fs.String("listen", "", "client URL")
+	peer := fs.String("peer", "", "peer URL")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" || *listen == "" || *peer == "" {
+		return usagef("--dir, --listen and --peer are required")
+	}
+	ctx, stop := signalContext(ctx)
+	defer stop()
+	e, err := store.StartEmbedded(ctx, *dir, *listen, *peer)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	fmt.Fprintln(env.Stderr, "etcd serving on", e.URL)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-e.Err():
+		return err
+	}
+}

@@ -1,0 +1,191 @@
+// Package cni is skiff-cni, the CNI plugin: a thin client of skiffd. It
+// parses and checks the network configuration, forwards ADD/DEL/CHECK to the
+// agent over its Unix socket and turns the answer into a CNI result or a CNI
+// error object with the spec's codes.
+package cni
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/skiffnet/skiff/api"
+)
+
+// SpecVersions are the CNI spec versions skiff-cni speaks.
+var SpecVersions = version.PluginSupports("1.0.0", "1.1.0")
+
+// Funcs are the plugin's commands, for skel.PluginMainFuncs.
+var Funcs = skel.CNIFuncs{Add: Add, Del: Del, Check: Check, Status: Status}
+
+// NetConf is skiff-cni's network configuration: the standard keys plus the
+// agent's socket. Unknown keys are an error, so a typo does not go unnoticed.
+type NetConf struct {
+	types.PluginConf
+	RuntimeConfig map[string]any `json:"runtimeConfig,omitempty"`
+	Args          map[string]any `json:"args,omitempty"`
+	// Socket is skiffd's API socket (default /run/skiff/skiffd.sock).
+	Socket string `json:"socket,omitempty"`
+	// TimeoutSeconds bounds each call to the agent (default 60).
+	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+}
+
+// ParseConf decodes and checks a network configuration.
+func ParseConf(data []byte) (*NetConf, error) {
+	conf := &NetConf{}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(conf); err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", err.Error())
+	}
+	if conf.IPAM.Type != "" {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration",
+			"skiff allocates addresses itself; remove the \"ipam\" section")
+	}
+	if conf.TimeoutSeconds < 0 {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", "timeoutSeconds is negative")
+	}
+	if conf.TimeoutSeconds == 0 {
+		conf.TimeoutSeconds = 60
+	}
+	if conf.Socket == "" {
+		conf.Socket = api.DefaultSocket
+	}
+	return conf, nil
+}
+
+func setup(args *skel.CmdArgs) (*NetConf, *api.Client, context.Context, context.CancelFunc, error) {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(conf.TimeoutSeconds)*time.Second)
+	return conf, api.NewClient(conf.Socket), ctx, cancel, nil
+}
+
+// cniError turns an agent failure into a CNI error object.
+func cniError(op string, err error) error {
+	var apiErr *api.Error
+	switch {
+	case errors.Is(err, api.ErrAgentUnreachable):
+		return types.NewError(types.ErrTryAgainLater, "skiffd is not running or not reachable; try again later", err.Error())
+	case errors.As(err, &apiErr) && apiErr.Retry:
+		return types.NewError(types.ErrTryAgainLater, op+": the agent cannot do this right now; try again later", apiErr.Message)
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, op+": the agent rejected the request", apiErr.Message)
+	default:
+		return types.NewError(types.ErrInternal, op+" failed", err.Error())
+	}
+}
+
+// Add attaches the container and prints the CNI result.
+func Add(args *skel.CmdArgs) error {
+	conf, client, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	att, err := client.AddEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
+	if err != nil {
+		return cniError("attach container", err)
+	}
+	res, err := Result(att, args.Netns)
+	if err != nil {
+		return types.NewError(types.ErrInternal, "build result", err.Error())
+	}
+	return types.PrintResult(res, conf.CNIVersion)
+}
+
+// Result builds the CNI result for an attachment: the host veth, the
+// container interface, its address and the default route.
+func Result(att api.Attachment, netns string) (*current.Result, error) {
+	gw := net.ParseIP(att.Gateway)
+	if gw == nil {
+		return nil, fmt.Errorf("agent returned gateway %q", att.Gateway)
+	}
+	ip := att.Endpoint.IP
+	idx := 1
+	return &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: att.Endpoint.Veth, Mac: att.HostVethMAC},
+			{Name: att.Endpoint.IfName, Mac: att.ContainerMAC, Mtu: att.MTU, Sandbox: netns},
+		},
+		IPs: []*current.IPConfig{{
+			Interface: &idx,
+			Address:   net.IPNet{IP: ip.Addr().AsSlice(), Mask: net.CIDRMask(ip.Bits(), 32)},
+			Gateway:   gw,
+		}},
+		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: gw}},
+	}, nil
+}
+
+// Del detaches the container; a container that is already gone is success.
+func Del(args *skel.CmdArgs) error {
+	_, client, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := client.DeleteEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns}); err != nil {
+		return cniError("detach container", err)
+	}
+	return nil
+}
+
+// Check verifies the attachment against the agent and the previous result.
+func Check(args *skel.CmdArgs) error {
+	conf, client, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if conf.RawPrevResult == nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "CHECK needs prevResult", "the runtime passed no prevResult")
+	}
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, "decode prevResult", err.Error())
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "convert prevResult", err.Error())
+	}
+	att, err := client.CheckEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
+	if err != nil {
+		return cniError("check container", err)
+	}
+	for _, ip := range prev.IPs {
+		if ip.Address.String() == att.Endpoint.IP.String() {
+			return nil
+		}
+	}
+	return types.NewError(types.ErrInternal, "check container", fmt.Sprintf("prevResult does not hold the container's address %s", att.Endpoint.IP))
+}
+
+// Status reports whether the plugin can serve ADD now.
+func Status(args *skel.CmdArgs) error {
+	_, client, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	st, err := client.Status(ctx)
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "skiffd is not reachable", err.Error())
+	}
+	if !st.Ready {
+		return types.NewError(types.ErrPluginNotAvailable, "skiffd is not ready",
+			fmt.Sprintf("store reachable: %v %s; last sync error: %s", st.StoreReachable, st.StoreError, st.SyncError))
+	}
+	return nil
+}

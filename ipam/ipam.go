@@ -1,0 +1,223 @@
+// Package ipam hands out overlay addresses: the cluster CIDR is cut into
+// per-host subnets, and each host's containers get addresses from its subnet.
+// Both leases are etcd transactions, so concurrent agents never get the same
+// subnet and an address is never handed out twice; both are persisted, so
+// they survive agent restarts.
+package ipam
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/skiffnet/skiff/store"
+)
+
+// ErrExhausted means no subnet or address is free.
+var ErrExhausted = errors.New("address space exhausted")
+
+// Gateway is the bridge address of a host subnet (.1).
+func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
+
+// VTEPAddr is the overlay address of a host's VXLAN device: the subnet's
+// network address, as in Flannel, so the neighbour entry for a remote host can
+// be derived from its subnet alone.
+func VTEPAddr(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr() }
+
+// Subnets enumerates the host subnets of the cluster in address order.
+func Subnets(c store.Cluster) []netip.Prefix {
+	n := 1 << (c.HostPrefix - c.CIDR.Bits())
+	out := make([]netip.Prefix, 0, n)
+	a := c.CIDR.Masked().Addr()
+	step := uint32(1) << (32 - c.HostPrefix)
+	for i := 0; i < n; i++ {
+		out = append(out, netip.PrefixFrom(a, c.HostPrefix))
+		a = addU32(a, step)
+	}
+	return out
+}
+
+func addU32(a netip.Addr, n uint32) netip.Addr {
+	b := a.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += n
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// hostAddrs enumerates the addresses containers may use in subnet: all but
+// the network address (VTEP), the gateway and the broadcast address.
+func hostAddrs(subnet netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	last := addU32(subnet.Masked().Addr(), uint32(1)<<(32-subnet.Bits())-1)
+	for a := Gateway(subnet).Next(); a.Less(last); a = a.Next() {
+		out = append(out, a)
+	}
+	return out
+}
+
+// Join registers h in the cluster and returns it with its subnet. A host that
+// is already registered keeps its subnet (its underlay address and VTEP MAC
+// are updated); a new host leases h.Subnet if that is set and free, else the
+// first free subnet.
+func Join(ctx context.Context, s *store.Store, c store.Cluster, h store.Host) (store.Host, error) {
+	hostKey := store.HostKey(h.Name)
+	for attempt := 0; attempt < 2*len(Subnets(c))+8; attempt++ {
+		existing, err := s.Host(ctx, h.Name)
+		switch {
+		case err == nil && existing.Subnet.IsValid():
+			h.Subnet = existing.Subnet
+			ok, err := putHost(ctx, s, h, clientv3.Compare(clientv3.Value(store.SubnetKey(h.Subnet)), "=", h.Name))
+			if err != nil || ok {
+				return h, err
+			}
+			continue // the lease changed under us; read again
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			return store.Host{}, err
+		}
+		subnet, err := freeSubnet(ctx, s, c, h.Subnet)
+		if err != nil {
+			return store.Host{}, err
+		}
+		h.Subnet = subnet
+		val, _ := json.Marshal(h)
+		resp, err := s.Txn(ctx,
+			[]clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(store.SubnetKey(subnet)), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(hostKey), "=", 0),
+			},
+			[]clientv3.Op{
+				clientv3.OpPut(store.SubnetKey(subnet), h.Name),
+				clientv3.OpPut(hostKey, string(val)),
+			})
+		if err != nil {
+			return store.Host{}, err
+		}
+		if resp.Succeeded {
+			return h, nil
+		}
+		// Another agent took that subnet (or registered this name) first.
+	}
+	return store.Host{}, fmt.Errorf("join %s: too much contention for subnets", h.Name)
+}
+
+func putHost(ctx context.Context, s *store.Store, h store.Host, cmp clientv3.Cmp) (bool, error) {
+	val, _ := json.Marshal(h)
+	resp, err := s.Txn(ctx, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(store.HostKey(h.Name), string(val))})
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
+}
+
+func freeSubnet(ctx context.Context, s *store.Store, c store.Cluster, prefer netip.Prefix) (netip.Prefix, error) {
+	resp, err := s.Client.Get(ctx, store.SubnetsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("list subnet leases: %w: %w", store.ErrUnavailable, err)
+	}
+	taken := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		taken[string(kv.Key)] = true
+	}
+	if prefer.IsValid() && c.CIDR.Contains(prefer.Addr()) && prefer.Bits() == c.HostPrefix && !taken[store.SubnetKey(prefer)] {
+		return prefer, nil
+	}
+	for _, p := range Subnets(c) {
+		if !taken[store.SubnetKey(p)] {
+			return p, nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("no free /%d in %s: %w", c.HostPrefix, c.CIDR, ErrExhausted)
+}
+
+// Allocate gives endpoint e an address from subnet and records the endpoint,
+// in one transaction. Asking again for an endpoint that exists returns it
+// unchanged. Addresses are handed out round-robin from the last one given.
+func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e store.Endpoint) (store.Endpoint, error) {
+	epKey := e.Key()
+	for attempt := 0; attempt < 16; attempt++ {
+		existing, err := s.Endpoint(ctx, e.Host, e.ContainerID, e.IfName)
+		if err == nil {
+			return existing, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return store.Endpoint{}, err
+		}
+		addr, err := nextFree(ctx, s, subnet)
+		if err != nil {
+			return store.Endpoint{}, err
+		}
+		e.IP = netip.PrefixFrom(addr, subnet.Bits())
+		val, _ := json.Marshal(e)
+		addrKey := store.AddrKey(subnet, addr)
+		resp, err := s.Txn(ctx,
+			[]clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(addrKey), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(epKey), "=", 0),
+			},
+			[]clientv3.Op{
+				clientv3.OpPut(addrKey, epKey),
+				clientv3.OpPut(epKey, string(val)),
+				clientv3.OpPut(store.LastAddrKey(subnet), addr.String()),
+			})
+		if err != nil {
+			return store.Endpoint{}, err
+		}
+		if resp.Succeeded {
+			return e, nil
+		}
+	}
+	return store.Endpoint{}, fmt.Errorf("allocate address for %s: too much contention", epKey)
+}
+
+func nextFree(ctx context.Context, s *store.Store, subnet netip.Prefix) (netip.Addr, error) {
+	resp, err := s.Txn(ctx, nil, []clientv3.Op{
+		clientv3.OpGet(store.AddrSubnetPrefix(subnet), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(store.LastAddrKey(subnet)),
+	})
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	used := map[string]bool{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		used[string(kv.Key)] = true
+	}
+	var last netip.Addr
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+		last, _ = netip.ParseAddr(string(kvs[0].Value))
+	}
+	addrs := hostAddrs(subnet)
+	start := 0
+	for i, a := range addrs {
+		if a == last {
+			start = i + 1
+			break
+		}
+	}
+	for i := range addrs {
+		a := addrs[(start+i)%len(addrs)]
+		if !used[store.AddrKey(subnet, a)] {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("subnet %s is full: %w", subnet, ErrExhausted)
+}
+
+// Release deletes endpoint e and frees its address. Releasing an endpoint
+// that does not exist is not an error.
+func Release(ctx context.Context, s *store.Store, e store.Endpoint) error {
+	epKey := e.Key()
+	ops := []clientv3.Op{clientv3.OpDelete(epKey)}
+	if e.IP.IsValid() {
+		addrKey := store.AddrKey(e.IP.Masked(), e.IP.Addr())
+		// Free the address only if it is still this endpoint's lease.
+		_, err := s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.Value(addrKey), "=", epKey)},
+			append(ops, clientv3.OpDelete(addrKey)), ops...)
+		return err
+	}
+	_, err := s.Txn(ctx, nil, ops)
+	return err
+}

@@ -1,0 +1,166 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/store/storetest"
+)
+
+var cluster = store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+
+func TestSubnets(t *testing.T) {
+	got := Subnets(cluster)
+	if len(got) != 256 || got[0].String() != "10.244.0.0/24" || got[255].String() != "10.244.255.0/24" {
+		t.Fatalf("subnets: %d, first %v, last %v", len(got), got[0], got[len(got)-1])
+	}
+	addrs := hostAddrs(netip.MustParsePrefix("10.244.3.0/24"))
+	if len(addrs) != 253 || addrs[0].String() != "10.244.3.2" || addrs[252].String() != "10.244.3.254" {
+		t.Fatalf("host addrs: %d, %v..%v", len(addrs), addrs[0], addrs[len(addrs)-1])
+	}
+	if Gateway(got[3]).String() != "10.244.3.1" || VTEPAddr(got[3]).String() != "10.244.3.0" {
+		t.Fatal("gateway or VTEP address wrong")
+	}
+}
+
+func TestConcurrentJoinsGetDistinctSubnets(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	const agents = 8
+	var wg sync.WaitGroup
+	hosts := make([]store.Host, agents)
+	errs := make([]error, agents)
+	for i := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each agent has its own client, as separate processes would.
+			own, err := store.Open(s.Client.Endpoints())
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer own.Close()
+			hosts[i], errs[i] = Join(ctx, own, cluster, store.Host{Name: fmt.Sprintf("h%d", i),
+				UnderlayIP: netip.AddrFrom4([4]byte{192, 168, 0, byte(i + 1)})})
+		}()
+	}
+	wg.Wait()
+	seen := map[netip.Prefix]string{}
+	for i, h := range hosts {
+		if errs[i] != nil {
+			t.Fatalf("agent %d: %v", i, errs[i])
+		}
+		if other, dup := seen[h.Subnet]; dup {
+			t.Fatalf("%s and %s both got %s", other, h.Name, h.Subnet)
+		}
+		seen[h.Subnet] = h.Name
+	}
+	// Joining again keeps the subnet and updates the record.
+	again, err := Join(ctx, s, cluster, store.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("192.168.0.99")})
+	if err != nil || again.Subnet != hosts[3].Subnet {
+		t.Fatalf("rejoin: %v %v, want subnet %v", again, err, hosts[3].Subnet)
+	}
+	if stored, _ := s.Host(ctx, "h3"); stored.UnderlayIP != again.UnderlayIP {
+		t.Fatalf("rejoin did not update the underlay address: %+v", stored)
+	}
+}
+
+func TestSubnetExhaustion(t *testing.T) {
+	s, _ := storetest.New(t)
+	small := store.Cluster{CIDR: netip.MustParsePrefix("10.9.0.0/23"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+	for i := range 2 {
+		if _, err := Join(context.Background(), s, small, store.Host{Name: fmt.Sprint("h", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Join(context.Background(), s, small, store.Host{Name: "h9"}); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("third join: %v, want ErrExhausted", err)
+	}
+}
+
+func TestAllocateNeverTwice(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	subnet := netip.MustParsePrefix("10.244.7.0/28") // 13 container addresses
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	got := map[netip.Addr]string{}
+	for i := range 13 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: fmt.Sprint("c", i), IfName: "eth0"})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if prev, dup := got[e.IP.Addr()]; dup {
+				t.Errorf("%s handed to %s and %s", e.IP, prev, e.ContainerID)
+			}
+			got[e.IP.Addr()] = e.ContainerID
+		}()
+	}
+	wg.Wait()
+	if _, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "full", IfName: "eth0"}); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("allocation in a full subnet: %v", err)
+	}
+	// Idempotent: asking again for an existing endpoint returns its address.
+	e5, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "c5", IfName: "eth0"})
+	if err != nil || got[e5.IP.Addr()] != "c5" {
+		t.Fatalf("re-allocate c5: %v %v", e5, err)
+	}
+	// Release frees exactly that address, and the next allocation reuses it only
+	// because it is the only one free.
+	if err := Release(ctx, s, e5); err != nil {
+		t.Fatal(err)
+	}
+	if err := Release(ctx, s, e5); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	n, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "new", IfName: "eth0"})
+	if err != nil || n.IP != e5.IP {
+		t.Fatalf("allocate after release: %v %v, want %v", n.IP, err, e5.IP)
+	}
+}
+
+func TestAllocateRoundRobin(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	subnet := netip.MustParsePrefix("10.244.8.0/24")
+	a, _ := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "a", IfName: "eth0"})
+	if err := Release(ctx, s, a); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
+	if a.IP == b.IP {
+		t.Fatalf("released address %v handed out again at once", a.IP)
+	}
+}
+
+func TestAllocationSurvivesReconnect(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	subnet := netip.MustParsePrefix("10.244.9.0/24")
+	a, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "a", IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A restarted agent is a new client: the lease is still there.
+	s2, err := store.Open(s.Client.Endpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	b, err := Allocate(ctx, s2, subnet, store.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
+	if err != nil || b.IP == a.IP {
+		t.Fatalf("after reconnect got %v (%v), a has %v", b.IP, err, a.IP)
+	}
+}

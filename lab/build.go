@@ -1,0 +1,159 @@
+package lab
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+func run(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func addNetns(name string) error { return run("ip", "netns", "add", name) }
+
+// handleAt returns a netlink handle working inside a named namespace, so no
+// OS thread of ours has to change namespace.
+func handleAt(name string) (*netlink.Handle, netns.NsHandle, error) {
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("open netns %s: %w", name, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, 0, fmt.Errorf("netlink in %s: %w", name, err)
+	}
+	return h, ns, nil
+}
+
+func linkUp(h *netlink.Handle, name string, addr netip.Prefix, mtu int) error {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	if mtu > 0 {
+		if err := h.LinkSetMTU(l, mtu); err != nil {
+			return fmt.Errorf("MTU of %s: %w", name, err)
+		}
+	}
+	if addr.IsValid() {
+		ipnet := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
+		if err := h.AddrReplace(l, &netlink.Addr{IPNet: ipnet}); err != nil {
+			return fmt.Errorf("address %s on %s: %w", addr, name, err)
+		}
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("set %s up: %w", name, err)
+	}
+	return nil
+}
+
+// buildSwitch creates the underlay switch: a namespace with a bridge that
+// every host's eth0 plugs into. The bridge carries the switch's own address,
+// where etcd listens.
+func (l *Lab) buildSwitch() error {
+	name := l.switchNetns()
+	if err := addNetns(name); err != nil {
+		return err
+	}
+	h, ns, err := handleAt(name)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: l.Config.UnderlayMTU}}); err != nil {
+		return fmt.Errorf("underlay bridge: %w", err)
+	}
+	if err := linkUp(h, "lo", netip.Prefix{}, 0); err != nil {
+		return err
+	}
+	return linkUp(h, "br0", netip.PrefixFrom(switchAddr, underlayNet.Bits()), l.Config.UnderlayMTU)
+}
+
+// buildHost creates a host namespace with eth0 plugged into the switch.
+func (l *Lab) buildHost(host Host) error {
+	if err := addNetns(host.Netns); err != nil {
+		return err
+	}
+	sw, swns, err := handleAt(l.switchNetns())
+	if err != nil {
+		return err
+	}
+	defer swns.Close()
+	defer sw.Close()
+	hh, hns, err := handleAt(host.Netns)
+	if err != nil {
+		return err
+	}
+	defer hns.Close()
+	defer hh.Close()
+	br, err := sw.LinkByName("br0")
+	if err != nil {
+		return fmt.Errorf("underlay bridge: %w", err)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: host.Name, MTU: l.Config.UnderlayMTU, MasterIndex: br.Attrs().Index},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(hns)),
+	}
+	if err := sw.LinkAdd(veth); err != nil {
+		return fmt.Errorf("underlay cable for %s: %w", host.Name, err)
+	}
+	if err := linkUp(sw, host.Name, netip.Prefix{}, 0); err != nil {
+		return err
+	}
+	if err := linkUp(hh, "lo", netip.Prefix{}, 0); err != nil {
+		return err
+	}
+	if err := linkUp(hh, "eth0", netip.PrefixFrom(host.UnderlayIP, underlayNet.Bits()), l.Config.UnderlayMTU); err != nil {
+		return err
+	}
+	// Many short connections (tcp_crr, the connect benchmark) would otherwise
+	// run out of ephemeral ports to TIME_WAIT.
+	return run("ip", "netns", "exec", host.Netns, "sysctl", "-q", "-w",
+		"net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=10000 65000")
+}
+
+// hostDir is where a host keeps its socket, state and log.
+func (l *Lab) hostDir(host string) string { return filepath.Join(l.dir(), host) }
+
+func (l *Lab) startAgent(h *Host) error {
+	dir := l.hostDir(h.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"),
+		"--name", h.Name, "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(),
+		"--socket", h.Socket, "--state-dir", filepath.Join(dir, "state"), "--mode", l.Config.Mode,
+		"--cluster-cidr", l.Config.ClusterCIDR)
+	if err != nil {
+		return fmt.Errorf("start agent on %s: %w", h.Name, err)
+	}
+	h.AgentPID = pid
+	return nil
+}
+
+func (l *Lab) startEtcd() error {
+	pid, err := l.spawn(l.switchNetns(), filepath.Join(l.dir(), "etcd.log"), filepath.Join(l.Config.BinDir, "skiff"),
+		"lab", "etcd-server", "--dir", filepath.Join(l.dir(), "etcd"),
+		"--listen", l.etcdURL(), "--peer", "http://"+switchAddr.String()+":2380")
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	l.EtcdPID = pid
+	return l.save()
+}

@@ -1,0 +1,179 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/skiffnet/skiff/api"
+)
+
+// NetnsPath is where `ip netns` keeps named namespaces.
+func NetnsPath(name string) string { return filepath.Join("/run/netns", name) }
+
+// ConfList is the CNI network configuration list a runtime on host would use.
+func (l *Lab) ConfList(host string) ([]byte, error) {
+	h, err := l.Host(host)
+	if err != nil {
+		return nil, err
+	}
+	return json.MarshalIndent(map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "skiff",
+		"plugins":    []map[string]any{{"type": "skiff-cni", "socket": h.Socket}},
+	}, "", "  ")
+}
+
+func (l *Lab) cni(host string) (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
+	data, err := l.ConfList(host)
+	if err != nil {
+		return nil, nil, err
+	}
+	list, err := libcni.ConfListFromBytes(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("CNI config list: %w", err)
+	}
+	return libcni.NewCNIConfigWithCacheDir([]string{l.Config.BinDir}, filepath.Join(l.dir(), "cni-cache"), nil), list, nil
+}
+
+func (l *Lab) nextContainerIndex(host string) int {
+	n := 0
+	for _, c := range l.Containers {
+		if c.Host == host {
+			i, _ := strconv.Atoi(strings.TrimPrefix(c.Name, host+"/c"))
+			n = max(n, i)
+		}
+	}
+	return n + 1
+}
+
+// AddContainer creates a container namespace on host and attaches it with
+// skiff-cni through libcni, as containerd does. It returns the container's
+// name ("h1/c3").
+func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
+	if _, err := l.Host(host); err != nil {
+		return "", err
+	}
+	i := l.nextContainerIndex(host)
+	c := Container{Name: fmt.Sprintf("%s/c%d", host, i), Host: host, Netns: fmt.Sprintf("%s%s-c%d", l.prefix(), host, i)}
+	c.ID = c.Netns
+	if err := addNetns(c.Netns); err != nil {
+		return "", err
+	}
+	ip, err := l.cniAdd(ctx, c)
+	if err != nil {
+		run("ip", "netns", "del", c.Netns)
+		return "", fmt.Errorf("attach %s: %w", c.Name, err)
+	}
+	c.IP = ip
+	l.Containers = append(l.Containers, c)
+	return c.Name, l.save()
+}
+
+func (l *Lab) runtimeConf(c Container) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: c.ID, NetNS: NetnsPath(c.Netns), IfName: "eth0"}
+}
+
+func (l *Lab) cniAdd(ctx context.Context, c Container) (netip.Addr, error) {
+	cc, list, err := l.cni(c.Host)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	// A freshly started agent may still be syncing: CNI error 11 means try
+	// again later, and that is what a runtime does.
+	for attempt := 0; ; attempt++ {
+		res, err := cc.AddNetworkList(ctx, list, l.runtimeConf(c))
+		if err != nil {
+			if attempt > 50 || !strings.Contains(err.Error(), "try again later") {
+				return netip.Addr{}, err
+			}
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		cur, err := current.NewResultFromResult(res)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("CNI result: %w", err)
+		}
+		if len(cur.IPs) == 0 {
+			return netip.Addr{}, errors.New("CNI result has no address")
+		}
+		ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
+		if !ok {
+			return netip.Addr{}, fmt.Errorf("CNI result address %v is not IPv4", cur.IPs[0].Address)
+		}
+		return ip, nil
+	}
+}
+
+// CheckContainer runs CNI CHECK for a container.
+func (l *Lab) CheckContainer(ctx context.Context, name string) error {
+	c, err := l.Container(name)
+	if err != nil {
+		return err
+	}
+	cc, list, err := l.cni(c.Host)
+	if err != nil {
+		return err
+	}
+	return cc.CheckNetworkList(ctx, list, l.runtimeConf(*c))
+}
+
+// RemoveContainer detaches a container with CNI DEL and deletes its namespace.
+func (l *Lab) RemoveContainer(ctx context.Context, name string) error {
+	c, err := l.Container(name)
+	if err != nil {
+		return err
+	}
+	cc, list, err := l.cni(c.Host)
+	if err != nil {
+		return err
+	}
+	if err := cc.DelNetworkList(ctx, list, l.runtimeConf(*c)); err != nil {
+		return fmt.Errorf("CNI DEL %s: %w", name, err)
+	}
+	if err := run("ip", "netns", "del", c.Netns); err != nil {
+		return err
+	}
+	l.Containers = slices.DeleteFunc(l.Containers, func(x Container) bool { return x.Name == name })
+	return l.save()
+}
+
+// RemoveHost takes a host out of the cluster as an operator would: its agent
+// stops, the host is removed from the store (through another host's agent),
+// and its namespaces go.
+func (l *Lab) RemoveHost(ctx context.Context, name string) error {
+	h, err := l.Host(name)
+	if err != nil {
+		return err
+	}
+	if err := stop(ctx, h.AgentPID, 5*time.Second); err != nil {
+		return err
+	}
+	var errs []error
+	for _, other := range l.Hosts {
+		if other.Name != name {
+			errs = append(errs, api.NewClient(other.Socket).RemoveHost(ctx, name))
+			break
+		}
+	}
+	for _, c := range l.Containers {
+		if c.Host == name {
+			errs = append(errs, l.killNetns(ctx, c.Netns))
+		}
+	}
+	errs = append(errs, l.killNetns(ctx, h.Netns), os.RemoveAll(l.hostDir(name)))
+	l.Containers = slices.DeleteFunc(l.Containers, func(c Container) bool { return c.Host == name })
+	l.Hosts = slices.DeleteFunc(l.Hosts, func(x Host) bool { return x.Name == name })
+	return errors.Join(append(errs, l.save())...)
+}

@@ -1,0 +1,397 @@
+// Package lab builds an emulated skiff cluster on one Linux machine. Each
+// host is a network namespace running its own skiffd; the hosts are joined
+// by an underlay switch (a bridge in a namespace of its own, which also runs
+// the cluster's etcd); containers are network namespaces attached through
+// skiff-cni via libcni, the path containerd takes. Everything the lab makes
+// is named skiff-<lab>-..., and the machine's own network is never touched.
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+)
+
+// RunDir holds every lab's state, sockets and logs.
+const RunDir = "/run/skiff/lab"
+
+// DefaultName is the lab's name when none is given.
+const DefaultName = "lab"
+
+var (
+	underlayNet = netip.MustParsePrefix("10.99.0.0/24")
+	switchAddr  = netip.MustParseAddr("10.99.0.254")
+	namePattern = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
+)
+
+// Config describes a lab to bring up.
+type Config struct {
+	Name              string `json:"name"`
+	Hosts             int    `json:"hosts"`
+	ContainersPerHost int    `json:"containersPerHost"`
+	Mode              string `json:"mode"`
+	UnderlayMTU       int    `json:"underlayMTU"`
+	ClusterCIDR       string `json:"clusterCIDR"`
+	// BinDir holds skiff, skiffd and skiff-cni (default: next to the running
+	// executable).
+	BinDir string `json:"binDir"`
+}
+
+func (c *Config) defaults() error {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if !namePattern.MatchString(c.Name) {
+		return fmt.Errorf("lab name %q: use 1-8 lower-case letters and digits, starting with a letter", c.Name)
+	}
+	if c.Hosts == 0 {
+		c.Hosts = 2
+	}
+	if c.Hosts < 1 || c.Hosts > 200 {
+		return fmt.Errorf("%d hosts: choose 1-200", c.Hosts)
+	}
+	if c.ContainersPerHost < 0 || c.ContainersPerHost > 200 {
+		return fmt.Errorf("%d containers per host: choose 0-200", c.ContainersPerHost)
+	}
+	if c.Mode == "" {
+		c.Mode = "overlay"
+	}
+	if c.UnderlayMTU == 0 {
+		c.UnderlayMTU = 1500
+	}
+	if c.UnderlayMTU < 1280 || c.UnderlayMTU > 9000 {
+		return fmt.Errorf("underlay MTU %d: choose 1280-9000", c.UnderlayMTU)
+	}
+	if c.ClusterCIDR == "" {
+		c.ClusterCIDR = "10.244.0.0/16"
+	}
+	if c.BinDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find binaries: %w", err)
+		}
+		c.BinDir = filepath.Dir(exe)
+	}
+	for _, b := range []string{"skiff", "skiffd", "skiff-cni"} {
+		if _, err := os.Stat(filepath.Join(c.BinDir, b)); err != nil {
+			return fmt.Errorf("binary %s not found in %s (run make build): %w", b, c.BinDir, err)
+		}
+	}
+	return nil
+}
+
+// Host is a lab host.
+type Host struct {
+	Name       string     `json:"name"`
+	Netns      string     `json:"netns"`
+	UnderlayIP netip.Addr `json:"underlayIP"`
+	AgentPID   int        `json:"agentPID"`
+	Socket     string     `json:"socket"`
+}
+
+// Container is a lab container.
+type Container struct {
+	Name  string     `json:"name"` // h1/c2
+	Host  string     `json:"host"`
+	ID    string     `json:"id"`
+	Netns string     `json:"netns"`
+	IP    netip.Addr `json:"ip"`
+}
+
+// Lab is a running lab, as recorded in its state file.
+type Lab struct {
+	Config     Config      `json:"config"`
+	EtcdPID    int         `json:"etcdPID"`
+	Hosts      []Host      `json:"hosts"`
+	Containers []Container `json:"containers"`
+}
+
+// Dir is the lab's run directory.
+func Dir(name string) string { return filepath.Join(RunDir, name) }
+
+func (l *Lab) dir() string        { return Dir(l.Config.Name) }
+func (l *Lab) prefix() string     { return "skiff-" + l.Config.Name + "-" }
+func (l *Lab) switchNetns() string { return l.prefix() + "sw" }
+func (l *Lab) etcdURL() string    { return "http://" + switchAddr.String() + ":2379" }
+
+// Open reads the state of a running lab.
+func Open(name string) (*Lab, error) {
+	if name == "" {
+		name = DefaultName
+	}
+	data, err := os.ReadFile(filepath.Join(Dir(name), "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no lab named %q is up (skiff lab up --name %s)", name, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read lab state: %w", err)
+	}
+	l := &Lab{}
+	if err := json.Unmarshal(data, l); err != nil {
+		return nil, fmt.Errorf("lab state %s is corrupt (skiff lab down --name %s clears it): %w", Dir(name), name, err)
+	}
+	return l, nil
+}
+
+// List returns the names of labs that have a run directory.
+func List() []string {
+	entries, _ := os.ReadDir(RunDir)
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func (l *Lab) save() error {
+	data, _ := json.MarshalIndent(l, "", "  ")
+	tmp := filepath.Join(l.dir(), "state.json.tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("save lab state: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(l.dir(), "state.json"))
+}
+
+// Up builds a lab. If anything fails, what was built is torn down again.
+func Up(ctx context.Context, cfg Config) (*Lab, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the lab needs root (network namespaces, veths, eBPF)")
+	}
+	l := &Lab{Config: cfg}
+	if _, err := os.Stat(l.dir()); err == nil {
+		return nil, fmt.Errorf("lab %q is already up (skiff lab down --name %s, or choose another --name)", cfg.Name, cfg.Name)
+	}
+	if err := os.MkdirAll(l.dir(), 0o755); err != nil {
+		return nil, fmt.Errorf("lab directory: %w", err)
+	}
+	err := l.build(ctx)
+	if err != nil {
+		if derr := Down(context.WithoutCancel(ctx), cfg.Name); derr != nil {
+			err = errors.Join(err, fmt.Errorf("tear down half-built lab: %w", derr))
+		}
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Lab) build(ctx context.Context) error {
+	if err := l.save(); err != nil {
+		return err
+	}
+	if err := l.buildSwitch(); err != nil {
+		return err
+	}
+	if err := l.startEtcd(); err != nil {
+		return err
+	}
+	for range l.Config.Hosts {
+		if _, err := l.addHost(ctx, false); err != nil {
+			return err
+		}
+	}
+	if err := l.WaitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	for _, h := range slices.Clone(l.Hosts) {
+		for range l.Config.ContainersPerHost {
+			if _, err := l.AddContainer(ctx, h.Name); err != nil {
+				return err
+			}
+		}
+	}
+	return l.save()
+}
+
+// AddHost adds a host to a running lab and waits for its agent.
+func (l *Lab) AddHost(ctx context.Context) (string, error) {
+	h, err := l.addHost(ctx, true)
+	if err != nil {
+		return "", err
+	}
+	return h.Name, l.save()
+}
+
+func (l *Lab) nextHostIndex() int {
+	n := 0
+	for _, h := range l.Hosts {
+		i, _ := strconv.Atoi(strings.TrimPrefix(h.Name, "h"))
+		n = max(n, i)
+	}
+	return n + 1
+}
+
+func (l *Lab) addHost(ctx context.Context, wait bool) (Host, error) {
+	i := l.nextHostIndex()
+	if i > 253 {
+		return Host{}, errors.New("the lab underlay has room for 253 hosts")
+	}
+	ip := underlayNet.Addr().As4()
+	ip[3] = byte(i)
+	h := Host{Name: fmt.Sprintf("h%d", i), Netns: fmt.Sprintf("%sh%d", l.prefix(), i), UnderlayIP: netip.AddrFrom4(ip)}
+	h.Socket = filepath.Join(l.dir(), h.Name, "skiffd.sock")
+	if err := l.buildHost(h); err != nil {
+		return Host{}, err
+	}
+	l.Hosts = append(l.Hosts, h)
+	if err := l.startAgent(&l.Hosts[len(l.Hosts)-1]); err != nil {
+		return Host{}, err
+	}
+	if err := l.save(); err != nil {
+		return Host{}, err
+	}
+	if wait {
+		return h, l.waitAgent(ctx, h, 30*time.Second)
+	}
+	return h, nil
+}
+
+// Host returns the named host.
+func (l *Lab) Host(name string) (*Host, error) {
+	for i := range l.Hosts {
+		if l.Hosts[i].Name == name {
+			return &l.Hosts[i], nil
+		}
+	}
+	return nil, fmt.Errorf("lab %s has no host %q", l.Config.Name, name)
+}
+
+// Container returns the named container ("h1/c2").
+func (l *Lab) Container(name string) (*Container, error) {
+	for i := range l.Containers {
+		if l.Containers[i].Name == name {
+			return &l.Containers[i], nil
+		}
+	}
+	return nil, fmt.Errorf("lab %s has no container %q", l.Config.Name, name)
+}
+
+// Client returns an API client for a host's agent.
+func (l *Lab) Client(host string) (*api.Client, error) {
+	h, err := l.Host(host)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewClient(h.Socket), nil
+}
+
+// IP returns a container's overlay address ("h1/c2") or a host's underlay
+// address ("h1").
+func (l *Lab) IP(target string) (netip.Addr, error) {
+	if strings.Contains(target, "/") {
+		c, err := l.Container(target)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		return c.IP, nil
+	}
+	h, err := l.Host(target)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return h.UnderlayIP, nil
+}
+
+// Netns returns the network namespace of a host or container.
+func (l *Lab) Netns(target string) (string, error) {
+	if strings.Contains(target, "/") {
+		c, err := l.Container(target)
+		if err != nil {
+			return "", err
+		}
+		return c.Netns, nil
+	}
+	h, err := l.Host(target)
+	if err != nil {
+		return "", err
+	}
+	return h.Netns, nil
+}
+
+// Command returns a command that runs inside target's network namespace.
+func (l *Lab) Command(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	ns, err := l.Netns(target)
+	if err != nil {
+		return nil, err
+	}
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...), nil
+}
+
+// Mode is the data-plane mode the lab's agents run.
+func (l *Lab) Mode() string { return l.Config.Mode }
+
+// Healthy checks that every agent is up, reaches the store and has synced.
+func (l *Lab) Healthy(ctx context.Context) error {
+	var errs []error
+	for _, h := range l.Hosts {
+		st, err := api.NewClient(h.Socket).Status(ctx)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", h.Name, err))
+		case !st.Ready:
+			errs = append(errs, fmt.Errorf("%s: agent not ready (store: %v %s; sync: %s)", h.Name, st.StoreReachable, st.StoreError, st.SyncError))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WaitReady waits until every agent is healthy.
+func (l *Lab) WaitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := l.Healthy(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lab not ready after %v: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (l *Lab) waitAgent(ctx context.Context, h Host, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := api.NewClient(h.Socket).Status(ctx)
+		if err == nil && st.Ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(l.dir(), h.Name, "skiffd.log"))
+			return fmt.Errorf("agent on %s not ready after %v (status %+v, %v); its log:\n%s", h.Name, timeout, st, err, tail(log, 2000))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}

@@ -1,0 +1,224 @@
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/store"
+)
+
+// Attachment is what AddEndpoint built.
+type Attachment struct {
+	HostVethMAC  string
+	ContainerMAC string
+	Gateway      netip.Addr
+	MTU          int
+}
+
+// ErrNetnsGone means the container's network namespace no longer exists.
+var ErrNetnsGone = errors.New("network namespace does not exist")
+
+// inNetns opens the container namespace at path and returns a netlink handle
+// bound to it, so no OS thread has to switch namespaces.
+func inNetns(path string) (*netlink.Handle, func(), error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("%s: %w", path, ErrNetnsGone)
+		}
+		return nil, nil, fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, nil, fmt.Errorf("netlink in %s: %w", path, err)
+	}
+	return h, func() { h.Close(); ns.Close() }, nil
+}
+
+// AddEndpoint creates the veth pair of endpoint e: the host side on the
+// bridge, the container side named e.IfName in e.Netns with e.IP, the MTU of
+// the overlay and a default route via the host's gateway. Adding an endpoint
+// that is already intact changes nothing; a half-built one is rebuilt.
+func (o *Overlay) AddEndpoint(e store.Endpoint) (Attachment, error) {
+	if a, err := o.CheckEndpoint(e); err == nil {
+		return a, nil
+	}
+	h, done, err := inNetns(e.Netns)
+	if err != nil {
+		return Attachment{}, err
+	}
+	defer done()
+	if err := deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth); err != nil {
+		return Attachment{}, err
+	}
+	if l, err := h.LinkByName(e.IfName); err == nil {
+		return Attachment{}, fmt.Errorf("container already has an interface %s (%s) that skiff did not make", e.IfName, l.Type())
+	}
+	br, err := netlink.LinkByName(BridgeName)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("bridge %s: %w", BridgeName, err)
+	}
+	ns, err := netns.GetFromPath(e.Netns)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("open %s: %w", e.Netns, err)
+	}
+	defer ns.Close()
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: e.Veth, MTU: o.mtu, MasterIndex: br.Attrs().Index},
+		PeerName:      e.IfName,
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return Attachment{}, fmt.Errorf("create veth %s/%s: %w", e.Veth, e.IfName, err)
+	}
+	a, err := o.configure(h, e)
+	if err != nil {
+		_ = deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth)
+		return Attachment{}, err
+	}
+	return a, nil
+}
+
+func (o *Overlay) configure(h *netlink.Handle, e store.Endpoint) (Attachment, error) {
+	host, err := netlink.LinkByName(e.Veth)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return Attachment{}, fmt.Errorf("set %s up: %w", e.Veth, err)
+	}
+	c, err := h.LinkByName(e.IfName)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("container %s: %w", e.IfName, err)
+	}
+	if err := h.AddrReplace(c, &netlink.Addr{IPNet: prefixNet(e.IP)}); err != nil {
+		return Attachment{}, fmt.Errorf("address %s on container %s: %w", e.IP, e.IfName, err)
+	}
+	for _, l := range []string{"lo", e.IfName} {
+		link, err := h.LinkByName(l)
+		if err == nil {
+			err = h.LinkSetUp(link)
+		}
+		if err != nil {
+			return Attachment{}, fmt.Errorf("set container %s up: %w", l, err)
+		}
+	}
+	gw := ipam.Gateway(e.IP)
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: c.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+		return Attachment{}, fmt.Errorf("default route via %s in container: %w", gw, err)
+	}
+	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
+}
+
+// CheckEndpoint verifies that e's interfaces, address and route are intact.
+func (o *Overlay) CheckEndpoint(e store.Endpoint) (Attachment, error) {
+	host, err := netlink.LinkByName(e.Veth)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
+	}
+	br, err := netlink.LinkByName(BridgeName)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("bridge %s: %w", BridgeName, err)
+	}
+	if host.Attrs().MasterIndex != br.Attrs().Index || host.Attrs().Flags&net.FlagUp == 0 {
+		return Attachment{}, fmt.Errorf("host veth %s is not up on %s", e.Veth, BridgeName)
+	}
+	h, done, err := inNetns(e.Netns)
+	if err != nil {
+		return Attachment{}, err
+	}
+	defer done()
+	c, err := h.LinkByName(e.IfName)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("container interface %s: %w", e.IfName, err)
+	}
+	if c.Attrs().ParentIndex != host.Attrs().Index {
+		return Attachment{}, fmt.Errorf("container %s is not the peer of %s", e.IfName, e.Veth)
+	}
+	if c.Attrs().MTU != o.mtu {
+		return Attachment{}, fmt.Errorf("container %s MTU is %d, want %d", e.IfName, c.Attrs().MTU, o.mtu)
+	}
+	addrs, err := h.AddrList(c, netlink.FAMILY_V4)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("addresses of container %s: %w", e.IfName, err)
+	}
+	found := false
+	for _, a := range addrs {
+		found = found || a.IPNet.String() == prefixNet(e.IP).String()
+	}
+	if !found {
+		return Attachment{}, fmt.Errorf("container %s lacks address %s", e.IfName, e.IP)
+	}
+	gw := ipam.Gateway(e.IP)
+	routes, err := h.RouteList(c, netlink.FAMILY_V4)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("routes of container %s: %w", e.IfName, err)
+	}
+	found = false
+	for _, r := range routes {
+		found = found || (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(gw.AsSlice())
+	}
+	if !found {
+		return Attachment{}, fmt.Errorf("container has no default route via %s", gw)
+	}
+	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
+}
+
+// RemoveEndpoint deletes e's veth pair. A namespace or link that is already
+// gone is success.
+func (o *Overlay) RemoveEndpoint(e store.Endpoint) error {
+	if h, done, err := inNetns(e.Netns); err == nil {
+		defer done()
+		if err := deleteLink(h.LinkByName, h.LinkDel, e.IfName); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, ErrNetnsGone) {
+		return err
+	}
+	return deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth)
+}
+
+func deleteLink(byName func(string) (netlink.Link, error), del func(netlink.Link) error, name string) error {
+	l, err := byName(name)
+	if errors.As(err, &netlink.LinkNotFoundError{}) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if err := del(l); err != nil && !errors.As(err, &netlink.LinkNotFoundError{}) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// PruneEndpoints deletes skiff veths that belong to no endpoint in keep: the
+// leftovers of containers deleted while the agent was down.
+func (o *Overlay) PruneEndpoints(keep []store.Endpoint) error {
+	owned := map[string]bool{}
+	for _, e := range keep {
+		owned[e.Veth] = true
+	}
+	links, err := netlinkRetry(netlink.LinkList)
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	var errs []error
+	for _, l := range links {
+		name := l.Attrs().Name
+		if _, isVeth := l.(*netlink.Veth); isVeth && strings.HasPrefix(name, VethPrefix) && !owned[name] {
+			o.log.Info("removing veth of a deleted endpoint", "veth", name)
+			errs = append(errs, deleteLink(netlink.LinkByName, netlink.LinkDel, name))
+		}
+	}
+	return errors.Join(errs...)
+}

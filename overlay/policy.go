@@ -1,0 +1,119 @@
+package overlay
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	"github.com/skiffnet/skiff/policy"
+)
+
+// iptables chains skiff owns. FORWARD jumps to SKIFF-FORWARD for overlay
+// traffic: established flows are accepted by conntrack, new flows are judged
+// by SKIFF-POLICY, what no rule denies is accepted. POSTROUTING masquerades
+// traffic from containers to anything outside the overlay.
+const (
+	chainForward = "SKIFF-FORWARD"
+	chainPolicy  = "SKIFF-POLICY"
+	chainNAT     = "SKIFF-POSTROUTING"
+)
+
+func iptables(args ...string) error {
+	out, err := exec.Command("iptables", append([]string{"-w", "5"}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("iptables %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// ensureRule appends rule to chain unless it is there.
+func ensureRule(table, chain string, rule ...string) error {
+	if iptables(append([]string{"-t", table, "-C", chain}, rule...)...) == nil {
+		return nil
+	}
+	return iptables(append([]string{"-t", table, "-I", chain, "1"}, rule...)...)
+}
+
+// setupChains creates skiff's chains if missing (keeping their rules, so a
+// restarting agent that cannot reach the store keeps enforcing the last
+// policy), fills the fixed ones and hooks them into the built-in chains.
+func (o *Overlay) setupChains() error {
+	for _, c := range [][2]string{{"filter", chainForward}, {"filter", chainPolicy}, {"nat", chainNAT}} {
+		if iptables("-t", c[0], "-n", "-L", c[1]) != nil {
+			if err := iptables("-t", c[0], "-N", c[1]); err != nil {
+				return err
+			}
+		}
+	}
+	cidr := o.cfg.Cluster.CIDR.String()
+	var b strings.Builder
+	b.WriteString("*filter\n:" + chainForward + " - [0:0]\n")
+	fmt.Fprintf(&b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chainForward)
+	fmt.Fprintf(&b, "-A %s -j %s\n", chainForward, chainPolicy)
+	fmt.Fprintf(&b, "-A %s -j ACCEPT\nCOMMIT\n", chainForward)
+	b.WriteString("*nat\n:" + chainNAT + " - [0:0]\n")
+	fmt.Fprintf(&b, "-A %s -s %s -d %s -j RETURN\n", chainNAT, cidr, cidr)
+	fmt.Fprintf(&b, "-A %s -s %s ! -d 224.0.0.0/4 -j MASQUERADE\nCOMMIT\n", chainNAT, cidr)
+	if err := restore(b.String()); err != nil {
+		return err
+	}
+	return errors.Join(
+		ensureRule("filter", "FORWARD", "-d", cidr, "-m", "comment", "--comment", "skiff overlay", "-j", chainForward),
+		ensureRule("filter", "FORWARD", "-s", cidr, "-m", "comment", "--comment", "skiff overlay", "-j", chainForward),
+		ensureRule("nat", "POSTROUTING", "-m", "comment", "--comment", "skiff masquerade", "-j", chainNAT),
+	)
+}
+
+// restore applies rules with iptables-restore --noflush: every chain declared
+// in rules is replaced atomically, nothing else is touched.
+func restore(rules string) error {
+	cmd := exec.Command("iptables-restore", "-w", "5", "--noflush")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore: %w: %s\ninput:\n%s", err, bytes.TrimSpace(out), rules)
+	}
+	return nil
+}
+
+// PolicyRules renders a rule set as the body of SKIFF-POLICY, in order.
+func PolicyRules(set policy.Set) []string {
+	var out []string
+	for _, r := range set {
+		var b strings.Builder
+		fmt.Fprintf(&b, "-A %s", chainPolicy)
+		if r.Src.IsValid() {
+			fmt.Fprintf(&b, " -s %s", r.Src)
+		}
+		if r.Dst.IsValid() {
+			fmt.Fprintf(&b, " -d %s", r.Dst)
+		}
+		if r.Proto != "" {
+			fmt.Fprintf(&b, " -p %s", r.Proto)
+		}
+		if r.Port != 0 {
+			fmt.Fprintf(&b, " --dport %d", r.Port)
+		}
+		fmt.Fprintf(&b, " -m comment --comment \"skiff policy %s\"", r.ID)
+		if r.Action == policy.Allow {
+			b.WriteString(" -j ACCEPT")
+		} else {
+			// Reject rather than drop, so a denied connect() fails at once
+			// with "no route to host" instead of hanging until its timeout.
+			b.WriteString(" -j REJECT --reject-with icmp-admin-prohibited")
+		}
+		out = append(out, b.String())
+	}
+	return out
+}
+
+// SyncPolicy replaces SKIFF-POLICY with set. New flows are judged by it at
+// once; flows conntrack already knows keep going.
+func (o *Overlay) SyncPolicy(set policy.Set) error {
+	rules := "*filter\n:" + chainPolicy + " - [0:0]\n"
+	for _, r := range PolicyRules(set) {
+		rules += r + "\n"
+	}
+	return restore(rules + "COMMIT\n")
+}

@@ -1,0 +1,382 @@
+// Package store is skiff's cluster store: hosts, endpoints, address leases and
+// policies in etcd (v3 API). Every key lives under /skiff/v1/. Writes that must
+// not race (subnet and address leases) are etcd transactions; agents learn
+// about changes by watching prefixes.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/skiffnet/skiff/policy"
+)
+
+// Key prefixes. A host owns the subnet lease, address leases and endpoints
+// that name it; RemoveHost deletes them together.
+const (
+	Prefix         = "/skiff/v1/"
+	configKey      = Prefix + "config"
+	HostsPrefix    = Prefix + "hosts/"
+	SubnetsPrefix  = Prefix + "subnets/"
+	AddrsPrefix    = Prefix + "addrs/"
+	EndpointPrefix = Prefix + "endpoints/"
+	PolicyPrefix   = Prefix + "policies/"
+)
+
+// ErrUnavailable wraps every failure to reach etcd, so callers (the agent API,
+// the CNI plugin) can tell "try again later" from "you asked for nonsense".
+var ErrUnavailable = errors.New("cluster store unavailable")
+
+// ErrNotFound is returned for a key that does not exist.
+var ErrNotFound = errors.New("not found")
+
+// Cluster is the cluster-wide configuration, written once by the first agent.
+type Cluster struct {
+	CIDR       netip.Prefix `json:"cidr"`
+	HostPrefix int          `json:"hostPrefix"` // per-host subnet length, e.g. 24
+	VNI        int          `json:"vni"`
+	VXLANPort  int          `json:"vxlanPort"`
+}
+
+// Validate checks that c describes a usable overlay.
+func (c Cluster) Validate() error {
+	if !c.CIDR.IsValid() || !c.CIDR.Addr().Is4() || c.CIDR != c.CIDR.Masked() {
+		return fmt.Errorf("cluster CIDR %q must be an IPv4 network address such as 10.244.0.0/16", c.CIDR)
+	}
+	if c.HostPrefix <= c.CIDR.Bits() || c.HostPrefix > 28 {
+		return fmt.Errorf("host subnet length /%d must be longer than the cluster CIDR /%d and at most /28", c.HostPrefix, c.CIDR.Bits())
+	}
+	if c.VNI < 1 || c.VNI > 1<<24-1 {
+		return fmt.Errorf("VNI %d out of range 1-16777215", c.VNI)
+	}
+	if c.VXLANPort < 1 || c.VXLANPort > 65535 {
+		return fmt.Errorf("VXLAN port %d out of range", c.VXLANPort)
+	}
+	return nil
+}
+
+// Host is one member of the cluster.
+type Host struct {
+	Name       string       `json:"name"`
+	UnderlayIP netip.Addr   `json:"underlayIP"`
+	Subnet     netip.Prefix `json:"subnet"`
+	VTEPMAC    string       `json:"vtepMAC"`
+}
+
+// Endpoint is one container interface attached to the overlay.
+type Endpoint struct {
+	ContainerID string       `json:"containerID"`
+	IfName      string       `json:"ifName"`
+	Host        string       `json:"host"`
+	IP          netip.Prefix `json:"ip"` // address with the host subnet's length
+	Veth        string       `json:"veth"`
+	Netns       string       `json:"netns"`
+	MAC         string       `json:"mac,omitempty"`
+	Created     time.Time    `json:"created"`
+}
+
+// Key identifies e within its host.
+func (e Endpoint) Key() string { return EndpointKey(e.Host, e.ContainerID, e.IfName) }
+
+// EndpointKey is where an endpoint is stored.
+func EndpointKey(host, containerID, ifName string) string {
+	return EndpointPrefix + host + "/" + containerID + "/" + ifName
+}
+
+// HostKey is where a host is stored.
+func HostKey(name string) string { return HostsPrefix + name }
+
+// SubnetKey is the lease of one host subnet; its value is the host's name.
+func SubnetKey(p netip.Prefix) string {
+	return SubnetsPrefix + strings.ReplaceAll(p.String(), "/", "-")
+}
+
+// AddrKey is the lease of one container address; its value is the endpoint key.
+func AddrKey(subnet netip.Prefix, a netip.Addr) string {
+	return AddrsPrefix + strings.ReplaceAll(subnet.String(), "/", "-") + "/" + a.String()
+}
+
+// LastAddrKey remembers the last address handed out in subnet, so that
+// allocation walks round the subnet instead of reusing a just-released address.
+func LastAddrKey(subnet netip.Prefix) string {
+	return Prefix + "addr-last/" + strings.ReplaceAll(subnet.String(), "/", "-")
+}
+
+// AddrSubnetPrefix is the prefix of every address lease in subnet.
+func AddrSubnetPrefix(subnet netip.Prefix) string {
+	return AddrsPrefix + strings.ReplaceAll(subnet.String(), "/", "-") + "/"
+}
+
+// Store is a connection to the cluster store.
+type Store struct {
+	Client  *clientv3.Client
+	timeout time.Duration
+}
+
+// Open connects to etcd. It does not wait for the cluster to answer: an
+// unreachable store shows up as ErrUnavailable on the first call.
+func Open(endpoints []string) (*Store, error) {
+	if len(endpoints) == 0 {
+		return nil, errors.New("no etcd endpoints given")
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          2 * time.Second,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
+	}
+	return &Store{Client: cli, timeout: 3 * time.Second}, nil
+}
+
+// Close releases the connection.
+func (s *Store) Close() error { return s.Client.Close() }
+
+// Ping checks that the store answers.
+func (s *Store) Ping(ctx context.Context) error {
+	_, err := s.get(ctx, configKey)
+	return err
+}
+
+func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
+}
+
+func (s *Store) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.Client.Get(ctx, key, opts...)
+	if err != nil {
+		return nil, unavailable("read "+key, err)
+	}
+	return resp, nil
+}
+
+// Txn runs a transaction with the store's timeout; failures to reach etcd are
+// ErrUnavailable.
+func (s *Store) Txn(ctx context.Context, cmps []clientv3.Cmp, then []clientv3.Op, els ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.Client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	if err != nil {
+		return nil, unavailable("transaction", err)
+	}
+	return resp, nil
+}
+
+// EnsureCluster stores want as the cluster configuration unless one exists,
+// and returns the configuration in force. Agents started with a different
+// configuration get an error rather than a split cluster.
+func (s *Store) EnsureCluster(ctx context.Context, want Cluster) (Cluster, error) {
+	if err := want.Validate(); err != nil {
+		return Cluster{}, err
+	}
+	val, _ := json.Marshal(want)
+	resp, err := s.Txn(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(configKey), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(configKey, string(val))},
+		clientv3.OpGet(configKey))
+	if err != nil {
+		return Cluster{}, err
+	}
+	if resp.Succeeded {
+		return want, nil
+	}
+	var have Cluster
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) != 1 {
+		return Cluster{}, errors.New("cluster config vanished during read")
+	}
+	if err := json.Unmarshal(kvs[0].Value, &have); err != nil {
+		return Cluster{}, fmt.Errorf("decode cluster config: %w", err)
+	}
+	if have != want {
+		return have, fmt.Errorf("cluster already configured as %+v, this agent asks for %+v", have, want)
+	}
+	return have, nil
+}
+
+// Cluster returns the stored cluster configuration.
+func (s *Store) Cluster(ctx context.Context) (Cluster, error) {
+	var c Cluster
+	return c, s.getJSON(ctx, configKey, &c)
+}
+
+func (s *Store) getJSON(ctx context.Context, key string, v any) error {
+	resp, err := s.get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("%s: %w", key, ErrNotFound)
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, v); err != nil {
+		return fmt.Errorf("decode %s: %w", key, err)
+	}
+	return nil
+}
+
+func list[T any](ctx context.Context, s *Store, prefix string) ([]T, error) {
+	resp, err := s.get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var v T
+		if err := json.Unmarshal(kv.Value, &v); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// Host returns one host.
+func (s *Store) Host(ctx context.Context, name string) (Host, error) {
+	var h Host
+	return h, s.getJSON(ctx, HostKey(name), &h)
+}
+
+// Hosts lists every host.
+func (s *Store) Hosts(ctx context.Context) ([]Host, error) { return list[Host](ctx, s, HostsPrefix) }
+
+// RemoveHost deletes a host with everything it owns: its subnet lease, its
+// address leases and its endpoints. Other agents see the host key go and
+// remove their routes to it.
+func (s *Store) RemoveHost(ctx context.Context, name string) error {
+	h, err := s.Host(ctx, name)
+	if err != nil {
+		return err
+	}
+	_, err = s.Txn(ctx, nil, []clientv3.Op{
+		clientv3.OpDelete(HostKey(name)),
+		clientv3.OpDelete(SubnetKey(h.Subnet)),
+		clientv3.OpDelete(AddrSubnetPrefix(h.Subnet), clientv3.WithPrefix()),
+		clientv3.OpDelete(EndpointPrefix+name+"/", clientv3.WithPrefix()),
+	})
+	return err
+}
+
+// Endpoints lists the endpoints of one host, or of all hosts when host is "".
+func (s *Store) Endpoints(ctx context.Context, host string) ([]Endpoint, error) {
+	p := EndpointPrefix
+	if host != "" {
+		p += host + "/"
+	}
+	return list[Endpoint](ctx, s, p)
+}
+
+// Endpoint returns one endpoint.
+func (s *Store) Endpoint(ctx context.Context, host, containerID, ifName string) (Endpoint, error) {
+	var e Endpoint
+	return e, s.getJSON(ctx, EndpointKey(host, containerID, ifName), &e)
+}
+
+// PutEndpoint overwrites an existing endpoint record (e.g. to add its MAC).
+func (s *Store) PutEndpoint(ctx context.Context, e Endpoint) error {
+	val, _ := json.Marshal(e)
+	resp, err := s.Txn(ctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.Key()), ">", 0)},
+		[]clientv3.Op{clientv3.OpPut(e.Key(), string(val))})
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("endpoint %s: %w", e.Key(), ErrNotFound)
+	}
+	return nil
+}
+
+// Policies returns the policy rules in evaluation order.
+func (s *Store) Policies(ctx context.Context) (policy.Set, error) {
+	rules, err := list[policy.Rule](ctx, s, PolicyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return policy.NewSet(rules)
+}
+
+// PutPolicy adds or replaces a rule.
+func (s *Store) PutPolicy(ctx context.Context, r policy.Rule) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	val, _ := json.Marshal(r)
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if _, err := s.Client.Put(ctx, PolicyPrefix+r.ID, string(val)); err != nil {
+		return unavailable("write policy", err)
+	}
+	return nil
+}
+
+// DeletePolicy removes a rule; a missing rule is ErrNotFound.
+func (s *Store) DeletePolicy(ctx context.Context, id string) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.Client.Delete(ctx, PolicyPrefix+id)
+	if err != nil {
+		return unavailable("delete policy", err)
+	}
+	if resp.Deleted == 0 {
+		return fmt.Errorf("policy %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// Watch sends on the returned channel whenever a key under one of the
+// prefixes changes, coalescing bursts. The channel closes when ctx ends or the
+// watch breaks (store unreachable, compaction); callers re-list and re-watch.
+func (s *Store) Watch(ctx context.Context, prefixes ...string) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	merged := make(chan clientv3.WatchResponse)
+	for _, p := range prefixes {
+		wc := s.Client.Watch(ctx, p, clientv3.WithPrefix())
+		go func() {
+			defer cancel() // one broken watch ends all, so the caller re-lists
+			for resp := range wc {
+				select {
+				case merged <- resp:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case resp := <-merged:
+				if resp.Err() != nil || resp.Canceled {
+					cancel()
+					return
+				}
+				select {
+				case out <- struct{}{}:
+				default: // a signal is already pending
+				}
+			}
+		}
+	}()
+	return out
+}

@@ -1,0 +1,111 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/store/storetest"
+)
+
+var cluster = store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+
+func TestEnsureCluster(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	if _, err := s.EnsureCluster(ctx, cluster); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EnsureCluster(ctx, cluster); err != nil {
+		t.Fatalf("same config again: %v", err)
+	}
+	other := cluster
+	other.VNI = 7
+	if _, err := s.EnsureCluster(ctx, other); err == nil {
+		t.Fatal("a conflicting cluster config was accepted")
+	}
+	bad := cluster
+	bad.CIDR = netip.MustParsePrefix("10.244.1.0/16")
+	if _, err := s.EnsureCluster(ctx, bad); err == nil {
+		t.Fatal("a CIDR with host bits was accepted")
+	}
+}
+
+func TestRemoveHostTakesItsState(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	h, err := ipam.Join(ctx, s, cluster, store.Host{Name: "h1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ipam.Allocate(ctx, s, h.Subnet, store.Endpoint{Host: "h1", ContainerID: "c", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveHost(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.Client.Get(ctx, store.Prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if k := string(kv.Key); k != store.Prefix+"config" && k != store.LastAddrKey(h.Subnet) {
+			t.Errorf("left behind: %s", k)
+		}
+	}
+	if err := s.RemoveHost(ctx, "h1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("removing a removed host: %v", err)
+	}
+}
+
+func TestPoliciesAndWatch(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed := s.Watch(ctx, store.PolicyPrefix)
+	r := policy.Rule{ID: "b", Priority: 2, Action: policy.Deny, Proto: policy.TCP, Port: 80}
+	if err := s.PutPolicy(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutPolicy(ctx, policy.Rule{ID: "a", Priority: 5, Action: policy.Allow}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no watch signal within 2s")
+	}
+	set, err := s.Policies(ctx)
+	if err != nil || len(set) != 2 || set[0] != r {
+		t.Fatalf("policies = %v, %v", set, err)
+	}
+	if err := s.PutPolicy(ctx, policy.Rule{ID: "Bad"}); err == nil {
+		t.Fatal("invalid rule stored")
+	}
+	if err := s.DeletePolicy(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeletePolicy(ctx, "b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestUnreachableIsUnavailable(t *testing.T) {
+	s, e := storetest.New(t)
+	e.Close()
+	start := time.Now()
+	_, err := s.Hosts(context.Background())
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatalf("took %v to notice", time.Since(start))
+	}
+}
