@@ -1,0 +1,49 @@
+package lab
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+)
+
+// Do runs f with the calling goroutine's OS thread inside target's network
+// namespace. Sockets f creates stay in that namespace after Do returns, so
+// tests can listen and dial from any lab host or container in-process.
+// Goroutines f starts do not inherit the namespace.
+func (l *Lab) Do(target string, f func() error) error {
+	name, err := l.Netns(target)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	// A fresh goroutine: if restoring the namespace fails, the thread dies
+	// with it (no UnlockOSThread) instead of being reused in the wrong one.
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- fmt.Errorf("current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			errc <- fmt.Errorf("open netns %s: %w", name, err)
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", name, err)
+			return
+		}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			errc <- fmt.Errorf("leave netns %s: %w", name, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}

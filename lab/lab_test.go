@@ -1,0 +1,369 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/policy"
+)
+
+const echoPort = 7000
+
+// TestConnectivity: TCP, UDP and ICMP between every pair of containers on 3
+// hosts (same host and across hosts), and from containers to hosts.
+func TestConnectivity(t *testing.T) {
+	l := newLab(t, Config{Name: "tconn", Hosts: 3, ContainersPerHost: 2})
+	ctx := context.Background()
+	for _, c := range l.Containers {
+		echoServer(t, l, c.Name, echoPort)
+	}
+	for _, h := range l.Hosts {
+		echoServer(t, l, h.Name, echoPort)
+	}
+	for _, src := range l.Containers {
+		for _, dst := range l.Containers {
+			if src.Name == dst.Name {
+				continue
+			}
+			to := netip.AddrPortFrom(dst.IP, echoPort)
+			for _, network := range []string{"tcp4", "udp4"} {
+				if err := exchange(l, src.Name, network, to); err != nil {
+					t.Errorf("%s %s -> %s: %v", network, src.Name, dst.Name, err)
+				}
+			}
+			if err := ping(ctx, l, src.Name, dst.IP); err != nil {
+				t.Error(err)
+			}
+		}
+		// Container to its own host and to every other host's underlay address.
+		for _, h := range l.Hosts {
+			if err := exchange(l, src.Name, "tcp4", netip.AddrPortFrom(h.UnderlayIP, echoPort)); err != nil {
+				t.Errorf("tcp %s -> host %s: %v", src.Name, h.Name, err)
+			}
+		}
+	}
+	// A host reaches containers on other hosts over the overlay.
+	if err := ping(ctx, l, "h1", l.Containers[len(l.Containers)-1].IP); err != nil {
+		t.Error(err)
+	}
+	// Full-size frames pass with DF set: the container MTU leaves room for VXLAN.
+	dst, _ := l.IP("h3/c1")
+	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "1", "-W", "2", "-M", "do", "-s", fmt.Sprint(1500-overlay.Overhead-28), dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("full-MTU ping: %v\n%s", err, out)
+	}
+	if err := l.CheckContainer(ctx, "h2/c2"); err != nil {
+		t.Errorf("CNI CHECK: %v", err)
+	}
+}
+
+// TestUnderlayMTU: the container MTU follows the underlay's.
+func TestUnderlayMTU(t *testing.T) {
+	l := newLab(t, Config{Name: "tmtu", Hosts: 2, ContainersPerHost: 1, UnderlayMTU: 9000})
+	var mtu int
+	err := l.Do("h1/c1", func() error {
+		link, err := netlink.LinkByName("eth0")
+		if err == nil {
+			mtu = link.Attrs().MTU
+		}
+		return err
+	})
+	if err != nil || mtu != 9000-overlay.Overhead {
+		t.Fatalf("container MTU %d (%v), want %d", mtu, err, 9000-overlay.Overhead)
+	}
+	dst, _ := l.IP("h2/c1")
+	cmd, _ := l.Command(context.Background(), "h1/c1", "ping", "-c", "1", "-W", "2", "-M", "do", "-s", fmt.Sprint(9000-overlay.Overhead-28), dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("jumbo ping: %v\n%s", err, out)
+	}
+}
+
+// routeTo reports whether host has an overlay route to subnet.
+func routeTo(l *Lab, host string, subnet netip.Prefix) (found bool, err error) {
+	err = l.Do(host, func() error {
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		for _, r := range routes {
+			found = found || r.Dst != nil && r.Dst.String() == subnet.String()
+		}
+		return err
+	})
+	return found, err
+}
+
+// TestHostJoinAndLeave: every other host has routes to a new host within
+// 1 s, and loses them within 1 s of the host leaving.
+func TestHostJoinAndLeave(t *testing.T) {
+	l := newLab(t, Config{Name: "tjoin", Hosts: 2, ContainersPerHost: 1})
+	ctx := context.Background()
+	name, err := l.AddHost(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h3, _ := l.Host(name)
+	st, err := api.NewClient(h3.Socket).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subnet := st.Host.Subnet
+	// The agent reports ready once registered; the others converge from the watch.
+	took, err := eventually(time.Second, func() error {
+		for _, h := range []string{"h1", "h2"} {
+			if ok, err := routeTo(l, h, subnet); !ok || err != nil {
+				return fmt.Errorf("%s has no route to %s (%v)", h, subnet, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("join not reflected within 1s: %v", err)
+	}
+	t.Logf("join reflected in %v", took)
+	c, err := l.AddContainer(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, _ := l.IP(c)
+	if err := ping(ctx, l, "h1/c1", ip); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemoveHost(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	took, err = eventually(time.Second, func() error {
+		for _, h := range []string{"h1", "h2"} {
+			if ok, err := routeTo(l, h, subnet); ok || err != nil {
+				return fmt.Errorf("%s still routes to %s (%v)", h, subnet, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("leave not reflected within 1s: %v", err)
+	}
+	t.Logf("leave reflected in %v", took)
+	hosts, err := api.NewClient(l.Hosts[0].Socket).Hosts(ctx)
+	if err != nil || len(hosts) != 2 {
+		t.Fatalf("hosts after leave: %v %v", hosts, err)
+	}
+}
+
+// TestAgentRestartKeepsTraffic: a TCP transfer survives restarts of the
+// agents at both ends.
+func TestAgentRestartKeepsTraffic(t *testing.T) {
+	l := newLab(t, Config{Name: "trestart", Hosts: 2, ContainersPerHost: 1})
+	ctx := context.Background()
+	s := startStream(t, l, "h1/c1", "h2/c1", 7100)
+	if err := s.progresses(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"h1", "h2"} {
+		if err := l.StopAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.progresses(2 * time.Second); err != nil {
+			t.Fatalf("transfer stalled while the agent on %s was down: %v", h, err)
+		}
+		if err := l.StartAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.progresses(2 * time.Second); err != nil {
+			t.Fatalf("transfer stalled after the agent on %s restarted: %v", h, err)
+		}
+	}
+	if err := s.finish(); err != nil {
+		t.Fatalf("transfer failed: %v", err)
+	}
+	t.Logf("%d bytes transferred across two agent restarts", s.bytes())
+}
+
+// TestCNIDelAndReAdd: DEL leaves no veth, no address and no endpoint; a new
+// ADD reuses nothing stale.
+func TestCNIDelAndReAdd(t *testing.T) {
+	l := newLab(t, Config{Name: "tdel", Hosts: 2, ContainersPerHost: 2})
+	ctx := context.Background()
+	client := api.NewClient(l.Hosts[0].Socket)
+	old, _ := l.Container("h1/c2")
+	gone := *old
+	veth := overlay.VethName(gone.ID, "eth0")
+	if err := l.RemoveContainer(ctx, "h1/c2"); err != nil {
+		t.Fatal(err)
+	}
+	err := l.Do("h1", func() error {
+		if _, err := netlink.LinkByName(veth); err == nil {
+			return fmt.Errorf("veth %s still exists", veth)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	eps, err := client.Endpoints(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		if e.ContainerID == gone.ID || e.IP.Addr() == gone.IP {
+			t.Errorf("endpoint left behind: %+v", e)
+		}
+	}
+	// DEL again, as runtimes do, must succeed although everything is gone.
+	if err := client.DeleteEndpoint(ctx, api.AddRequest{ContainerID: gone.ID, IfName: "eth0", Netns: NetnsPath(gone.Netns)}); err != nil {
+		t.Errorf("second DEL: %v", err)
+	}
+	name, err := l.AddContainer(ctx, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := l.Container(name)
+	if fresh.IP == gone.IP {
+		t.Errorf("new container got the just-released address %s", gone.IP)
+	}
+	if err := l.CheckContainer(ctx, name); err != nil {
+		t.Errorf("CHECK of re-added container: %v", err)
+	}
+	if err := ping(ctx, l, "h2/c1", fresh.IP); err != nil {
+		t.Error(err)
+	}
+	// The old address answers nowhere.
+	if err := ping(ctx, l, "h2/c1", gone.IP); err == nil {
+		t.Errorf("released address %s still answers", gone.IP)
+	}
+}
+
+// TestPolicy: a deny rule blocks new connections across hosts within 1 s;
+// deleting it restores them.
+func TestPolicy(t *testing.T) {
+	l := newLab(t, Config{Name: "tpol", Hosts: 2, ContainersPerHost: 1})
+	ctx := context.Background()
+	echoServer(t, l, "h2/c1", echoPort)
+	echoServer(t, l, "h2/c1", echoPort+1)
+	src, _ := l.IP("h1/c1")
+	dst, _ := l.IP("h2/c1")
+	to := netip.AddrPortFrom(dst, echoPort)
+	if err := exchange(l, "h1/c1", "tcp4", to); err != nil {
+		t.Fatal(err)
+	}
+	// Issued on h2's agent; must take effect on h1 too.
+	client := api.NewClient(l.Hosts[1].Socket)
+	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Src: netip.PrefixFrom(src, 32), Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: echoPort}
+	if err := client.PutPolicy(ctx, rule); err != nil {
+		t.Fatal(err)
+	}
+	took, err := eventually(time.Second, func() error {
+		if _, err := dial(l, "h1/c1", "tcp4", to, 300*time.Millisecond); err == nil {
+			return errors.New("connection still allowed")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("deny not in force within 1s: %v", err)
+	}
+	t.Logf("deny in force after %v", took)
+	if err := exchange(l, "h1/c1", "tcp4", netip.AddrPortFrom(dst, echoPort+1)); err != nil {
+		t.Errorf("another port was blocked too: %v", err)
+	}
+	if err := exchange(l, "h1/c1", "udp4", to); err != nil {
+		t.Errorf("UDP to the port was blocked too: %v", err)
+	}
+	if err := api.NewClient(l.Hosts[0].Socket).DeletePolicy(ctx, "no-echo"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eventually(time.Second, func() error { return exchange(l, "h1/c1", "tcp4", to) }); err != nil {
+		t.Fatalf("not restored within 1s of deleting the rule: %v", err)
+	}
+}
+
+// TestStoreUnreachable: with etcd down the data path keeps forwarding, a
+// restarted agent comes back from its cached identity, ADD asks the runtime
+// to try again later, and everything recovers when etcd returns.
+func TestStoreUnreachable(t *testing.T) {
+	l := newLab(t, Config{Name: "tstore", Hosts: 2, ContainersPerHost: 1})
+	ctx := context.Background()
+	dst, _ := l.IP("h2/c1")
+	if err := l.StopEtcd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(ctx, l, "h1/c1", dst); err != nil {
+		t.Fatalf("forwarding stopped with the store down: %v", err)
+	}
+	// An agent restarting without the store still starts and keeps the host working.
+	h1, _ := l.Host("h1")
+	if err := l.StopAgent(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.startAgent(h1); err != nil {
+		t.Fatal(err)
+	}
+	client := api.NewClient(h1.Socket)
+	st, err := eventuallyStatus(client, func(s api.Status) bool { return !s.StoreReachable })
+	if err != nil {
+		t.Fatalf("agent without store: %+v %v", st, err)
+	}
+	if err := ping(ctx, l, "h1/c1", dst); err != nil {
+		t.Fatalf("forwarding stopped after an agent restart without store: %v", err)
+	}
+	_, err = client.AddEndpoint(ctx, api.AddRequest{ContainerID: "x", IfName: "eth0", Netns: NetnsPath(l.Containers[0].Netns)})
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || !apiErr.Retry {
+		t.Fatalf("ADD with the store down: %v, want a retryable error", err)
+	}
+	if err := l.StartEtcd(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	name, err := l.AddContainer(ctx, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, _ := l.IP(name)
+	if err := ping(ctx, l, "h2/c1", ip); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func eventuallyStatus(c *api.Client, ok func(api.Status) bool) (api.Status, error) {
+	var st api.Status
+	_, err := eventually(20*time.Second, func() (err error) {
+		st, err = c.Status(context.Background())
+		if err == nil && !ok(st) {
+			err = errors.New("not yet")
+		}
+		return err
+	})
+	return st, err
+}
+
+// TestAgentBadInput: skiffd refuses a cluster CIDR that overlaps the
+// underlay and unknown flags, with a message saying so.
+func TestAgentBadInput(t *testing.T) {
+	l := newLab(t, Config{Name: "tbad", Hosts: 1, ContainersPerHost: 0})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cluster-cidr", "10.99.0.0/16", "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL()}, "overlaps the underlay"},
+		{[]string{"--no-such-flag"}, "flag provided but not defined"},
+		{[]string{"--cluster-cidr", "banana", "--underlay-interface", "eth0"}, "--cluster-cidr"},
+		{[]string{"--underlay-interface", "eth0"}, "no cluster store"},
+		{[]string{"--underlay-interface", "nope0", "--etcd-endpoints", l.etcdURL()}, "nope0"},
+	} {
+		cmd, _ := l.Command(context.Background(), "h1", l.Config.BinDir+"/skiffd", append(tc.args, "--socket", t.TempDir()+"/s.sock", "--state-dir", t.TempDir())...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || !strings.Contains(string(out), tc.want) {
+			t.Errorf("skiffd %v: %v, output %q; want failure mentioning %q", tc.args, err, out, tc.want)
+		}
+	}
+}

@@ -1,0 +1,252 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// newLab brings up a lab for one test and tears it down afterwards, also
+// when the test fails. Leftovers of an earlier crashed run of the same test
+// are cleared first.
+func newLab(t *testing.T, cfg Config) *Lab {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("lab integration test (-short)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("lab integration tests need root")
+	}
+	cfg.BinDir = binDir(t)
+	ctx := context.Background()
+	if err := Down(ctx, cfg.Name); err != nil {
+		t.Fatalf("clear leftovers: %v", err)
+	}
+	l, err := Up(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, h := range l.Hosts {
+				log, _ := os.ReadFile(filepath.Join(l.hostDir(h.Name), "skiffd.log"))
+				t.Logf("skiffd log of %s:\n%s", h.Name, tail(log, 3000))
+			}
+		}
+		if err := Down(context.Background(), cfg.Name); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+		if left := (&Lab{Config: Config{Name: cfg.Name}}).namespaces(); len(left) > 0 {
+			t.Errorf("namespaces left behind: %v", left)
+		}
+	})
+	return l
+}
+
+// binDir finds the built binaries: $SKIFF_BIN_DIR (make test sets it) or the
+// repository's bin/.
+func binDir(t *testing.T) string {
+	dir := os.Getenv("SKIFF_BIN_DIR")
+	if dir == "" {
+		_, file, _, _ := runtime.Caller(0)
+		dir = filepath.Join(filepath.Dir(file), "..", "bin")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "skiffd")); err != nil {
+		t.Fatalf("skiff binaries not found in %s: run make build (%v)", dir, err)
+	}
+	return dir
+}
+
+// echoServer listens on TCP and UDP port in target and echoes until the test ends.
+func echoServer(t *testing.T, l *Lab, target string, port int) {
+	t.Helper()
+	var tl net.Listener
+	var ul net.PacketConn
+	err := l.Do(target, func() (err error) {
+		if tl, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); err != nil {
+			return err
+		}
+		ul, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("echo server in %s: %v", target, err)
+	}
+	t.Cleanup(func() { tl.Close(); ul.Close() })
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := ul.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			ul.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// dial opens a connection from src to addr.
+func dial(l *Lab, src, network string, addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := l.Do(src, func() (err error) {
+		c, err = net.DialTimeout(network, addr.String(), timeout)
+		return err
+	})
+	return c, err
+}
+
+// exchange sends a message over a fresh connection from src and checks the echo.
+func exchange(l *Lab, src, network string, addr netip.AddrPort) error {
+	c, err := dial(l, src, network, addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	msg := []byte(fmt.Sprintf("%s %s -> %s", network, src, addr))
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("echo %q, sent %q", got, msg)
+	}
+	return nil
+}
+
+func ping(ctx context.Context, l *Lab, src string, dst netip.Addr) error {
+	cmd, err := l.Command(ctx, src, "ping", "-c", "1", "-W", "2", dst.String())
+	if err != nil {
+		return err
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ping %s from %s: %w: %s", dst, src, err, out)
+	}
+	return nil
+}
+
+// eventually polls f until it succeeds or timeout passes.
+func eventually(timeout time.Duration, f func() error) (time.Duration, error) {
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return time.Since(start), err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stream keeps a TCP transfer running from src to dst until stopped, and
+// reports how many bytes arrived and the first error.
+type stream struct {
+	mu       sync.Mutex
+	received int64
+	err      error
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func startStream(t *testing.T, l *Lab, src, dst string, port int) *stream {
+	t.Helper()
+	dstIP, _ := l.IP(dst)
+	var ln net.Listener
+	if err := l.Do(dst, func() (err error) { ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); return err }); err != nil {
+		t.Fatal(err)
+	}
+	c, err := dial(l, src, "tcp4", netip.AddrPortFrom(dstIP, uint16(port)), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &stream{stop: make(chan struct{}), done: make(chan struct{})}
+	srv, err := ln.Accept()
+	ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := srv.Read(buf)
+			s.mu.Lock()
+			s.received += int64(n)
+			s.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		defer close(s.done)
+		defer c.Close()
+		defer srv.Close()
+		buf := make([]byte, 16<<10)
+		for {
+			select {
+			case <-s.stop:
+				return
+			default:
+			}
+			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write(buf); err != nil {
+				s.mu.Lock()
+				s.err = err
+				s.mu.Unlock()
+				return
+			}
+			time.Sleep(time.Millisecond) // a steady flow, not a flood
+		}
+	}()
+	return s
+}
+
+func (s *stream) bytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.received
+}
+
+func (s *stream) finish() error {
+	close(s.stop)
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// progresses checks that s moves forward within timeout.
+func (s *stream) progresses(timeout time.Duration) error {
+	before := s.bytes()
+	_, err := eventually(timeout, func() error {
+		if s.bytes() <= before {
+			return errors.New("no bytes arrived")
+		}
+		return nil
+	})
+	return err
+}
