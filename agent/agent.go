@@ -50,10 +50,10 @@ type Agent struct {
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start
 	storeErr     error
-	syncErr   error
-	lastSync  time.Time
-	remotes   int
-	endpoints int
+	syncErr      error
+	lastSync     time.Time
+	remotes      int
+	endpoints    int
 }
 
 type identity struct {

@@ -52,7 +52,10 @@ func init() {
 		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
 		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
 		"lab":       {summary: "lab up|down|exec|ip|status: an emulated cluster on this machine", run: cmdLab},
-		"version":   {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error { fmt.Fprintln(env.Stdout, "skiff", api.Version); return nil }},
+		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
+			fmt.Fprintln(env.Stdout, "skiff", api.Version)
+			return nil
+		}},
 	}
 }
 

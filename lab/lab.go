@@ -121,10 +121,10 @@ type Lab struct {
 // Dir is the lab's run directory.
 func Dir(name string) string { return filepath.Join(RunDir, name) }
 
-func (l *Lab) dir() string        { return Dir(l.Config.Name) }
-func (l *Lab) prefix() string     { return "skiff-" + l.Config.Name + "-" }
+func (l *Lab) dir() string         { return Dir(l.Config.Name) }
+func (l *Lab) prefix() string      { return "skiff-" + l.Config.Name + "-" }
 func (l *Lab) switchNetns() string { return l.prefix() + "sw" }
-func (l *Lab) etcdURL() string    { return "http://" + switchAddr.String() + ":2379" }
+func (l *Lab) etcdURL() string     { return "http://" + switchAddr.String() + ":2379" }
 
 // Open reads the state of a running lab.
 func Open(name string) (*Lab, error) {
