@@ -1,0 +1,191 @@
+package cni_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/skiffnet/skiff/cni"
+	"github.com/skiffnet/skiff/lab"
+)
+
+func binDir(t *testing.T) string {
+	dir := os.Getenv("SKIFF_BIN_DIR")
+	if dir == "" {
+		_, file, _, _ := runtime.Caller(0)
+		dir = filepath.Join(filepath.Dir(file), "..", "bin")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "skiff-cni")); err != nil {
+		t.Fatalf("skiff-cni not found in %s: run make build (%v)", dir, err)
+	}
+	return dir
+}
+
+type cniError struct {
+	CNIVersion string `json:"cniVersion"`
+	Code       int    `json:"code"`
+	Msg        string `json:"msg"`
+	Details    string `json:"details"`
+}
+
+// plugin runs the real skiff-cni binary the way a runtime does and decodes
+// the CNI error object it prints on failure.
+func plugin(t *testing.T, command, conf string, env ...string) (stdout string, cerr *cniError) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir(t), "skiff-cni"))
+	cmd.Env = append([]string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=test-ctr", "CNI_NETNS=/run/netns/skiff-none",
+		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin"}, env...)
+	cmd.Stdin = strings.NewReader(conf)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	err := cmd.Run()
+	if err == nil {
+		return out.String(), nil
+	}
+	cerr = &cniError{}
+	if jerr := json.Unmarshal(out.Bytes(), cerr); jerr != nil {
+		t.Fatalf("%s failed (%v) without a CNI error object: %q", command, err, out.String())
+	}
+	return out.String(), cerr
+}
+
+func TestBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		code       int
+		mentions   string
+	}{
+		{"malformed JSON", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni",`, 6, ""},
+		{"unknown field", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","sockett":"/x"}`, 7, "sockett"},
+		{"wrong type", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","socket":5}`, 7, "socket"},
+		{"ipam section", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"type":"host-local"}}`, 7, "ipam"},
+		{"unsupported version", `{"cniVersion":"0.3.1","name":"skiff","type":"skiff-cni"}`, 1, "0.3.1"},
+		{"garbage version", `{"cniVersion":"banana","name":"skiff","type":"skiff-cni"}`, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, e := plugin(t, "ADD", tc.conf)
+			if e == nil {
+				t.Fatal("ADD succeeded")
+			}
+			if tc.code != 0 && e.Code != tc.code {
+				t.Errorf("code %d (%s: %s), want %d", e.Code, e.Msg, e.Details, tc.code)
+			}
+			if !strings.Contains(e.Msg+e.Details, tc.mentions) {
+				t.Errorf("message %q / %q does not mention %q", e.Msg, e.Details, tc.mentions)
+			}
+		})
+	}
+}
+
+func TestAgentUnreachable(t *testing.T) {
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","socket":%q}`, filepath.Join(t.TempDir(), "none.sock"))
+	for _, cmd := range []string{"ADD", "DEL"} {
+		_, e := plugin(t, cmd, conf)
+		if e == nil || e.Code != 11 || !strings.Contains(e.Msg, "try again later") {
+			t.Errorf("%s without agent: %+v, want code 11 (try again later)", cmd, e)
+		}
+	}
+	if _, e := plugin(t, "STATUS", conf); e == nil || e.Code != 50 {
+		t.Errorf("STATUS without agent: %+v, want code 50", e)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, e := plugin(t, "VERSION", `{"cniVersion":"1.1.0"}`)
+	if e != nil {
+		t.Fatal(e)
+	}
+	var v struct {
+		Supported []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(v.Supported, ",") != "1.0.0,1.1.0" {
+		t.Errorf("supported versions %v", v.Supported)
+	}
+}
+
+func TestParseConfDefaults(t *testing.T) {
+	c, err := cni.ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"skiff-cni","runtimeConfig":{"x":1},"args":{"cni":{}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Socket != "/run/skiff/skiffd.sock" || c.TimeoutSeconds != 60 {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+// TestCnitool drives ADD, CHECK and DEL through cnitool, a CNI client
+// nobody here wrote, against a lab host's agent, for every spec version.
+func TestCnitool(t *testing.T) {
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root and the lab")
+	}
+	tool, err := exec.LookPath("cnitool")
+	if err != nil {
+		gopath, _ := exec.Command("go", "env", "GOPATH").Output()
+		tool = filepath.Join(strings.TrimSpace(string(gopath)), "bin", "cnitool")
+		if _, err := os.Stat(tool); err != nil {
+			t.Fatalf("cnitool not installed (make deps installs it): %v", err)
+		}
+	}
+	ctx := context.Background()
+	const name = "tcnitool"
+	lab.Down(ctx, name)
+	l, err := lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 1, BinDir: binDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lab.Down(context.Background(), name) })
+	peer, _ := l.IP("h2/c1")
+	for _, version := range []string{"1.0.0", "1.1.0"} {
+		t.Run(version, func(t *testing.T) {
+			confDir := t.TempDir()
+			h1, _ := l.Host("h1")
+			conf := fmt.Sprintf(`{"cniVersion":%q,"name":"skiff","plugins":[{"type":"skiff-cni","socket":%q}]}`, version, h1.Socket)
+			if err := os.WriteFile(filepath.Join(confDir, "10-skiff.conflist"), []byte(conf), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ns := "skiff-" + name + "-cnitool"
+			if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			defer exec.Command("ip", "netns", "del", ns).Run()
+			nsPath := lab.NetnsPath(ns)
+			run := func(args ...string) string {
+				cmd := exec.Command(tool, args...)
+				cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+binDir(t), "CNI_IFNAME=eth0")
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					t.Fatalf("cnitool %v: %v\n%s", args, err, out)
+				}
+				return string(out)
+			}
+			out := run("add", "skiff", nsPath)
+			var res struct {
+				CNIVersion string `json:"cniVersion"`
+				IPs        []struct {
+					Address string `json:"address"`
+				} `json:"ips"`
+			}
+			if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.IPs) != 1 || res.CNIVersion != version {
+				t.Fatalf("ADD result %q (%v)", out, err)
+			}
+			run("check", "skiff", nsPath)
+			ping := exec.Command("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", peer.String())
+			if out, err := ping.CombinedOutput(); err != nil {
+				t.Errorf("cnitool-made container cannot reach %s: %v\n%s", peer, err, out)
+			}
+			run("del", "skiff", nsPath)
+			run("del", "skiff", nsPath) // idempotent
+		})
+	}
+}
