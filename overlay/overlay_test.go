@@ -1,0 +1,185 @@
+package overlay
+
+import (
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+)
+
+// inTestNetns runs f on a locked thread inside a fresh, named network
+// namespace holding an underlay "ul0" with 192.0.2.1/24; the namespace
+// is deleted afterwards.
+func inTestNetns(t *testing.T, f func()) {
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	name := "skiff-test-overlay"
+	exec.Command("ip", "netns", "del", name).Run()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			t.Error(err)
+			return
+		}
+		// A veth, not a dummy: this kernel has no dummy driver.
+		ul := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0", MTU: 1500}, PeerName: "ul0p"}
+		if err := netlink.LinkAdd(ul); err != nil {
+			t.Error(err)
+			return
+		}
+		netlink.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix("192.0.2.1/24"))})
+		netlink.LinkSetUp(ul)
+		f()
+	}()
+	<-done
+}
+
+var testCluster = store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 42, VXLANPort: 4789}
+
+func host(name, ul, subnet string) store.Host {
+	ip := netip.MustParseAddr(ul)
+	return store.Host{Name: name, UnderlayIP: ip, Subnet: netip.MustParsePrefix(subnet), VTEPMAC: VTEPMAC(ip).String()}
+}
+
+var timers = regexp.MustCompile(`_timer +[0-9.]+`)
+
+func dump(t *testing.T) string {
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"ip", "-d", "link", "show"}, {"ip", "addr"}, {"ip", "route"}, {"ip", "neigh", "show", "dev", VXLANName},
+		{"bridge", "fdb", "show", "dev", VXLANName}, {"iptables-save"},
+	} {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Errorf("%v: %v %s", args, err, out)
+		}
+		// Counters, timers and timestamps change by themselves; compare state only.
+		for _, line := range strings.Split(timers.ReplaceAllString(string(out), ""), "\n") {
+			if !strings.HasPrefix(line, "#") && !strings.Contains(line, "[") {
+				b.WriteString(line + "\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+func TestSetupIsIdempotentAndPrunes(t *testing.T) {
+	inTestNetns(t, func() {
+		me := host("h1", "192.0.2.1", "10.244.1.0/24")
+		o, err := New(Config{Cluster: testCluster, Host: me, Underlay: "ul0"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.MTU() != 1450 {
+			t.Errorf("MTU %d, want 1450", o.MTU())
+		}
+		remotes := []store.Host{me, host("h2", "192.0.2.2", "10.244.2.0/24"), host("h3", "192.0.2.3", "10.244.3.0/24")}
+		rules, _ := policy.NewSet([]policy.Rule{{ID: "r", Action: policy.Deny, Proto: policy.TCP, Port: 80}})
+		apply := func() {
+			if err := o.Setup(); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.SyncHosts(remotes); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.SyncPolicy(rules); err != nil {
+				t.Fatal(err)
+			}
+		}
+		apply()
+		first := dump(t)
+		for _, want := range []string{"vxlan id 42", "10.244.2.0/24 via 10.244.2.0 dev skiff.vxlan onlink", "10.244.3.0 lladdr 0e:5f:c0:00:02:03 PERMANENT",
+			"0e:5f:c0:00:02:02 dst 192.0.2.2 self permanent", "--dport 80", "10.244.1.1/24"} {
+			if !strings.Contains(first, want) {
+				t.Errorf("state lacks %q:\n%s", want, first)
+			}
+		}
+		apply()
+		if second := dump(t); second != first {
+			t.Errorf("second reconcile changed state:\n--- first\n%s\n--- second\n%s", first, second)
+		}
+		// h3 leaves: everything pointing at it goes, h2 stays.
+		remotes = remotes[:2]
+		if err := o.SyncHosts(remotes); err != nil {
+			t.Fatal(err)
+		}
+		after := dump(t)
+		for _, gone := range []string{"10.244.3.0/24", "192.0.2.3", "0e:5f:c0:00:02:03"} {
+			if strings.Contains(after, gone) {
+				t.Errorf("%s still present after h3 left:\n%s", gone, after)
+			}
+		}
+		if !strings.Contains(after, "10.244.2.0/24 via") {
+			t.Error("h2's route went too")
+		}
+		// A veth of skiff's with no endpoint is removed; others are not.
+		for _, name := range []string{VethName("gone", "eth0"), "other0"} {
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := o.PruneEndpoints(nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := netlink.LinkByName(VethName("gone", "eth0")); err == nil {
+			t.Error("stale skiff veth survived")
+		}
+		if _, err := netlink.LinkByName("other0"); err != nil {
+			t.Error("a veth that is not skiff's was removed")
+		}
+		// A VXLAN device with the wrong VNI is replaced.
+		c := testCluster
+		c.VNI = 43
+		o2, _ := New(Config{Cluster: c, Host: me, Underlay: "ul0"}, o.log)
+		if err := o2.Setup(); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(dump(t), "vxlan id 43") {
+			t.Error("VXLAN device not re-created with the new VNI")
+		}
+	})
+}
+
+func TestPolicyRules(t *testing.T) {
+	set, _ := policy.NewSet([]policy.Rule{
+		{ID: "b", Priority: 2, Action: policy.Deny, Src: netip.MustParsePrefix("10.244.1.0/24"), Proto: policy.UDP, Port: 53},
+		{ID: "a", Priority: 1, Action: policy.Allow, Dst: netip.MustParsePrefix("10.244.2.7/32")},
+	})
+	got := strings.Join(PolicyRules(set), "\n")
+	want := `-A SKIFF-POLICY -d 10.244.2.7/32 -m comment --comment "skiff policy a" -j ACCEPT
+-A SKIFF-POLICY -s 10.244.1.0/24 -p udp --dport 53 -m comment --comment "skiff policy b" -j REJECT --reject-with icmp-admin-prohibited`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestVethNameFitsIFNAMSIZ(t *testing.T) {
+	n := VethName(strings.Repeat("x", 200), "eth0")
+	if len(n) > 15 || !strings.HasPrefix(n, VethPrefix) || n == VethName("y", "eth0") {
+		t.Errorf("veth name %q", n)
+	}
+}
