@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Run(context.Background(), Env{Args: args, Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb,
+		Getenv: func(string) string { return "" }})
+	return code, out.String(), errb.String()
+}
+
+func TestCommands(t *testing.T) {
+	missing := "--socket=" + filepath.Join(t.TempDir(), "none.sock")
+	for _, tc := range []struct {
+		args       []string
+		code       int
+		wantOut    string
+		wantStderr string
+	}{
+		{[]string{}, 0, "usage: skiff", ""},
+		{[]string{"version"}, 0, "skiff 0.", ""},
+		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{[]string{"status", "--bogus"}, 2, "", "flag provided but not defined: -bogus"},
+		{[]string{"policy", missing}, 2, "", "usage: skiff policy add"},
+		{[]string{"policy", missing, "add", "x", "permit"}, 2, "", `action "permit"`},
+		{[]string{"policy", missing, "add", "x", "deny", "port", "80"}, 2, "", "a port needs protocol tcp or udp"},
+		{[]string{"policy", missing, "frob"}, 2, "", "unknown policy command"},
+		{[]string{"hosts", missing}, 1, "", "skiffd is not reachable"},
+		{[]string{"hosts", missing, "remove"}, 2, "", "usage: skiff hosts"},
+		{[]string{"lab"}, 2, "", "usage: skiff lab"},
+		{[]string{"lab", "frob"}, 2, "", "unknown lab command"},
+		{[]string{"lab", "ip", "--name", "nosuchlab", "h1"}, 1, "", `no lab named "nosuchlab" is up`},
+		{[]string{"lab", "exec", "h1"}, 2, "", "usage: skiff lab exec"},
+		{[]string{"lab", "up", "--name", "Bad_Name"}, 1, "", "lab name"},
+		{[]string{"lab", "up", "--hosts", "0", "--name", "x", "extra"}, 2, "", "unexpected argument"},
+		{[]string{"lab", "down", "--name", "../etc"}, 1, "", "not valid"},
+	} {
+		code, out, errOut := run(t, tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.wantOut) || !strings.Contains(errOut, tc.wantStderr) {
+			t.Errorf("skiff %v: code %d, stdout %q, stderr %q; want code %d, stdout ~%q, stderr ~%q",
+				tc.args, code, out, errOut, tc.code, tc.wantOut, tc.wantStderr)
+		}
+	}
+}
