@@ -13,6 +13,8 @@ deps:
 build:
 	@mkdir -p $(BIN)
 	$(foreach c,$(CMDS),$(GO) build -o $(BIN)/$(c) ./cmd/$(c) &&) true
+	$(MAKE) -C perf
+	cp perf/skiff-perf $(BIN)/skiff-perf
 
 vet:
 	$(GO) vet ./...
@@ -20,6 +22,7 @@ vet:
 
 # Unit tests, eBPF golden-packet tests and lab integration tests.
 test: build vet
+	$(MAKE) -C perf test
 	SKIFF_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
 
 # Unit tests only (no root needed for most).
@@ -32,4 +35,5 @@ run: build
 
 clean:
 	-$(BIN)/skiff lab down 2>/dev/null
+	$(MAKE) -C perf clean
 	rm -rf $(BIN)
