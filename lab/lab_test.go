@@ -367,3 +367,24 @@ func TestAgentBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyEndsEstablishedFlow: a deny rule stops a flow that was already
+// established, within 1 s.
+func TestPolicyEndsEstablishedFlow(t *testing.T) {
+	l := newLab(t, Config{Name: "tpolest", Hosts: 2, ContainersPerHost: 1})
+	ctx := context.Background()
+	s := startStream(t, l, "h1/c1", "h2/c1", 7200)
+	if err := s.progresses(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := l.IP("h2/c1")
+	rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: 7200}
+	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, rule); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := s.progresses(time.Second); err == nil {
+		t.Fatalf("the established flow still moves 1 s after the deny rule")
+	}
+	s.finish()
+}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -47,6 +48,7 @@ type Overlay struct {
 	underlay netlink.Link
 	mtu      int
 	log      *slog.Logger
+	applied  *policy.Set // the rule set last enforced, nil before the first
 }
 
 // New looks up the underlay interface; it changes nothing.

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/policy"
 )
@@ -108,12 +113,50 @@ func PolicyRules(set policy.Set) []string {
 	return out
 }
 
-// SyncPolicy replaces SKIFF-POLICY with set. New flows are judged by it at
-// once; flows conntrack already knows keep going.
+// SyncPolicy replaces SKIFF-POLICY with set, so new flows are judged by it,
+// and — when the set changed — ends established flows it denies: their
+// conntrack entries are deleted, so their next packet is a new flow that the
+// chain rejects. A policy change thus takes effect on established flows too.
 func (o *Overlay) SyncPolicy(set policy.Set) error {
 	rules := "*filter\n:" + chainPolicy + " - [0:0]\n"
 	for _, r := range PolicyRules(set) {
 		rules += r + "\n"
 	}
-	return restore(rules + "COMMIT\n")
+	if err := restore(rules + "COMMIT\n"); err != nil {
+		return err
+	}
+	if o.applied != nil && slices.Equal(*o.applied, set) {
+		return nil
+	}
+	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, deniedFlows{set, o.cfg.Cluster.CIDR})
+	if err != nil {
+		return fmt.Errorf("end established flows the policy denies: %w", err)
+	}
+	if n > 0 {
+		o.log.Info("ended established flows denied by the new policy", "flows", n)
+	}
+	applied := slices.Clone(set)
+	o.applied = &applied
+	return nil
+}
+
+// deniedFlows matches conntrack entries of overlay flows that set denies.
+type deniedFlows struct {
+	set  policy.Set
+	cidr netip.Prefix
+}
+
+var protoNames = map[uint8]string{unix.IPPROTO_TCP: policy.TCP, unix.IPPROTO_UDP: policy.UDP, unix.IPPROTO_ICMP: policy.ICMP}
+
+func (d deniedFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
+	dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+	if !d.cidr.Contains(src) && !d.cidr.Contains(dst) {
+		return false
+	}
+	flow := policy.Flow{Src: src, Dst: dst, Proto: protoNames[f.Forward.Protocol]}
+	if flow.Proto == policy.TCP || flow.Proto == policy.UDP {
+		flow.Port = f.Forward.DstPort
+	}
+	return !d.set.Allowed(flow)
 }
