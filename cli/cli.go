@@ -52,6 +52,7 @@ func init() {
 		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
 		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
 		"lab":       {summary: "lab up|down|exec|ip|status: an emulated cluster on this machine", run: cmdLab},
+		"bench":     {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", api.Version)
 			return nil

@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+)
+
+// HostMode is the name of the baseline mode every other mode is compared to.
+const HostMode = "host"
+
+// Endpoints names the lab targets the server and the client of one cell run in.
+type Endpoints struct {
+	Server string
+	Client string
+}
+
+// Placement says where a mode's server and client run.
+type Placement struct {
+	CrossHost Endpoints // default: server and client on different hosts
+	SameHost  Endpoints // Options.SameHost: both on one host
+}
+
+// Mode is one data-plane configuration measured by the benchmark.
+//
+// Adding a mode is a local change: add an entry to Modes, e.g.
+//
+//	Modes["sockets"] = Mode{
+//		Name:      "sockets",
+//		LabMode:   "sockets",
+//		Placement: ContainerPlacement,
+//		Wrap:      func(cmd *exec.Cmd) { SetEnv(cmd, "LD_PRELOAD", "/usr/lib/skiff/libskiffsock.so") },
+//	}
+type Mode struct {
+	Name string
+	// LabMode is the lab data-plane mode this mode needs (Lab.Mode());
+	// empty means the mode runs on any lab (host mode uses the underlay only).
+	LabMode string
+	// Placement gives the server and client targets.
+	Placement Placement
+	// Wrap, when set, adjusts every server and client command of the mode
+	// before it starts (typically environment changes such as LD_PRELOAD).
+	Wrap func(cmd *exec.Cmd)
+	// Description is a one-line explanation for help texts.
+	Description string
+}
+
+// ContainerPlacement is the placement of every container-to-container mode.
+var ContainerPlacement = Placement{
+	CrossHost: Endpoints{Server: "h1/c1", Client: "h2/c1"},
+	SameHost:  Endpoints{Server: "h1/c1", Client: "h1/c2"},
+}
+
+// Modes is the registry of benchmark modes by name.
+var Modes = map[string]Mode{
+	HostMode: {
+		Name: HostMode,
+		Placement: Placement{
+			CrossHost: Endpoints{Server: "h1", Client: "h2"},
+			SameHost:  Endpoints{Server: "h1", Client: "h1"},
+		},
+		Description: "lab host namespaces over underlay addresses (the ceiling)",
+	},
+	"overlay": {
+		Name:        "overlay",
+		LabMode:     "overlay",
+		Placement:   ContainerPlacement,
+		Description: "containers on the standard VXLAN overlay",
+	},
+}
+
+// Endpoints returns the server and client targets for the placement asked for.
+func (m Mode) Endpoints(sameHost bool) Endpoints {
+	if sameHost {
+		return m.Placement.SameHost
+	}
+	return m.Placement.CrossHost
+}
+
+// Fits reports whether the mode can be measured on a lab brought up in labMode.
+func (m Mode) Fits(labMode string) bool {
+	return m.LabMode == "" || m.LabMode == labMode
+}
+
+// SetEnv sets key=value in cmd's environment, starting from the current
+// process environment when cmd has none of its own. Meant for Mode.Wrap.
+func SetEnv(cmd *exec.Cmd, key, value string) {
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	prefix := key + "="
+	env := cmd.Env[:0:0]
+	for _, kv := range cmd.Env {
+		if !strings.HasPrefix(kv, prefix) {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, prefix+value)
+}
+
+// ModeNames returns the registered mode names, host first, the rest sorted.
+func ModeNames() []string {
+	names := make([]string, 0, len(Modes))
+	for name := range Modes {
+		if name != HostMode {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	if _, ok := Modes[HostMode]; ok {
+		names = append([]string{HostMode}, names...)
+	}
+	return names
+}
+
+// resolveModes checks the requested modes against the registry and the lab.
+// With none requested it picks host plus every mode made for the lab's mode.
+// The result is deduplicated, host first, otherwise in the order asked.
+func resolveModes(requested []string, labMode string) ([]Mode, error) {
+	if len(requested) == 0 {
+		for _, name := range ModeNames() {
+			if m := Modes[name]; name == HostMode || m.LabMode == labMode {
+				requested = append(requested, name)
+			}
+		}
+	}
+	var modes []Mode
+	seen := map[string]bool{}
+	for _, name := range requested {
+		m, ok := Modes[name]
+		if !ok {
+			return nil, fmt.Errorf("unknown mode %q (valid: %s)", name, strings.Join(ModeNames(), ", "))
+		}
+		if !m.Fits(labMode) {
+			return nil, fmt.Errorf("mode %q needs a lab in %q mode, but the lab is in %q mode", name, m.LabMode, labMode)
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		if name == HostMode {
+			modes = append([]Mode{m}, modes...)
+		} else {
+			modes = append(modes, m)
+		}
+	}
+	return modes, nil
+}

@@ -1,0 +1,93 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// summary is the median, min and max of a set of samples.
+type summary struct {
+	Median, Min, Max float64
+}
+
+// summarize returns the statistics of values; ok is false when there are none.
+// An even count takes the mean of the two middle values as the median.
+func summarize(values []float64) (s summary, ok bool) {
+	if len(values) == 0 {
+		return summary{}, false
+	}
+	v := append([]float64(nil), values...)
+	sort.Float64s(v)
+	n := len(v)
+	median := v[n/2]
+	if n%2 == 0 {
+		median = (v[n/2-1] + v[n/2]) / 2
+	}
+	return summary{Median: median, Min: v[0], Max: v[n-1]}, true
+}
+
+// ratio returns value/base, or false when base is zero (no meaningful ratio).
+func ratio(value, base float64) (float64, bool) {
+	if base == 0 {
+		return 0, false
+	}
+	return value / base, true
+}
+
+// clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux ABI.
+const clockTicks = 100
+
+// cpuTimes is the aggregate "cpu" line of /proc/stat, in clock ticks.
+type cpuTimes struct {
+	Busy  uint64 // user+nice+system+irq+softirq+steal
+	Total uint64 // Busy + idle + iowait
+}
+
+// parseProcStat reads the aggregate "cpu" line. Only the first eight fields
+// are summed: guest and guest_nice are already counted in user and nice.
+func parseProcStat(data []byte) (cpuTimes, error) {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || f[0] != "cpu" {
+			continue
+		}
+		if len(f) < 9 {
+			return cpuTimes{}, fmt.Errorf("/proc/stat: short cpu line %q", sc.Text())
+		}
+		var v [8]uint64
+		for i := range v {
+			n, err := strconv.ParseUint(f[i+1], 10, 64)
+			if err != nil {
+				return cpuTimes{}, fmt.Errorf("/proc/stat: field %d: %w", i+1, err)
+			}
+			v[i] = n
+		}
+		idle := v[3] + v[4] // idle + iowait
+		total := v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]
+		return cpuTimes{Busy: total - idle, Total: total}, nil
+	}
+	return cpuTimes{}, errors.New("/proc/stat: no aggregate cpu line")
+}
+
+func readProcStat() (cpuTimes, error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}, fmt.Errorf("read CPU times: %w", err)
+	}
+	return parseProcStat(data)
+}
+
+// busySeconds is the whole-machine CPU time spent busy between two snapshots.
+func busySeconds(before, after cpuTimes) float64 {
+	if after.Busy < before.Busy {
+		return 0
+	}
+	return float64(after.Busy-before.Busy) / clockTicks
+}
