@@ -1,0 +1,176 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/store"
+)
+
+// filterName tags skiff's tc filters so they can be told from others'.
+const filterName = "skiff-cache"
+
+// attach puts prog on link's tc ingress or egress hook (clsact, direct
+// action). Replacing the filter is atomic, so re-attaching after an agent
+// restart swaps programs without a gap.
+func attach(h *netlink.Handle, link netlink.Link, prog *ebpf.Program, parent uint32) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := h.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("clsact on %s: %w", link.Attrs().Name, err)
+	}
+	f := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: 1,
+			Protocol: unix.ETH_P_ALL, Priority: 1},
+		Fd: prog.FD(), Name: filterName, DirectAction: true,
+	}
+	if err := h.FilterReplace(f); err != nil {
+		return fmt.Errorf("attach to %s: %w", link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// detach removes skiff's filter from link's hook; a missing one is fine.
+func detach(h *netlink.Handle, link netlink.Link, parent uint32) error {
+	filters, err := h.FilterList(link, parent)
+	if err != nil {
+		return fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
+			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("detach from %s: %w", link.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Setup attaches the underlay programs and installs the overlay's
+// established-mark rule.
+func (c *Cache) Setup() error {
+	h := &netlink.Handle{}
+	if err := attach(h, c.underlay, c.objs.FromUnderlay, netlink.HANDLE_MIN_INGRESS); err != nil {
+		return err
+	}
+	if err := attach(h, c.underlay, c.objs.ToUnderlay, netlink.HANDLE_MIN_EGRESS); err != nil {
+		return err
+	}
+	// The fast path takes packets conntrack never sees; without liberal
+	// window tracking conntrack would call the flow's FIN or RST invalid
+	// (out of window) and never end the flow.
+	if err := os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal", []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("conntrack liberal TCP tracking: %w", err)
+	}
+	return c.installMarkRule()
+}
+
+const markChain = "SKIFF-CACHE"
+
+// installMarkRule is the one conntrack rule the fast path needs from the
+// overlay: packets the fast path missed (miss mark) that belong to an
+// established flow get the established mark, which tells the init programs
+// the overlay let the flow through. Only overlay-to-overlay traffic is
+// matched, so no mark is ever set on a packet leaving the overlay.
+func (c *Cache) installMarkRule() error {
+	cidr := c.cfg.Cluster.CIDR.String()
+	rules := fmt.Sprintf("*mangle\n:%s - [0:0]\n-A %s -m conntrack --ctstate ESTABLISHED -m tos --tos 0x%02x/0x%02x -j TOS --or-tos 0x%02x\nCOMMIT\n",
+		markChain, markChain, markMiss, markMiss, markEst)
+	cmd := exec.Command("iptables-restore", "-w", "5", "--noflush")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore mark rule: %w: %s", err, bytes.TrimSpace(out))
+	}
+	jump := []string{"-t", "mangle", "FORWARD", "-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain}
+	check := append([]string{"-w", "5", "-C"}, jump[2:]...)
+	check = append([]string{"-t", "mangle"}, check...)
+	if exec.Command("iptables", check...).Run() == nil {
+		return nil
+	}
+	insert := append([]string{"-w", "5", "-t", "mangle", "-I"}, jump[2:]...)
+	if out, err := exec.Command("iptables", insert...).CombinedOutput(); err != nil {
+		return fmt.Errorf("hook %s into mangle FORWARD: %w: %s", markChain, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Marks as in cache.h.
+const (
+	markMiss = 0x04
+	markEst  = 0x08
+)
+
+// AddEndpoint attaches the fast path to a local container: its ingress
+// cache entry (host-side veth; MACs are learned from the first marked
+// packet), from_container on the host-side veth and to_container on the
+// container's interface.
+func (c *Cache) AddEndpoint(e store.Endpoint) error {
+	veth, err := netlink.LinkByName(e.Veth)
+	if err != nil {
+		return fmt.Errorf("host veth %s: %w", e.Veth, err)
+	}
+	key := e.IP.Addr().As4()
+	var ep skcIngressEp
+	if err := c.objs.SkcIngress.Lookup(key, &ep); err != nil || ep.Ifindex != uint32(veth.Attrs().Index) {
+		// New, or a new veth: MACs must be learned again.
+		ep = skcIngressEp{Ifindex: uint32(veth.Attrs().Index)}
+		if err := c.objs.SkcIngress.Put(key, ep); err != nil {
+			return fmt.Errorf("ingress cache entry for %s: %w", e.IP, err)
+		}
+	}
+	if err := attach(&netlink.Handle{}, veth, c.objs.FromContainer, netlink.HANDLE_MIN_INGRESS); err != nil {
+		return err
+	}
+	ns, err := netns.GetFromPath(e.Netns)
+	if err != nil {
+		return fmt.Errorf("container namespace %s: %w", e.Netns, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", e.Netns, err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(e.IfName)
+	if err != nil {
+		return fmt.Errorf("container %s: %w", e.IfName, err)
+	}
+	return attach(h, link, c.objs.ToContainer, netlink.HANDLE_MIN_INGRESS)
+}
+
+// RemoveEndpoint forgets a local container: its ingress entry and every
+// flow naming its address. (Other hosts purge their egress entries for it
+// when they see the endpoint go; see Sync.) The programs go with the veth.
+func (c *Cache) RemoveEndpoint(e store.Endpoint) error {
+	key := e.IP.Addr().As4()
+	if err := c.objs.SkcIngress.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete ingress entry %s: %w", e.IP, err)
+	}
+	ip := be32(e.IP.Addr())
+	_, err := c.purgeFlows(func(k skcFlowKey) bool { return k.Laddr == ip || k.Raddr == ip })
+	return err
+}
+
+// Teardown removes everything the cache attached and installed on this
+// host, and the pinned maps (mode change back to plain overlay).
+func (c *Cache) Teardown() error {
+	h := &netlink.Handle{}
+	errs := []error{detach(h, c.underlay, netlink.HANDLE_MIN_INGRESS), detach(h, c.underlay, netlink.HANDLE_MIN_EGRESS)}
+	cidr := c.cfg.Cluster.CIDR.String()
+	exec.Command("iptables", "-w", "5", "-t", "mangle", "-D", "FORWARD", "-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain).Run()
+	exec.Command("iptables", "-w", "5", "-t", "mangle", "-F", markChain).Run()
+	exec.Command("iptables", "-w", "5", "-t", "mangle", "-X", markChain).Run()
+	errs = append(errs, unpinAll(c.cfg.PinDir))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,587 @@
+//go:build ignore
+
+// skiff's cache layer: the ONCache fast path (NSDI '25) in front of the
+// standard VXLAN overlay.
+//
+// Four tc programs share five maps:
+//   from_container  tc ingress of a container's host-side veth: egress fast
+//                   path (encapsulate from cached headers, redirect to the
+//                   underlay device).
+//   from_underlay   tc ingress of the underlay device: ingress fast path
+//                   (decapsulate, redirect_peer into the container).
+//   to_underlay     tc egress of the underlay device: egress-init, learns the
+//                   outer headers the overlay built for marked packets.
+//   to_container    tc ingress of the container-side veth (inside the
+//                   container's namespace): ingress-init, learns the MACs the
+//                   overlay delivered marked packets with.
+//
+// A packet the fast path cannot carry goes to the overlay untouched or, when
+// a cache entry is what is missing, with the "miss" mark in its (inner) IP
+// header. The overlay's conntrack rule adds the "established" mark to missed
+// packets of established flows. The init programs learn only from packets
+// carrying both marks and clear the marks of every overlay packet they see,
+// so marks never leave the overlay. Anything not fully understood (non-IPv4,
+// IP options, fragments, truncated headers, TCP SYN/FIN/RST, ICMP other than
+// echo) is left to the overlay without a mark.
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cache.h"
+
+char __license[] SEC("license") = "GPL";
+
+#ifndef BPF_F_ADJ_ROOM_ENCAP_L2_ETH
+#define BPF_F_ADJ_ROOM_ENCAP_L2_ETH (1ULL << 6)
+#endif
+
+#define VXLAN_HLEN 8
+#define VXLAN_FLAG_VNI 0x08
+// Outer IPv4 + UDP + VXLAN + inner Ethernet: what encapsulation adds.
+#define ENCAP_LEN (sizeof(struct iphdr) + sizeof(struct udphdr) + VXLAN_HLEN + ETH_HLEN)
+#define INNER_IP_OFF (ETH_HLEN + ENCAP_LEN)
+#define IP_CSUM_OFF offsetof(struct iphdr, check)
+#define IP_TTL_OFF offsetof(struct iphdr, ttl)
+#define ICMP_ECHOREPLY 0
+#define ICMP_ECHO 8
+// linux/icmp.h drags in libc headers; the fast path needs only this much.
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be16 id;
+	__be16 sequence;
+};
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+// Configuration, set by the agent before load.
+volatile const __be32 cfg_cluster_net;    // cluster CIDR
+volatile const __be32 cfg_cluster_mask;
+volatile const __be32 cfg_local_net;      // this host's subnet
+volatile const __be32 cfg_local_mask;
+volatile const __be32 cfg_underlay_ip;    // this host's underlay address
+volatile const __u8 cfg_underlay_mac[ETH_ALEN];
+volatile const __be16 cfg_vxlan_port;     // network order
+volatile const __u32 cfg_vni;             // host order
+volatile const __u32 cfg_port_min;        // UDP source port range of the
+volatile const __u32 cfg_port_max;        // overlay (the netns' local port range)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, __be32);   // remote container address
+	__type(value, __be32); // its host's underlay address
+	__uint(max_entries, 4096);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skc_egress_ip SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, __be32); // remote host underlay address
+	__type(value, struct egress_host);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skc_egress_host SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, __be32); // local container address
+	__type(value, struct ingress_ep);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skc_ingress SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow_key);
+	__type(value, struct filter_val);
+	__uint(max_entries, 16384);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skc_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, NR_REASONS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skc_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct control);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skc_control SEC(".maps");
+
+static __always_inline void count(enum reason r)
+{
+	__u32 key = r;
+	__u64 *v = bpf_map_lookup_elem(&skc_stats, &key);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool learning(void)
+{
+	__u32 key = 0;
+	struct control *c = bpf_map_lookup_elem(&skc_control, &key);
+	return c && !c->paused;
+}
+
+static __always_inline bool in_cluster(__be32 a)
+{
+	return (a & cfg_cluster_mask) == cfg_cluster_net;
+}
+
+static __always_inline bool is_local(__be32 a)
+{
+	return (a & cfg_local_mask) == cfg_local_net;
+}
+
+// Ensure len bytes are in the linear part of the packet.
+static __always_inline bool linear(struct __sk_buff *skb, __u32 len)
+{
+	if ((void *)(long)skb->data + len <= (void *)(long)skb->data_end)
+		return true;
+	return len <= skb->len && bpf_skb_pull_data(skb, len) == 0 &&
+	       (void *)(long)skb->data + len <= (void *)(long)skb->data_end;
+}
+
+enum parse {
+	PARSE_OK,
+	PARSE_CONTROL,     // TCP SYN/FIN/RST: conntrack must see it
+	PARSE_UNSUPPORTED, // options, fragment, protocol, truncated
+};
+
+// parse_ip reads the IPv4 header at off and its ports into key, oriented
+// with the source as the local side. The caller has made off+20 linear.
+static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, struct flow_key *key, __u8 *tos, __u8 *ttl)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + off;
+	if ((void *)(ip + 1) > end)
+		return PARSE_UNSUPPORTED;
+	if (ip->version != 4 || ip->ihl != 5)
+		return PARSE_UNSUPPORTED;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return PARSE_UNSUPPORTED;
+	*tos = ip->tos;
+	*ttl = ip->ttl;
+	key->laddr = ip->saddr;
+	key->raddr = ip->daddr;
+	key->proto = ip->protocol;
+	key->lport = 0;
+	key->rport = 0;
+	__u32 l4 = off + sizeof(struct iphdr);
+	switch (ip->protocol) {
+	case IPPROTO_TCP: {
+		if (!linear(skb, l4 + sizeof(struct tcphdr)))
+			return PARSE_UNSUPPORTED;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
+		struct tcphdr *th = data + l4;
+		if ((void *)(th + 1) > end)
+			return PARSE_UNSUPPORTED;
+		key->lport = th->source;
+		key->rport = th->dest;
+		if (th->syn || th->fin || th->rst)
+			return PARSE_CONTROL;
+		return PARSE_OK;
+	}
+	case IPPROTO_UDP: {
+		if (!linear(skb, l4 + sizeof(struct udphdr)))
+			return PARSE_UNSUPPORTED;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
+		struct udphdr *uh = data + l4;
+		if ((void *)(uh + 1) > end)
+			return PARSE_UNSUPPORTED;
+		key->lport = uh->source;
+		key->rport = uh->dest;
+		return PARSE_OK;
+	}
+	case IPPROTO_ICMP: {
+		if (!linear(skb, l4 + sizeof(struct icmphdr)))
+			return PARSE_UNSUPPORTED;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
+		struct icmphdr *ih = data + l4;
+		if ((void *)(ih + 1) > end)
+			return PARSE_UNSUPPORTED;
+		// Errors are RELATED traffic conntrack must see; only echo is cached.
+		if (ih->type != ICMP_ECHO && ih->type != ICMP_ECHOREPLY)
+			return PARSE_UNSUPPORTED;
+		return PARSE_OK;
+	}
+	}
+	return PARSE_UNSUPPORTED;
+}
+
+static __always_inline void swap_key(struct flow_key *k)
+{
+	__be32 a = k->laddr;
+	k->laddr = k->raddr;
+	k->raddr = a;
+	__be16 p = k->lport;
+	k->lport = k->rport;
+	k->rport = p;
+}
+
+// set_tos rewrites the TOS byte of the IPv4 header at off, fixing its checksum.
+static __always_inline int set_tos(struct __sk_buff *skb, __u32 off, __u8 old, __u8 new)
+{
+	if (old == new)
+		return 0;
+	// TOS is the low byte of the header's first 16-bit word.
+	int err = bpf_l3_csum_replace(skb, off + IP_CSUM_OFF, bpf_htons(old), bpf_htons(new), 2);
+	if (err)
+		return err;
+	return bpf_skb_store_bytes(skb, off + offsetof(struct iphdr, tos), &new, 1, 0);
+}
+
+// dec_ttl stands in for the forwarding hop the fast path skips.
+static __always_inline int dec_ttl(struct __sk_buff *skb, __u32 off, __u8 ttl)
+{
+	__u8 new = ttl - 1;
+	// TTL is the high byte of the 16-bit word it shares with the protocol.
+	int err = bpf_l3_csum_replace(skb, off + IP_CSUM_OFF, bpf_htons((__u16)ttl << 8), bpf_htons((__u16)new << 8), 2);
+	if (err)
+		return err;
+	return bpf_skb_store_bytes(skb, off + IP_TTL_OFF, &new, 1, 0);
+}
+
+static __always_inline bool filter_open(struct flow_key *k)
+{
+	struct filter_val *f = bpf_map_lookup_elem(&skc_filter, k);
+	return f && f->egress && f->ingress;
+}
+
+// The kernel's udp_flow_src_port(): the overlay device picks the outer UDP
+// source port from the inner flow's hash this way, so a flow keeps its outer
+// port (and its underlay ECMP path) when it moves to the fast path.
+static __always_inline __be16 flow_src_port(__u32 hash)
+{
+	hash ^= hash << 16;
+	return bpf_htons((__u16)((((__u64)hash * (cfg_port_max - cfg_port_min)) >> 32) + cfg_port_min));
+}
+
+SEC("tc")
+int from_container(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP)) {
+		count(EG_PASS_NOT_IP);
+		return TC_ACT_OK;
+	}
+	if (!linear(skb, ETH_HLEN + sizeof(struct iphdr))) {
+		count(EG_PASS_UNSUPPORTED);
+		return TC_ACT_OK;
+	}
+	struct flow_key key = {};
+	__u8 tos = 0, ttl = 0;
+	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl);
+	if (p == PARSE_UNSUPPORTED) {
+		count(EG_PASS_UNSUPPORTED);
+		return TC_ACT_OK;
+	}
+	// Same-host, container-to-host and traffic leaving the cluster are the
+	// overlay's. Only traffic to containers on other hosts is cached.
+	if (!in_cluster(key.raddr) || is_local(key.raddr)) {
+		count(EG_PASS_NOT_REMOTE);
+		return TC_ACT_OK;
+	}
+	if (p == PARSE_CONTROL) {
+		count(EG_PASS_CONTROL);
+		return TC_ACT_OK;
+	}
+	if (ttl <= 1) {
+		count(EG_PASS_TTL);
+		return TC_ACT_OK;
+	}
+	enum reason miss;
+	struct egress_host *eh = NULL;
+	if (!filter_open(&key)) {
+		miss = EG_MISS_FILTER;
+		goto mark;
+	}
+	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
+	if (!host) {
+		miss = EG_MISS_EGRESS_IP;
+		goto mark;
+	}
+	eh = bpf_map_lookup_elem(&skc_egress_host, host);
+	if (!eh) {
+		miss = EG_MISS_EGRESS_HOST;
+		goto mark;
+	}
+	// Reverse check: only when the reply can take the fast path too, so the
+	// overlay's conntrack never sees one direction of a flow without the other.
+	struct ingress_ep *self = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
+	if (!self || !self->ready) {
+		count(EG_PASS_REVERSE);
+		return TC_ACT_OK;
+	}
+	__u32 ifindex = eh->ifindex;
+	__u32 hash = bpf_get_hash_recalc(skb);
+	// FIXED_GSO: the container MTU already leaves room for the 50 bytes, so
+	// the segments' MSS stays as it is; the ENCAP flags make GSO segment the
+	// packet as a UDP tunnel.
+	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
+					BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))) {
+		count(EG_ERR_ENCAP);
+		return TC_ACT_OK;
+	}
+	if (bpf_skb_store_bytes(skb, 0, eh->hdr, sizeof(eh->hdr), 0)) {
+		count(EG_ERR_ENCAP);
+		return TC_ACT_SHOT; // half-written headers must not leave
+	}
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *oip = data + ETH_HLEN;
+	struct udphdr *ouh = (void *)(oip + 1);
+	if ((void *)(ouh + 1) > end) {
+		count(EG_ERR_ENCAP);
+		return TC_ACT_SHOT;
+	}
+	oip->tot_len = bpf_htons(skb->len - ETH_HLEN);
+	oip->id = (__be16)bpf_get_prandom_u32();
+	oip->check = 0;
+	__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)oip, sizeof(*oip), 0);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	oip->check = ~sum;
+	ouh->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
+	ouh->source = flow_src_port(hash);
+	ouh->check = 0; // the overlay device sends zero UDP checksums too
+	if (dec_ttl(skb, INNER_IP_OFF, ttl)) {
+		count(EG_ERR_ENCAP);
+		return TC_ACT_SHOT;
+	}
+	count(EG_HIT);
+	return bpf_redirect(ifindex, 0);
+
+mark:
+	count(miss);
+	if (!(tos & MARK_MISS))
+		set_tos(skb, ETH_HLEN, tos, tos | MARK_MISS);
+	return TC_ACT_OK;
+}
+
+static __always_inline bool is_underlay_mac(const __u8 *mac)
+{
+	bool same = true;
+#pragma unroll
+	for (int i = 0; i < ETH_ALEN; i++)
+		same &= mac[i] == cfg_underlay_mac[i];
+	return same;
+}
+
+// vxlan_inner checks that the packet is VXLAN for this host's overlay and
+// returns true with the inner IPv4 header at INNER_IP_OFF made linear.
+static __always_inline bool vxlan_inner(struct __sk_buff *skb, struct iphdr *outer)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return false;
+	if (!linear(skb, INNER_IP_OFF + sizeof(struct iphdr)))
+		return false;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct udphdr *uh = (void *)(ip + 1);
+	__u8 *vx = (void *)(uh + 1);
+	struct ethhdr *ieth = (void *)(vx + VXLAN_HLEN);
+	if ((void *)(ieth + 1) > end)
+		return false;
+	if (ip->version != 4 || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
+	    (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+		return false;
+	if (uh->dest != cfg_vxlan_port || !(vx[0] & VXLAN_FLAG_VNI))
+		return false;
+	__u32 vni = ((__u32)vx[4] << 16) | ((__u32)vx[5] << 8) | vx[6];
+	if (vni != cfg_vni || ieth->h_proto != bpf_htons(ETH_P_IP))
+		return false;
+	*outer = *ip;
+	return true;
+}
+
+SEC("tc")
+int from_underlay(struct __sk_buff *skb)
+{
+	struct iphdr outer;
+	if (!vxlan_inner(skb, &outer)) {
+		count(IN_PASS_NOT_VXLAN);
+		return TC_ACT_OK;
+	}
+	struct ethhdr *eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return TC_ACT_OK;
+	if (outer.daddr != cfg_underlay_ip || !is_underlay_mac(eth->h_dest)) {
+		count(IN_PASS_NOT_MINE);
+		return TC_ACT_OK;
+	}
+	struct flow_key key = {};
+	__u8 tos = 0, ttl = 0;
+	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl);
+	if (p == PARSE_UNSUPPORTED) {
+		count(IN_PASS_UNSUPPORTED);
+		return TC_ACT_OK;
+	}
+	swap_key(&key); // local side is the destination
+	if (!is_local(key.laddr)) {
+		count(IN_PASS_NOT_MINE);
+		return TC_ACT_OK;
+	}
+	if (p == PARSE_CONTROL) {
+		count(IN_PASS_CONTROL);
+		return TC_ACT_OK;
+	}
+	if (ttl <= 1) {
+		count(IN_PASS_TTL);
+		return TC_ACT_OK;
+	}
+	enum reason miss;
+	if (!filter_open(&key)) {
+		miss = IN_MISS_FILTER;
+		goto mark;
+	}
+	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
+	if (!ep || !ep->ready) {
+		miss = IN_MISS_INGRESS;
+		goto mark;
+	}
+	// Reverse check, and anti-spoofing: the inner source must be a container
+	// this host would send to through the very host the packet came from.
+	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
+	if (!host || *host != outer.saddr) {
+		count(IN_PASS_REVERSE);
+		return TC_ACT_OK;
+	}
+	__u32 ifindex = ep->ifindex;
+	__u8 mac[2 * ETH_ALEN];
+	__builtin_memcpy(mac, ep->mac_dst, ETH_ALEN);
+	__builtin_memcpy(mac + ETH_ALEN, ep->mac_src, ETH_ALEN);
+	// Pop outer IPv4, UDP, VXLAN and the inner Ethernet header; the outer
+	// Ethernet header stays (both carry IPv4) and gets the container's MACs.
+	// FIXED_GSO: the inner segments' MSS does not change with decapsulation.
+	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO)) {
+		count(IN_ERR_DECAP);
+		return TC_ACT_OK;
+	}
+	if (bpf_skb_store_bytes(skb, 0, mac, sizeof(mac), 0) || dec_ttl(skb, ETH_HLEN, ttl)) {
+		count(IN_ERR_DECAP);
+		return TC_ACT_SHOT;
+	}
+	count(IN_HIT);
+	return bpf_redirect_peer(ifindex, 0);
+
+mark:
+	count(miss);
+	if (!(tos & MARK_MISS)) {
+		set_tos(skb, INNER_IP_OFF, tos, tos | MARK_MISS);
+		// The inner header changed: a UDP checksum over it would be wrong.
+		__be16 zero = 0;
+		bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct iphdr) + offsetof(struct udphdr, check), &zero, 2, 0);
+	}
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int to_underlay(struct __sk_buff *skb)
+{
+	struct iphdr outer;
+	if (!vxlan_inner(skb, &outer)) {
+		count(EI_PASS);
+		return TC_ACT_OK;
+	}
+	struct flow_key key = {};
+	__u8 tos = 0, ttl = 0;
+	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl);
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *iip = data + INNER_IP_OFF;
+	if ((void *)(iip + 1) > end)
+		return TC_ACT_OK;
+	tos = iip->tos;
+	if (!(tos & MARKS)) {
+		count(EI_PASS); // fast-path packets and unmarked overlay traffic
+		return TC_ACT_OK;
+	}
+	if ((tos & MARKS) != MARKS || p != PARSE_OK) {
+		count(EI_CLEARED);
+	} else if (!learning()) {
+		count(EI_PAUSED);
+	} else {
+		struct egress_host eh = {.ifindex = skb->ifindex};
+		if (bpf_skb_load_bytes(skb, 0, eh.hdr, sizeof(eh.hdr)) == 0) {
+			bpf_map_update_elem(&skc_egress_host, &outer.daddr, &eh, BPF_ANY);
+			bpf_map_update_elem(&skc_egress_ip, &key.raddr, &outer.daddr, BPF_ANY);
+			struct filter_val *f = bpf_map_lookup_elem(&skc_filter, &key);
+			if (f) {
+				f->egress = 1;
+			} else {
+				struct filter_val nf = {.egress = 1};
+				bpf_map_update_elem(&skc_filter, &key, &nf, BPF_NOEXIST);
+			}
+			count(EI_LEARN);
+		}
+	}
+	set_tos(skb, INNER_IP_OFF, tos, tos & ~MARKS);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int to_container(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP) || !linear(skb, ETH_HLEN + sizeof(struct iphdr))) {
+		count(II_PASS);
+		return TC_ACT_OK;
+	}
+	struct flow_key key = {};
+	__u8 tos = 0, ttl = 0;
+	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl);
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end)
+		return TC_ACT_OK;
+	tos = ip->tos;
+	if (!(tos & MARKS)) {
+		count(II_PASS);
+		return TC_ACT_OK;
+	}
+	swap_key(&key); // local side is the destination
+	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
+	if ((tos & MARKS) != MARKS || p != PARSE_OK || !ep) {
+		count(II_CLEARED);
+	} else if (!learning()) {
+		count(II_PAUSED);
+	} else {
+		__builtin_memcpy(ep->mac_dst, eth->h_dest, ETH_ALEN);
+		__builtin_memcpy(ep->mac_src, eth->h_source, ETH_ALEN);
+		ep->ready = 1;
+		struct filter_val *f = bpf_map_lookup_elem(&skc_filter, &key);
+		if (f) {
+			f->ingress = 1;
+		} else {
+			struct filter_val nf = {.ingress = 1};
+			bpf_map_update_elem(&skc_filter, &key, &nf, BPF_NOEXIST);
+		}
+		count(II_LEARN);
+	}
+	set_tos(skb, ETH_HLEN, tos, tos & ~MARKS);
+	return TC_ACT_OK;
+}

@@ -1,0 +1,235 @@
+// Package cache is skiff's cache layer: the ONCache fast path (NSDI '25) in
+// front of the standard overlay. Its eBPF programs (cache.c) carry
+// established cross-host flows past conntrack, netfilter, the bridge and the
+// VXLAN device; this file loads them, attaches them with tc and keeps their
+// caches coherent with the cluster: entries of deleted endpoints, departed
+// hosts and newly denied flows are purged (delete-and-reinitialize, paper
+// §3.4), and anything the caches cannot answer falls back to the overlay.
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/store"
+)
+
+// Capacity sets the number of entries of each cache (LRU maps).
+type Capacity struct {
+	EgressIPs   uint32 // remote container → host
+	EgressHosts uint32 // remote host → outer headers
+	Ingress     uint32 // local container → MACs and veth
+	Filter      uint32 // flows allowed in each direction
+}
+
+// DefaultCapacity fits a few thousand containers and tens of thousands of flows.
+var DefaultCapacity = Capacity{EgressIPs: 4096, EgressHosts: 1024, Ingress: 1024, Filter: 16384}
+
+// Config describes the host the cache runs on.
+type Config struct {
+	Cluster  store.Cluster
+	Host     store.Host
+	Underlay string // underlay device
+	PinDir   string // bpffs directory for the maps
+	Capacity Capacity
+}
+
+// Cache is the loaded fast path of one host.
+type Cache struct {
+	cfg      Config
+	objs     skcObjects
+	underlay netlink.Link
+	log      *slog.Logger
+}
+
+// Load loads the programs with this host's configuration. Maps pinned in
+// cfg.PinDir by an earlier run are reused, so a restarting agent keeps the
+// warm caches; maps whose definition changed are replaced by empty ones.
+func Load(cfg Config, log *slog.Logger) (*Cache, error) {
+	under, err := netlink.LinkByName(cfg.Underlay)
+	if err != nil {
+		return nil, fmt.Errorf("underlay %q: %w", cfg.Underlay, err)
+	}
+	return load(cfg, under, log)
+}
+
+func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
+	if cfg.Capacity == (Capacity{}) {
+		cfg.Capacity = DefaultCapacity
+	}
+	spec, err := loadSkc()
+	if err != nil {
+		return nil, fmt.Errorf("read cache programs: %w", err)
+	}
+	if err := configure(spec, cfg, under); err != nil {
+		return nil, err
+	}
+	if err := ensureBPFFS(cfg.PinDir); err != nil {
+		return nil, err
+	}
+	c := &Cache{cfg: cfg, underlay: under, log: log}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
+	err = spec.LoadAndAssign(&c.objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		log.Warn("pinned cache maps do not match this version; starting with empty caches", "dir", cfg.PinDir, "err", err)
+		if err := unpinAll(cfg.PinDir); err != nil {
+			return nil, err
+		}
+		err = spec.LoadAndAssign(&c.objs, opts)
+	}
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load cache programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("load cache programs: %w", err)
+	}
+	return c, nil
+}
+
+func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) error {
+	be32 := func(a netip.Addr) [4]byte { return a.As4() }
+	mask := func(p netip.Prefix) [4]byte {
+		m := net.CIDRMask(p.Bits(), 32)
+		return [4]byte{m[0], m[1], m[2], m[3]}
+	}
+	var mac [6]byte
+	copy(mac[:], under.Attrs().HardwareAddr)
+	lo, hi, err := localPortRange()
+	if err != nil {
+		return err
+	}
+	port := uint16(cfg.Cluster.VXLANPort)
+	vars := map[string]any{
+		"cfg_cluster_net":  be32(cfg.Cluster.CIDR.Masked().Addr()),
+		"cfg_cluster_mask": mask(cfg.Cluster.CIDR),
+		"cfg_local_net":    be32(cfg.Host.Subnet.Masked().Addr()),
+		"cfg_local_mask":   mask(cfg.Host.Subnet),
+		"cfg_underlay_ip":  be32(cfg.Host.UnderlayIP),
+		"cfg_underlay_mac": mac,
+		"cfg_vxlan_port":   [2]byte{byte(port >> 8), byte(port)},
+		"cfg_vni":          uint32(cfg.Cluster.VNI),
+		"cfg_port_min":     lo,
+		"cfg_port_max":     hi,
+	}
+	for name, v := range vars {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("cache programs lack %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	for name, n := range map[string]uint32{
+		"skc_egress_ip": cfg.Capacity.EgressIPs, "skc_egress_host": cfg.Capacity.EgressHosts,
+		"skc_ingress": cfg.Capacity.Ingress, "skc_filter": cfg.Capacity.Filter,
+	} {
+		if n == 0 {
+			return fmt.Errorf("capacity of %s is 0", name)
+		}
+		spec.Maps[name].MaxEntries = n
+	}
+	return nil
+}
+
+// localPortRange is the UDP source port range the overlay's VXLAN device
+// uses (it has no range of its own configured): the namespace's local port range.
+func localPortRange() (uint32, uint32, error) {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, fmt.Errorf("local port range: %w", err)
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return 0, 0, fmt.Errorf("local port range %q", data)
+	}
+	lo, err1 := strconv.ParseUint(f[0], 10, 16)
+	hi, err2 := strconv.ParseUint(f[1], 10, 16)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, 0, fmt.Errorf("local port range %q: %w", data, err)
+	}
+	return uint32(lo), uint32(hi), nil
+}
+
+// BPFFS is where the bpf filesystem is conventionally mounted.
+const BPFFS = "/sys/fs/bpf"
+
+// MountBPFFS mounts the bpf filesystem at /sys/fs/bpf unless it is there.
+func MountBPFFS() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(BPFFS, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(BPFFS, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("bpf", BPFFS, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", BPFFS, err)
+	}
+	return nil
+}
+
+// ensureBPFFS creates dir on a bpf filesystem, mounting /sys/fs/bpf first
+// if dir is below it.
+func ensureBPFFS(dir string) error {
+	if strings.HasPrefix(dir, BPFFS+"/") {
+		if err := MountBPFFS(); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("pin directory %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("%s is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)", dir)
+	}
+	return nil
+}
+
+func unpinAll(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "skc_") {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("unpin %s: %w", e.Name(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// Close releases this process's handles; pinned maps and attached programs
+// stay, so the fast path keeps running without the agent.
+func (c *Cache) Close() error { return c.objs.Close() }
+
+// SetPaused stops (or restarts) learning in the init programs. Packets keep
+// flowing on both paths while paused; only new cache entries wait.
+func (c *Cache) SetPaused(paused bool) error {
+	v := skcControl{}
+	if paused {
+		v.Paused = 1
+	}
+	if err := c.objs.SkcControl.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set cache learning paused=%v: %w", paused, err)
+	}
+	return nil
+}

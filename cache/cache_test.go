@@ -1,0 +1,567 @@
+package cache
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+)
+
+const (
+	testVNI     = 42
+	tcActOK     = 0
+	tcActShot   = 2
+	tcActRedir  = 7
+	portMinTest = 10000
+)
+
+// newTestCache loads the programs as host "h1" (underlay 10.99.0.1, subnet
+// 10.244.1.0/24) into a private bpffs directory, without attaching them.
+func newTestCache(t *testing.T, capacity Capacity) *Cache {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("loading eBPF needs root")
+	}
+	if err := MountBPFFS(); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(BPFFS, "skiff-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay}}
+	c, err := load(Config{
+		Cluster: store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: testVNI, VXLANPort: 4789},
+		Host: store.Host{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24"),
+			VTEPMAC: macVTEP.String()},
+		PinDir:   dir,
+		Capacity: capacity,
+	}, under, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func run(t *testing.T, prog *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
+	opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+// delta runs f and returns how the counters changed.
+func delta(t *testing.T, c *Cache, f func()) map[string]uint64 {
+	t.Helper()
+	before, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f()
+	after, _ := c.Stats()
+	d := map[string]uint64{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+func expectCount(t *testing.T, d map[string]uint64, reason string) {
+	t.Helper()
+	if len(d) != 1 || d[reason] != 1 {
+		t.Errorf("counters moved %v, want only %s +1", d, reason)
+	}
+}
+
+// ipAt checks the IPv4 header at off and returns its TOS and TTL.
+func ipAt(t *testing.T, pkt []byte, off int) (tos, ttl byte) {
+	t.Helper()
+	if len(pkt) < off+20 {
+		t.Fatalf("packet of %d bytes has no IPv4 header at %d", len(pkt), off)
+	}
+	h := pkt[off : off+int(pkt[off]&0xf)*4]
+	if csum(h) != 0 {
+		t.Errorf("IPv4 header checksum at %d is wrong: % x", off, h)
+	}
+	return h[1], h[8]
+}
+
+func mark(o ipOpts, tos byte) ipOpts { o.tos = tos; return o }
+
+// fill puts entries into the caches so that the TCP flow of egressTCP /
+// ingressTCP hits on both paths.
+func fill(t *testing.T, c *Cache, filter, egressIP, egressHost, ingress bool) {
+	t.Helper()
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: protoTCP}
+	put := func(m *ebpf.Map, key, val any) {
+		if err := m.Put(key, val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if filter {
+		put(c.objs.SkcFilter, k, skcFilterVal{Egress: 1, Ingress: 1})
+	}
+	if egressIP {
+		put(c.objs.SkcEgressIp, be32(ipRemote), be32(ulPeer))
+	}
+	if egressHost {
+		var eh skcEgressHost
+		copy(eh.Hdr[:], encapsulatedTCP(ipOpts{})[:64])
+		eh.Ifindex = 7
+		put(c.objs.SkcEgressHost, be32(ulPeer), eh)
+	}
+	if ingress {
+		var ep skcIngressEp
+		ep.Ifindex = 9
+		copy(ep.MacDst[:], macContainer)
+		copy(ep.MacSrc[:], macBridge)
+		ep.Ready = 1
+		put(c.objs.SkcIngress, be32(ipLocal), ep)
+	}
+}
+
+func TestReasonsMatchProgram(t *testing.T) {
+	spec, err := loadSkc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := spec.Maps["skc_stats"].MaxEntries; int(n) != len(Reasons) {
+		t.Fatalf("cache.h has %d reasons, stats.go names %d", n, len(Reasons))
+	}
+}
+
+func TestFromContainerPassesUntouched(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	fill(t, c, true, true, true, true) // even with warm caches
+	ipv6 := eth(macBridge, macContainer, 0x86dd, make([]byte, 60))
+	arp := eth(macBridge, macContainer, 0x0806, make([]byte, 28))
+	for _, tc := range []struct {
+		name, reason string
+		pkt          []byte
+	}{
+		{"IPv6", "from_container/pass_not_ipv4", ipv6},
+		{"ARP", "from_container/pass_not_ipv4", arp},
+		{"IPv4 header only", "from_container/pass_unsupported", egressTCP(ipOpts{}, tcpACK)[:14+20]},
+		{"truncated TCP", "from_container/pass_unsupported", egressTCP(ipOpts{}, tcpACK)[:14+20+10]},
+		{"IP options", "from_container/pass_unsupported", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{options: []byte{1, 1, 1, 0}}, protoTCP, ipLocal, ipRemote, tcp(40000, 80, tcpACK, payload)))},
+		{"first fragment", "from_container/pass_unsupported", egressTCP(ipOpts{frag: 0x2000}, tcpACK)},
+		{"later fragment", "from_container/pass_unsupported", egressTCP(ipOpts{frag: 0x0010}, tcpACK)},
+		{"SCTP", "from_container/pass_unsupported", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, 132, ipLocal, ipRemote, payload))},
+		{"ICMP unreachable", "from_container/pass_unsupported", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoICMP, ipLocal, ipRemote, icmp(3, payload)))},
+		{"same host", "from_container/pass_not_remote", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoTCP, ipLocal, ipLocal2, tcp(40000, 80, tcpACK, payload)))},
+		{"to the host's underlay", "from_container/pass_not_remote", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoTCP, ipLocal, ulPeer, tcp(40000, 80, tcpACK, payload)))},
+		{"outside the cluster", "from_container/pass_not_remote", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoUDP, ipLocal, netip.MustParseAddr("192.0.2.1"), udp(5000, 53, payload)))},
+		{"SYN", "from_container/pass_syn_fin_rst", egressTCP(ipOpts{}, tcpSYN)},
+		{"FIN", "from_container/pass_syn_fin_rst", egressTCP(ipOpts{}, tcpFIN|tcpACK)},
+		{"RST", "from_container/pass_syn_fin_rst", egressTCP(ipOpts{}, tcpRST)},
+		{"TTL 1", "from_container/pass_ttl", egressTCP(ipOpts{ttl: 1}, tcpACK)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ret uint32
+			var out []byte
+			d := delta(t, c, func() { ret, out = run(t, c.objs.FromContainer, tc.pkt) })
+			if ret != tcActOK || !bytes.Equal(out, tc.pkt) {
+				t.Errorf("ret %d, packet changed: %v", ret, !bytes.Equal(out, tc.pkt))
+			}
+			expectCount(t, d, tc.reason)
+		})
+	}
+}
+
+func TestFromContainerMisses(t *testing.T) {
+	for _, tc := range []struct {
+		name                                  string
+		filter, egressIP, egressHost, ingress bool
+		reason                                string
+		marked                                bool
+	}{
+		{"cold", false, false, false, false, "from_container/miss_filter", true},
+		{"no container-to-host entry", true, false, false, true, "from_container/miss_egress_ip", true},
+		{"no headers for the host", true, true, false, true, "from_container/miss_egress_host", true},
+		{"reverse check", true, true, true, false, "from_container/pass_reverse_check", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			fill(t, c, tc.filter, tc.egressIP, tc.egressHost, tc.ingress)
+			in := egressTCP(ipOpts{tos: 0x20}, tcpACK) // the container's own DSCP must survive
+			var ret uint32
+			var out []byte
+			d := delta(t, c, func() { ret, out = run(t, c.objs.FromContainer, in) })
+			expectCount(t, d, tc.reason)
+			if ret != tcActOK || len(out) != len(in) {
+				t.Fatalf("ret %d, len %d", ret, len(out))
+			}
+			tos, ttl := ipAt(t, out, 14)
+			want := byte(0x20)
+			if tc.marked {
+				want |= markMiss
+			}
+			if tos != want || ttl != 64 {
+				t.Errorf("TOS %#x TTL %d, want TOS %#x TTL 64", tos, ttl, want)
+			}
+			if !bytes.Equal(out[34:], in[34:]) {
+				t.Error("payload changed")
+			}
+		})
+	}
+}
+
+func TestFromContainerHit(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	fill(t, c, true, true, true, true)
+	in := egressTCP(ipOpts{tos: 0x20}, tcpACK|tcpPSH)
+	var ret uint32
+	var out []byte
+	d := delta(t, c, func() { ret, out = run(t, c.objs.FromContainer, in) })
+	expectCount(t, d, "from_container/hit")
+	if ret != tcActRedir {
+		t.Fatalf("ret %d, want redirect", ret)
+	}
+	if len(out) != len(in)+50 {
+		t.Fatalf("encapsulated length %d, want %d", len(out), len(in)+50)
+	}
+	want := encapsulatedTCP(ipOpts{})
+	// Outer Ethernet, VXLAN header and inner Ethernet come from the cache.
+	if !bytes.Equal(out[:14], want[:14]) || !bytes.Equal(out[42:64], want[42:64]) {
+		t.Errorf("cached headers not copied:\n got % x\nwant % x", out[:64], want[:64])
+	}
+	ipAt(t, out, 14)
+	if got := binary.BigEndian.Uint16(out[16:]); int(got) != len(out)-14 {
+		t.Errorf("outer total length %d, want %d", got, len(out)-14)
+	}
+	if out[14+8] != 64 || out[14+9] != protoUDP || !bytes.Equal(out[26:34], want[26:34]) {
+		t.Errorf("outer TTL/protocol/addresses wrong: % x", out[14:34])
+	}
+	sport, dport := binary.BigEndian.Uint16(out[34:]), binary.BigEndian.Uint16(out[36:])
+	if sport < portMinTest && sport < 32768 || dport != 4789 {
+		t.Errorf("UDP ports %d -> %d", sport, dport)
+	}
+	if l := binary.BigEndian.Uint16(out[38:]); int(l) != len(out)-34 || binary.BigEndian.Uint16(out[40:]) != 0 {
+		t.Errorf("UDP length %d (want %d), checksum %#x (want 0)", l, len(out)-34, binary.BigEndian.Uint16(out[40:]))
+	}
+	tos, ttl := ipAt(t, out, 64)
+	if tos != 0x20 || ttl != 63 {
+		t.Errorf("inner TOS %#x TTL %d, want 0x20 and 63 (one routed hop)", tos, ttl)
+	}
+	if !bytes.Equal(out[64+20:], in[14+20:]) {
+		t.Error("inner transport header or payload changed")
+	}
+	// The same flow hashes to the same source port every time.
+	_, again := run(t, c.objs.FromContainer, in)
+	if binary.BigEndian.Uint16(again[34:]) != sport {
+		t.Error("UDP source port is not stable for a flow")
+	}
+}
+
+func TestFromContainerICMPEchoHit(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	fill(t, c, false, true, true, true)
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Proto: protoICMP}
+	if err := c.objs.SkcFilter.Put(k, skcFilterVal{Egress: 1, Ingress: 1}); err != nil {
+		t.Fatal(err)
+	}
+	in := eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoICMP, ipLocal, ipRemote, icmp(8, payload)))
+	if ret, out := run(t, c.objs.FromContainer, in); ret != tcActRedir || len(out) != len(in)+50 {
+		t.Errorf("echo request: ret %d len %d", ret, len(out))
+	}
+}
+
+func TestFromUnderlay(t *testing.T) {
+	for _, tc := range []struct {
+		name                                  string
+		filter, egressIP, egressHost, ingress bool
+		pkt                                   []byte
+		reason                                string
+		innerMarked, unchanged                bool
+	}{
+		{name: "not VXLAN", pkt: eth(macUnderlay, macPeer, 0x0800, ipv4(ipOpts{}, protoUDP, ulPeer, ulLocal, udp(5000, 53, payload))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "IPv6 underlay", pkt: eth(macUnderlay, macPeer, 0x86dd, make([]byte, 80)), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "wrong VNI", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI+1, 4789, eth(macVTEP, macPeerVTEP, 0x0800, ipv4(ipOpts{}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK, payload)))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "inner IPv6", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, eth(macVTEP, macPeerVTEP, 0x86dd, make([]byte, 60))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "truncated inner", pkt: ingressTCP(ipOpts{}, tcpACK)[:64+10], reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "outer IP options", pkt: eth(macUnderlay, macPeer, 0x0800, ipv4(ipOpts{options: []byte{1, 1, 1, 0}}, protoUDP, ulPeer, ulLocal, ingressTCP(ipOpts{}, tcpACK)[34:])), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "wrong destination MAC", pkt: vxlan(ipOpts{}, macPeer, macPeer, ulPeer, ulLocal, testVNI, 4789, ingressTCP(ipOpts{}, tcpACK)[64-14:]), reason: "from_underlay/pass_not_mine", unchanged: true},
+		{name: "wrong destination IP", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulOther, testVNI, 4789, ingressTCP(ipOpts{}, tcpACK)[64-14:]), reason: "from_underlay/pass_not_mine", unchanged: true},
+		{name: "inner IP options", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, eth(macVTEP, macPeerVTEP, 0x0800, ipv4(ipOpts{options: []byte{1, 1, 1, 0}}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK, payload)))), reason: "from_underlay/pass_unsupported", unchanged: true},
+		{name: "inner fragment", pkt: ingressTCP(ipOpts{frag: 0x2000}, tcpACK), reason: "from_underlay/pass_unsupported", unchanged: true},
+		{name: "inner SYN", pkt: ingressTCP(ipOpts{}, tcpSYN|tcpACK), reason: "from_underlay/pass_syn_fin_rst", unchanged: true, filter: true, egressIP: true, ingress: true},
+		{name: "inner FIN", pkt: ingressTCP(ipOpts{}, tcpFIN|tcpACK), reason: "from_underlay/pass_syn_fin_rst", unchanged: true, filter: true, egressIP: true, ingress: true},
+		{name: "inner TTL 1", pkt: ingressTCP(ipOpts{ttl: 1}, tcpACK), reason: "from_underlay/pass_ttl", unchanged: true, filter: true, egressIP: true, ingress: true},
+		{name: "cold", pkt: ingressTCP(ipOpts{}, tcpACK), reason: "from_underlay/miss_filter", innerMarked: true},
+		{name: "no ingress entry", pkt: ingressTCP(ipOpts{}, tcpACK), filter: true, egressIP: true, reason: "from_underlay/miss_ingress", innerMarked: true},
+		{name: "reverse check", pkt: ingressTCP(ipOpts{}, tcpACK), filter: true, ingress: true, reason: "from_underlay/pass_reverse_check", unchanged: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			fill(t, c, tc.filter, tc.egressIP, tc.egressHost, tc.ingress)
+			var ret uint32
+			var out []byte
+			d := delta(t, c, func() { ret, out = run(t, c.objs.FromUnderlay, tc.pkt) })
+			expectCount(t, d, tc.reason)
+			if ret != tcActOK {
+				t.Fatalf("ret %d, want TC_ACT_OK", ret)
+			}
+			if tc.unchanged && !bytes.Equal(out, tc.pkt) {
+				t.Error("packet changed")
+			}
+			if tc.innerMarked {
+				if tos, _ := ipAt(t, out, 64); tos != markMiss {
+					t.Errorf("inner TOS %#x, want the miss mark", tos)
+				}
+				if binary.BigEndian.Uint16(out[40:]) != 0 {
+					t.Error("outer UDP checksum not cleared after changing the inner header")
+				}
+			}
+		})
+	}
+}
+
+func TestFromUnderlayAntiSpoof(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	fill(t, c, true, false, false, true)
+	// The inner source lives on another host than the one that sent it.
+	if err := c.objs.SkcEgressIp.Put(be32(ipRemote), be32(ulOther)); err != nil {
+		t.Fatal(err)
+	}
+	in := ingressTCP(ipOpts{}, tcpACK)
+	var ret uint32
+	var out []byte
+	d := delta(t, c, func() { ret, out = run(t, c.objs.FromUnderlay, in) })
+	expectCount(t, d, "from_underlay/pass_reverse_check")
+	if ret != tcActOK || !bytes.Equal(out, in) {
+		t.Error("a spoofed packet was not left to the overlay untouched")
+	}
+}
+
+func TestFromUnderlayHit(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	fill(t, c, true, true, false, true)
+	in := ingressTCP(ipOpts{tos: 0x20}, tcpACK|tcpPSH)
+	var ret uint32
+	var out []byte
+	d := delta(t, c, func() { ret, out = run(t, c.objs.FromUnderlay, in) })
+	expectCount(t, d, "from_underlay/hit")
+	if ret != tcActRedir {
+		t.Fatalf("ret %d, want redirect", ret)
+	}
+	want := eth(macContainer, macBridge, 0x0800, ipv4(ipOpts{tos: 0x20, ttl: 63}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK|tcpPSH, payload)))
+	if !bytes.Equal(out, want) {
+		t.Errorf("decapsulated packet\n got % x\nwant % x", out, want)
+	}
+}
+
+func TestToUnderlayLearns(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	in := encapsulatedTCP(ipOpts{tos: 0x20 | markMiss | markEst})
+	var ret uint32
+	var out []byte
+	d := delta(t, c, func() { ret, out = run(t, c.objs.ToUnderlay, in) })
+	expectCount(t, d, "to_underlay/learn")
+	if ret != tcActOK || len(out) != len(in) {
+		t.Fatalf("ret %d len %d", ret, len(out))
+	}
+	if tos, _ := ipAt(t, out, 64); tos != 0x20 {
+		t.Errorf("inner TOS %#x: marks not cleared or DSCP damaged", tos)
+	}
+	var host [4]byte
+	if err := c.objs.SkcEgressIp.Lookup(be32(ipRemote), &host); err != nil || addr(host) != ulPeer {
+		t.Errorf("egress IP entry: %v %v", addr(host), err)
+	}
+	var eh skcEgressHost
+	if err := c.objs.SkcEgressHost.Lookup(be32(ulPeer), &eh); err != nil || !bytes.Equal(eh.Hdr[:], in[:64]) || eh.Ifindex != 1 {
+		t.Errorf("egress host entry: %v ifindex %d, headers match: %v", err, eh.Ifindex, bytes.Equal(eh.Hdr[:], in[:64]))
+	}
+	var f skcFilterVal
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: protoTCP}
+	if err := c.objs.SkcFilter.Lookup(k, &f); err != nil || f.Egress != 1 || f.Ingress != 0 {
+		t.Errorf("filter entry %+v %v, want egress only", f, err)
+	}
+}
+
+func TestToUnderlayDoesNotLearn(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		tos          byte
+		pause        bool
+		unchanged    bool
+	}{
+		{"unmarked", "to_underlay/pass", 0x20, false, true},
+		{"miss only", "to_underlay/marks_cleared", markMiss, false, false},
+		{"established only", "to_underlay/marks_cleared", markEst, false, false},
+		{"paused", "to_underlay/paused", markMiss | markEst, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			if err := c.SetPaused(tc.pause); err != nil {
+				t.Fatal(err)
+			}
+			in := encapsulatedTCP(ipOpts{tos: tc.tos})
+			var out []byte
+			d := delta(t, c, func() { _, out = run(t, c.objs.ToUnderlay, in) })
+			expectCount(t, d, tc.reason)
+			if tos, _ := ipAt(t, out, 64); tos&(markMiss|markEst) != 0 {
+				t.Errorf("marks left on: %#x", tos)
+			}
+			if tc.unchanged && !bytes.Equal(out, in) {
+				t.Error("packet changed")
+			}
+			if n := count(t, c.objs.SkcEgressHost); n != 0 {
+				t.Errorf("%d egress entries learned", n)
+			}
+		})
+	}
+}
+
+func count(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	n := 0
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestToContainer(t *testing.T) {
+	deliver := func(tos byte) []byte {
+		return eth(macContainer, macBridge, 0x0800, ipv4(ipOpts{tos: tos, ttl: 62}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK, payload)))
+	}
+	t.Run("learns", func(t *testing.T) {
+		c := newTestCache(t, Capacity{})
+		if err := c.objs.SkcIngress.Put(be32(ipLocal), skcIngressEp{Ifindex: 9}); err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		d := delta(t, c, func() { _, out = run(t, c.objs.ToContainer, deliver(0x20|markMiss|markEst)) })
+		expectCount(t, d, "to_container/learn")
+		if tos, _ := ipAt(t, out, 14); tos != 0x20 {
+			t.Errorf("TOS %#x after learning", tos)
+		}
+		var ep skcIngressEp
+		if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil || ep.Ready != 1 || ep.Ifindex != 9 ||
+			!bytes.Equal(ep.MacDst[:], macContainer) || !bytes.Equal(ep.MacSrc[:], macBridge) {
+			t.Errorf("ingress entry %+v %v", ep, err)
+		}
+		var f skcFilterVal
+		k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: protoTCP}
+		if err := c.objs.SkcFilter.Lookup(k, &f); err != nil || f.Ingress != 1 || f.Egress != 0 {
+			t.Errorf("filter entry %+v %v, want ingress only", f, err)
+		}
+	})
+	for _, tc := range []struct {
+		name, reason string
+		tos          byte
+		endpoint     bool
+	}{
+		{"unmarked", "to_container/pass", 0, true},
+		{"unknown endpoint", "to_container/marks_cleared", markMiss | markEst, false},
+		{"miss only", "to_container/marks_cleared", markMiss, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			if tc.endpoint {
+				c.objs.SkcIngress.Put(be32(ipLocal), skcIngressEp{Ifindex: 9})
+			}
+			in := deliver(tc.tos)
+			var out []byte
+			d := delta(t, c, func() { _, out = run(t, c.objs.ToContainer, in) })
+			expectCount(t, d, tc.reason)
+			if tos, _ := ipAt(t, out, 14); tos != 0 {
+				t.Errorf("TOS %#x", tos)
+			}
+			var ep skcIngressEp
+			if c.objs.SkcIngress.Lookup(be32(ipLocal), &ep) == nil && ep.Ready != 0 {
+				t.Error("learned from a packet without both marks")
+			}
+		})
+	}
+}
+
+// TestFullCaches: LRU maps never refuse an insert; learning at capacity
+// evicts old entries instead of failing, and traffic keeps flowing.
+func TestFullCaches(t *testing.T) {
+	c := newTestCache(t, Capacity{EgressIPs: 4, EgressHosts: 2, Ingress: 2, Filter: 4})
+	for i := range 20 {
+		in := encapsulatedTCP(ipOpts{tos: markMiss | markEst})
+		in[64+19] = byte(i) // a new remote container each time
+		binary.BigEndian.PutUint16(in[64+10:], 0)
+		binary.BigEndian.PutUint16(in[64+10:], csum(in[64:84]))
+		if ret, _ := run(t, c.objs.ToUnderlay, in); ret != tcActOK {
+			t.Fatalf("learning #%d at capacity: ret %d", i, ret)
+		}
+	}
+	if n := count(t, c.objs.SkcEgressIp); n > 4 {
+		t.Errorf("%d entries in a map of 4", n)
+	}
+}
+
+func TestPurgeDeniedAndSync(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	fill(t, c, true, true, true, true)
+	other := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40001), Rport: ntohs(443), Proto: protoTCP}
+	c.objs.SkcFilter.Put(other, skcFilterVal{Egress: 1, Ingress: 1})
+	set, _ := policy.NewSet([]policy.Rule{{ID: "web", Action: policy.Deny, Dst: netip.PrefixFrom(ipRemote, 32), Proto: policy.TCP, Port: 80}})
+	n, err := c.PurgeDenied(set)
+	if err != nil || n != 1 || count(t, c.objs.SkcFilter) != 1 {
+		t.Fatalf("purged %d (%v), %d left; want exactly the port-80 flow gone", n, err, count(t, c.objs.SkcFilter))
+	}
+	hosts := []store.Host{
+		{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24")},
+		{Name: "h2", UnderlayIP: ulPeer, Subnet: netip.MustParsePrefix("10.244.2.0/24")},
+	}
+	eps := []store.Endpoint{
+		{Host: "h1", IP: netip.PrefixFrom(ipLocal, 24)},
+		{Host: "h2", IP: netip.PrefixFrom(ipRemote, 24)},
+	}
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	if count(t, c.objs.SkcEgressIp) != 1 || count(t, c.objs.SkcEgressHost) != 1 || count(t, c.objs.SkcIngress) != 1 || count(t, c.objs.SkcFilter) != 1 {
+		t.Fatal("Sync removed live entries")
+	}
+	// The remote container moves to h3 (host move): everything naming it
+	// through h2 goes, and h2's headers stay while h2 lives.
+	hosts = append(hosts, store.Host{Name: "h3", UnderlayIP: ulOther, Subnet: netip.MustParsePrefix("10.244.3.0/24")})
+	eps[1].Host = "h3"
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	if count(t, c.objs.SkcEgressIp) != 0 {
+		t.Error("egress entry pointing at the container's old host survived the move")
+	}
+	// The remote endpoint is deleted, then h2 leaves.
+	if err := c.Sync(eps[:1], hosts[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if count(t, c.objs.SkcEgressHost) != 0 || count(t, c.objs.SkcFilter) != 0 {
+		t.Error("entries of a departed host or deleted endpoint survived")
+	}
+	if count(t, c.objs.SkcIngress) != 1 {
+		t.Error("the local endpoint's entry went")
+	}
+	if err := c.RemoveEndpoint(eps[0]); err != nil || count(t, c.objs.SkcIngress) != 0 {
+		t.Errorf("RemoveEndpoint: %v", err)
+	}
+	_ = fmt.Sprint
+}

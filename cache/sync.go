@@ -1,0 +1,176 @@
+package cache
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+)
+
+func addr(b [4]byte) netip.Addr { return netip.AddrFrom4(b) }
+
+// addr32 and be32 convert between addresses and the uint32 bpf2go uses for
+// __be32 (network-order bytes read as a little-endian integer).
+func addr32(v uint32) netip.Addr {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+// purgeFlows deletes filter entries match selects.
+func (c *Cache) purgeFlows(match func(skcFlowKey) bool) (int, error) {
+	var doomed []skcFlowKey
+	var k skcFlowKey
+	var v skcFilterVal
+	it := c.objs.SkcFilter.Iterate()
+	for it.Next(&k, &v) {
+		if match(k) {
+			doomed = append(doomed, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("walk filter cache: %w", err)
+	}
+	return deleteAll(c.objs.SkcFilter, doomed)
+}
+
+func deleteAll[K any](m *ebpf.Map, keys []K) (int, error) {
+	n := 0
+	for _, k := range keys {
+		err := m.Delete(k)
+		if err == nil {
+			n++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, fmt.Errorf("delete from %s: %w", m, err)
+		}
+	}
+	return n, nil
+}
+
+var protoNames = map[uint8]string{6: policy.TCP, 17: policy.UDP, 1: policy.ICMP}
+
+func ntohs(v uint16) uint16 { return v>>8 | v<<8 }
+
+// deniedBy reports whether set denies the cached flow in either direction
+// (the cache does not know which side opened it).
+func deniedBy(set policy.Set, k skcFlowKey) bool {
+	proto := protoNames[k.Proto]
+	l, r := addr32(k.Laddr), addr32(k.Raddr)
+	var lport, rport uint16
+	if proto == policy.TCP || proto == policy.UDP {
+		lport, rport = ntohs(k.Lport), ntohs(k.Rport)
+	}
+	return !set.Allowed(policy.Flow{Src: l, Dst: r, Proto: proto, Port: rport}) ||
+		!set.Allowed(policy.Flow{Src: r, Dst: l, Proto: proto, Port: lport})
+}
+
+// PurgeDenied deletes the cached flows set denies, so their next packets
+// go to the overlay, where the policy chain judges them.
+func (c *Cache) PurgeDenied(set policy.Set) (int, error) {
+	return c.purgeFlows(func(k skcFlowKey) bool { return deniedBy(set, k) })
+}
+
+// Sync makes the caches agree with the cluster: egress entries must name a
+// live remote endpoint (or host VTEP) on the host that owns it now, egress
+// headers a live remote host, ingress entries a local endpoint, and flows
+// addresses that still exist. This covers endpoint deletion, host removal
+// and host moves (delete-and-reinitialize, paper §3.4) on every host.
+func (c *Cache) Sync(endpoints []store.Endpoint, hosts []store.Host) error {
+	underlay := map[string]netip.Addr{}
+	liveHost := map[netip.Addr]bool{}
+	owner := map[netip.Addr]netip.Addr{} // overlay address → host underlay address
+	for _, h := range hosts {
+		underlay[h.Name] = h.UnderlayIP
+		if h.Name != c.cfg.Host.Name {
+			liveHost[h.UnderlayIP] = true
+		}
+		if h.Subnet.IsValid() {
+			owner[h.Subnet.Masked().Addr()] = h.UnderlayIP // its VTEP address
+		}
+	}
+	local := map[netip.Addr]bool{}
+	for _, e := range endpoints {
+		if ul, ok := underlay[e.Host]; ok {
+			owner[e.IP.Addr()] = ul
+		}
+		if e.Host == c.cfg.Host.Name {
+			local[e.IP.Addr()] = true
+		}
+	}
+	var errs []error
+	// Egress level 1: remote container → host.
+	var ik, iv [4]byte
+	var staleIPs [][4]byte
+	it := c.objs.SkcEgressIp.Iterate()
+	for it.Next(&ik, &iv) {
+		if h, ok := owner[addr(ik)]; !ok || h != addr(iv) {
+			staleIPs = append(staleIPs, ik)
+		}
+	}
+	errs = append(errs, it.Err())
+	_, err := deleteAll(c.objs.SkcEgressIp, staleIPs)
+	errs = append(errs, err)
+	// Egress level 2: host → headers.
+	var hv skcEgressHost
+	var staleHosts [][4]byte
+	it = c.objs.SkcEgressHost.Iterate()
+	for it.Next(&ik, &hv) {
+		if !liveHost[addr(ik)] {
+			staleHosts = append(staleHosts, ik)
+		}
+	}
+	errs = append(errs, it.Err())
+	_, err = deleteAll(c.objs.SkcEgressHost, staleHosts)
+	errs = append(errs, err)
+	// Ingress: local containers only.
+	var ev skcIngressEp
+	var staleEps [][4]byte
+	it = c.objs.SkcIngress.Iterate()
+	for it.Next(&ik, &ev) {
+		if !local[addr(ik)] {
+			staleEps = append(staleEps, ik)
+		}
+	}
+	errs = append(errs, it.Err())
+	_, err = deleteAll(c.objs.SkcIngress, staleEps)
+	errs = append(errs, err)
+	// Flows between addresses that no longer both exist.
+	_, err = c.purgeFlows(func(k skcFlowKey) bool {
+		_, r := owner[addr32(k.Raddr)]
+		return !local[addr32(k.Laddr)] || !r
+	})
+	errs = append(errs, err)
+	return errors.Join(errs...)
+}
+
+// Stats sums the per-CPU counters by reason.
+func (c *Cache) Stats() (map[string]uint64, error) {
+	return ReadStats(c.objs.SkcStats)
+}
+
+// ReadStats reads a (pinned) counter map.
+func ReadStats(m *ebpf.Map) (map[string]uint64, error) {
+	out := make(map[string]uint64, len(Reasons))
+	for i, r := range Reasons {
+		var perCPU []uint64
+		if err := m.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", r.Name, err)
+		}
+		var sum uint64
+		for _, v := range perCPU {
+			sum += v
+		}
+		out[r.Name] = sum
+	}
+	return out, nil
+}
