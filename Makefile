@@ -14,7 +14,7 @@ build:
 	@mkdir -p $(BIN)
 	$(foreach c,$(CMDS),$(GO) build -o $(BIN)/$(c) ./cmd/$(c) &&) true
 	$(MAKE) -C perf
-	cp perf/skiff-perf $(BIN)/skiff-perf
+	install -m 0755 perf/skiff-perf $(BIN)/skiff-perf
 
 vet:
 	$(GO) vet ./...

@@ -16,13 +16,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
 )
 
 // Modes the agent can run the data plane in.
-var Modes = []string{"overlay"}
+var Modes = []string{"overlay", "cache"}
 
 // Config is what skiffd is started with.
 type Config struct {
@@ -33,6 +34,8 @@ type Config struct {
 	StateDir      string // local cache of the host's cluster identity
 	Cluster       store.Cluster
 	Mode          string
+	BPFDir        string // bpffs directory for pinned maps (cache mode)
+	CacheCapacity cache.Capacity
 	ResyncEvery   time.Duration // full reconcile period besides watch events
 }
 
@@ -46,6 +49,10 @@ type Agent struct {
 	host    store.Host
 	cluster store.Cluster
 	overlay *overlay.Overlay
+	cache   *cache.Cache // nil unless in cache mode
+	// cacheState is the cluster state the caches were last made coherent
+	// with; reconciles that find it unchanged leave the caches alone.
+	cacheState string
 
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start
@@ -118,6 +125,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("set up overlay: %w", err)
 	}
 	a.overlay = ov
+	if a.cfg.Mode == "cache" {
+		if a.cache, err = a.startCache(); err != nil {
+			return err
+		}
+		defer a.cache.Close()
+	}
 	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.cfg.Mode)
 
 	srv, err := a.serve(a.cfg.Socket)
@@ -210,7 +223,11 @@ func (a *Agent) saveIdentity() error {
 func (a *Agent) converge(ctx context.Context) {
 	delay := 250 * time.Millisecond
 	for ctx.Err() == nil {
-		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, store.EndpointPrefix+a.host.Name+"/")
+		endpoints := store.EndpointPrefix + a.host.Name + "/"
+		if a.cache != nil {
+			endpoints = store.EndpointPrefix // every host's caches name every endpoint
+		}
+		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, endpoints)
 		err := a.reconcile(ctx)
 		if err == nil {
 			delay = 250 * time.Millisecond
@@ -244,7 +261,9 @@ func (a *Agent) converge(ctx context.Context) {
 
 // reconcile makes the data plane match the store.
 func (a *Agent) reconcile(ctx context.Context) error {
+	start := time.Now()
 	err := a.reconcileOnce(ctx)
+	a.log.Debug("reconciled", "took", time.Since(start), "err", err)
 	a.stateMu.Lock()
 	defer a.stateMu.Unlock()
 	a.syncErr = err
@@ -267,6 +286,10 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 			return err
 		}
 	}
+	// Read the store under the data-plane lock: a listing taken before an
+	// ADD that completes in between would make the new endpoint look stale.
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	hosts, err := a.store.Hosts(ctx)
 	if err != nil {
 		return err
@@ -283,18 +306,39 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	eps, err := a.store.Endpoints(ctx, a.host.Name)
+	all, err := a.store.Endpoints(ctx, "")
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	var eps []store.Endpoint
+	for _, e := range all {
+		if e.Host == a.host.Name {
+			eps = append(eps, e)
+		}
+	}
 	eps = a.collectGarbage(ctx, eps)
+	state := fmt.Sprint(rules, hosts, all)
+	if a.cache != nil && state != a.cacheState {
+		// Delete-and-reinitialize (ONCache §3.4): no learning while the
+		// overlay changes and stale entries go, so nothing learned under the
+		// old state survives into the new one.
+		if err := a.cache.SetPaused(true); err != nil {
+			return err
+		}
+		defer a.resumeCache()
+	}
 	errs := errors.Join(
 		a.overlay.SyncHosts(hosts),
 		a.overlay.SyncPolicy(rules),
 		a.overlay.PruneEndpoints(eps),
 	)
+	if a.cache != nil && state != a.cacheState {
+		if err := a.syncCache(rules, all, hosts, eps); err != nil {
+			errs = errors.Join(errs, err)
+		} else {
+			a.cacheState = state // nothing to purge or attach until it changes
+		}
+	}
 	a.stateMu.Lock()
 	a.remotes, a.endpoints = len(hosts)-1, len(eps)
 	a.stateMu.Unlock()

@@ -57,6 +57,7 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 		}
 		return a.store.Endpoints(r.Context(), host)
 	}))
+	mux.HandleFunc("GET /v1/cache", a.handle(func(r *http.Request) (any, error) { return a.CacheView() }))
 	mux.HandleFunc("GET /v1/hosts", a.handle(func(r *http.Request) (any, error) { return a.store.Hosts(r.Context()) }))
 	mux.HandleFunc("DELETE /v1/hosts/{name}", a.handle(func(r *http.Request) (any, error) {
 		return struct{}{}, a.store.RemoveHost(r.Context(), r.PathValue("name"))
@@ -135,6 +136,9 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	if pingErr != nil {
 		s.StoreError = pingErr.Error()
 	}
+	if a.cache != nil {
+		s.Cache, _ = a.cache.Stats()
+	}
 	if a.syncErr != nil {
 		s.SyncError = a.syncErr.Error()
 	}
@@ -193,6 +197,13 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		}
 		return api.Attachment{}, fmt.Errorf("attach %s: %w", req.ContainerID, err)
 	}
+	if a.cache != nil {
+		// The overlay carries the endpoint either way; without the fast path
+		// it is only slower.
+		if err := a.cache.AddEndpoint(e); err != nil {
+			a.log.Error("cache fast path not attached; endpoint uses the overlay", "container", e.ContainerID, "err", err)
+		}
+	}
 	if e.MAC != att.ContainerMAC || moved || fresh {
 		e.MAC = att.ContainerMAC
 		if err := a.store.PutEndpoint(ctx, e); err != nil {
@@ -248,6 +259,13 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	if req.Netns != "" {
 		e.Netns = req.Netns
 	}
+	if a.cache != nil {
+		// Before the address is released: nothing may reach a future holder
+		// of the address through entries learned for this one.
+		if err := a.cache.RemoveEndpoint(e); err != nil {
+			return err
+		}
+	}
 	if err := a.overlay.RemoveEndpoint(e); err != nil {
 		return err
 	}
@@ -256,4 +274,17 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	}
 	a.log.Info("endpoint deleted", "container", e.ContainerID, "if", e.IfName, "ip", e.IP)
 	return nil
+}
+
+// CacheView returns the cache's counters and entries.
+func (a *Agent) CacheView() (api.CacheView, error) {
+	if a.cache == nil {
+		return api.CacheView{}, badRequest(fmt.Errorf("host %s runs mode %s, not cache", a.host.Name, a.cfg.Mode))
+	}
+	stats, err := a.cache.Stats()
+	if err != nil {
+		return api.CacheView{}, err
+	}
+	entries, err := a.cache.Entries()
+	return api.CacheView{Stats: stats, Entries: entries}, err
 }

@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/store"
 )
@@ -56,6 +57,15 @@ type Status struct {
 	LastSync       time.Time     `json:"lastSync"`
 	SyncError      string        `json:"syncError,omitempty"`
 	Version        string        `json:"version"`
+	// Cache holds the fast path's counters (program/outcome → packets) in
+	// cache mode.
+	Cache map[string]uint64 `json:"cache,omitempty"`
+}
+
+// CacheView is the cache layer's state: counters and every entry.
+type CacheView struct {
+	Stats   map[string]uint64 `json:"stats"`
+	Entries cache.Entries     `json:"entries"`
 }
 
 // Error is an agent error as it travels over the API.
@@ -167,6 +177,12 @@ func (c *Client) Endpoints(ctx context.Context, all bool) ([]store.Endpoint, err
 func (c *Client) Hosts(ctx context.Context) ([]store.Host, error) {
 	var hs []store.Host
 	return hs, c.do(ctx, http.MethodGet, "/v1/hosts", nil, &hs)
+}
+
+// Cache returns the cache layer's counters and entries.
+func (c *Client) Cache(ctx context.Context) (CacheView, error) {
+	var v CacheView
+	return v, c.do(ctx, http.MethodGet, "/v1/cache", nil, &v)
 }
 
 // RemoveHost removes a host and everything it owns from the cluster.

@@ -69,6 +69,12 @@ var Modes = map[string]Mode{
 		Placement:   ContainerPlacement,
 		Description: "containers on the standard VXLAN overlay",
 	},
+	"cache": {
+		Name:        "cache",
+		LabMode:     "cache",
+		Placement:   ContainerPlacement,
+		Description: "containers on the overlay with the ONCache eBPF fast path",
+	},
 }
 
 // Endpoints returns the server and client targets for the placement asked for.

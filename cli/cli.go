@@ -52,6 +52,7 @@ func init() {
 		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
 		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
 		"lab":       {summary: "lab up|down|exec|ip|status: an emulated cluster on this machine", run: cmdLab},
+		"cache":     {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
 		"bench":     {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", api.Version)
@@ -194,6 +195,10 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintf(w, "sync error: %s\n", st.SyncError)
 	}
 	fmt.Fprintf(w, "endpoints:  %d local; %d remote hosts\n", st.Endpoints, st.RemoteHosts)
+	if st.Cache != nil {
+		fmt.Fprintln(w, "cache fast path (packets):")
+		printCounters(env, st.Cache)
+	}
 	return nil
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/skiffnet/skiff/cache"
 )
 
 func run(name string, args ...string) error {
@@ -128,6 +130,11 @@ func (l *Lab) buildHost(host Host) error {
 		"net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=10000 65000")
 }
 
+// bpfDir is where a host's agent pins its eBPF maps.
+func (l *Lab) bpfDir(host string) string {
+	return filepath.Join(cache.BPFFS, "skiff", "lab-"+l.Config.Name, host)
+}
+
 // hostDir is where a host keeps its socket, state and log.
 func (l *Lab) hostDir(host string) string { return filepath.Join(l.dir(), host) }
 
@@ -136,10 +143,10 @@ func (l *Lab) startAgent(h *Host) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"),
-		"--name", h.Name, "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(),
+	args := append([]string{"--name", h.Name, "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(),
 		"--socket", h.Socket, "--state-dir", filepath.Join(dir, "state"), "--mode", l.Config.Mode,
-		"--cluster-cidr", l.Config.ClusterCIDR)
+		"--cluster-cidr", l.Config.ClusterCIDR, "--bpf-dir", l.bpfDir(h.Name)}, l.Config.AgentArgs...)
+	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"), args...)
 	if err != nil {
 		return fmt.Errorf("start agent on %s: %w", h.Name, err)
 	}

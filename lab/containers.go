@@ -172,7 +172,16 @@ func (l *Lab) RemoveHost(ctx context.Context, name string) error {
 			errs = append(errs, l.killNetns(ctx, c.Netns))
 		}
 	}
-	errs = append(errs, l.killNetns(ctx, h.Netns), os.RemoveAll(l.hostDir(name)))
+	// Unplug the cable now: the kernel destroys a deleted namespace (and the
+	// veth in it) asynchronously.
+	if sw, ns, err := handleAt(l.switchNetns()); err == nil {
+		if link, err := sw.LinkByName(name); err == nil {
+			errs = append(errs, sw.LinkDel(link))
+		}
+		sw.Close()
+		ns.Close()
+	}
+	errs = append(errs, l.killNetns(ctx, h.Netns), os.RemoveAll(l.hostDir(name)), os.RemoveAll(l.bpfDir(name)))
 	l.Containers = slices.DeleteFunc(l.Containers, func(c Container) bool { return c.Host == name })
 	l.Hosts = slices.DeleteFunc(l.Hosts, func(x Host) bool { return x.Name == name })
 	return errors.Join(append(errs, l.save())...)

@@ -38,7 +38,8 @@ func Down(ctx context.Context, name string) error {
 	for _, ns := range namespaces {
 		errs = append(errs, l.killNetns(ctx, ns))
 	}
-	errs = append(errs, stop(ctx, l.EtcdPID, 5*time.Second), os.RemoveAll(l.dir()))
+	errs = append(errs, stop(ctx, l.EtcdPID, 5*time.Second), os.RemoveAll(l.dir()),
+		os.RemoveAll(filepath.Dir(l.bpfDir("h1"))))
 	return errors.Join(errs...)
 }
 

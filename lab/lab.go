@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -47,6 +46,8 @@ type Config struct {
 	// BinDir holds skiff, skiffd and skiff-cni (default: next to the running
 	// executable).
 	BinDir string `json:"binDir"`
+	// AgentArgs are extra skiffd flags for every host.
+	AgentArgs []string `json:"agentArgs,omitempty"`
 }
 
 func (c *Config) defaults() error {
@@ -114,6 +115,8 @@ type Container struct {
 type Lab struct {
 	Config     Config      `json:"config"`
 	EtcdPID    int         `json:"etcdPID"`
+	HostsMade  int         `json:"hostsMade"` // hosts are never renumbered
+
 	Hosts      []Host      `json:"hosts"`
 	Containers []Container `json:"containers"`
 }
@@ -228,17 +231,9 @@ func (l *Lab) AddHost(ctx context.Context) (string, error) {
 	return h.Name, l.save()
 }
 
-func (l *Lab) nextHostIndex() int {
-	n := 0
-	for _, h := range l.Hosts {
-		i, _ := strconv.Atoi(strings.TrimPrefix(h.Name, "h"))
-		n = max(n, i)
-	}
-	return n + 1
-}
-
 func (l *Lab) addHost(ctx context.Context, wait bool) (Host, error) {
-	i := l.nextHostIndex()
+	l.HostsMade++
+	i := l.HostsMade
 	if i > 253 {
 		return Host{}, errors.New("the lab underlay has room for 253 hosts")
 	}

@@ -14,14 +14,15 @@ import (
 
 // spawn starts a long-running lab process (etcd, an agent) inside a network
 // namespace, in its own session so it outlives the command that started it,
-// with its output in logFile.
+// with its output in logFile. nsenter, not ip netns exec: the latter mounts a
+// private /sys, hiding the machine's bpffs where agents pin their maps.
 func (l *Lab) spawn(netns, logFile, bin string, args ...string) (int, error) {
 	log, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err
 	}
 	defer log.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", netns, bin}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + NetnsPath(netns), "--", bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -268,6 +268,7 @@ func (s *Store) RemoveHost(ctx context.Context, name string) error {
 		clientv3.OpDelete(HostKey(name)),
 		clientv3.OpDelete(SubnetKey(h.Subnet)),
 		clientv3.OpDelete(AddrSubnetPrefix(h.Subnet), clientv3.WithPrefix()),
+		clientv3.OpDelete(LastAddrKey(h.Subnet)),
 		clientv3.OpDelete(EndpointPrefix+name+"/", clientv3.WithPrefix()),
 	})
 	return err

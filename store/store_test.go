@@ -56,7 +56,7 @@ func TestRemoveHostTakesItsState(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, kv := range resp.Kvs {
-		if k := string(kv.Key); k != store.Prefix+"config" && k != store.LastAddrKey(h.Subnet) {
+		if k := string(kv.Key); k != store.Prefix+"config" {
 			t.Errorf("left behind: %s", k)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
 )
@@ -44,6 +45,14 @@ func run(args []string) error {
 	vni := fs.Int("vni", 1, "VXLAN network identifier")
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
 	mode := fs.String("mode", "overlay", "data-plane mode: "+strings.Join(agent.Modes, ", "))
+	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps (cache mode)")
+	capacity := cache.DefaultCapacity
+	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
+		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
+		_, err := fmt.Sscanf(v, "%d,%d,%d,%d", &capacity.EgressIPs, &capacity.EgressHosts, &capacity.Ingress, &capacity.Filter)
+		return err
+	})
+	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -83,10 +92,16 @@ func run(args []string) error {
 	}
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, Socket: *socket, StateDir: *stateDir, Mode: *mode,
+		BPFDir: *bpfDir, CacheCapacity: capacity,
 		Cluster: store.Cluster{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port},
 	}, log)
 	if err != nil {
 		return err
+	}
+	if *metrics != "" {
+		if err := a.ServeMetrics(ctx, *metrics); err != nil {
+			return err
+		}
 	}
 	return a.Run(ctx)
 }

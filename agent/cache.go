@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
+)
+
+// startCache loads the fast path (reusing pinned maps from an earlier run)
+// and attaches it to the underlay; endpoints are attached by the first
+// reconcile and on every add.
+func (a *Agent) startCache() (*cache.Cache, error) {
+	dir := a.cfg.BPFDir
+	if dir == "" {
+		dir = filepath.Join(cache.BPFFS, "skiff")
+	}
+	c, err := cache.Load(cache.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay,
+		PinDir: dir, Capacity: a.cfg.CacheCapacity}, a.log)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Setup(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("set up cache: %w", err)
+	}
+	a.log.Info("cache fast path attached", "pins", dir)
+	return c, nil
+}
+
+// syncCache purges what the cluster no longer allows or has, and (re)attaches
+// the fast path to local endpoints.
+func (a *Agent) syncCache(rules policy.Set, all []store.Endpoint, hosts []store.Host, local []store.Endpoint) error {
+	n, err := a.cache.PurgeDenied(rules)
+	if n > 0 {
+		a.log.Info("purged cached flows the policy denies", "flows", n)
+	}
+	errs := []error{err, a.cache.Sync(all, hosts)}
+	for _, e := range local {
+		errs = append(errs, a.cache.AddEndpoint(e))
+	}
+	return errors.Join(errs...)
+}
+
+// resumeCache restarts learning after a short grace, so a packet marked
+// established under the old state and still queued cannot teach the cache.
+func (a *Agent) resumeCache() {
+	time.Sleep(5 * time.Millisecond)
+	if err := a.cache.SetPaused(false); err != nil {
+		a.log.Error("resume cache learning", "err", err)
+	}
+}

@@ -1,0 +1,256 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/policy"
+)
+
+func cacheStats(t *testing.T, l *Lab, host string) map[string]uint64 {
+	t.Helper()
+	h, err := l.Host(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := api.NewClient(h.Socket).Cache(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.Stats
+}
+
+// fastShare is the share of packets from_container handled on the fast
+// path between two counter snapshots.
+func fastShare(before, after map[string]uint64) (hits, others uint64) {
+	for k, v := range after {
+		d := v - before[k]
+		switch {
+		case k == "from_container/hit":
+			hits += d
+		case len(k) > 15 && k[:15] == "from_container/" && k != "from_container/pass_not_ipv4":
+			others += d
+		}
+	}
+	return hits, others
+}
+
+// TestCacheCarriesTraffic: TCP, UDP and ICMP across hosts in cache mode
+// work, and the counters show the fast path carried the bulk of them.
+func TestCacheCarriesTraffic(t *testing.T) {
+	l := newLab(t, Config{Name: "tcache", Hosts: 2, ContainersPerHost: 2, Mode: "cache"})
+	ctx := context.Background()
+	echoServer(t, l, "h2/c1", echoPort)
+	dst, _ := l.IP("h2/c1")
+	to := netip.AddrPortFrom(dst, echoPort)
+	before := cacheStats(t, l, "h1")
+	// One TCP connection and one UDP socket carrying many messages each.
+	for _, network := range []string{"tcp4", "udp4"} {
+		c, err := dial(l, "h1/c1", network, to, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 100)
+		for i := range 300 {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			msg := []byte(fmt.Sprintf("%s message %d", network, i))
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			n, err := c.Read(buf)
+			if err != nil || string(buf[:n]) != string(msg) {
+				t.Fatalf("%s echo %d: %q %v", network, i, buf[:n], err)
+			}
+		}
+		c.Close()
+	}
+	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "20", "-i", "0.01", "-W", "2", dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ping: %v\n%s", err, out)
+	}
+	after := cacheStats(t, l, "h1")
+	hits, others := fastShare(before, after)
+	t.Logf("h1 from_container: %d fast-path packets, %d to the overlay", hits, others)
+	for k, v := range after {
+		if v != before[k] {
+			t.Logf("  %s +%d", k, v-before[k])
+		}
+	}
+	if hits < 9*others || hits < 500 {
+		t.Errorf("fast path carried %d packets, overlay %d: the bulk should be on the fast path", hits, others)
+	}
+	if d := after["from_underlay/hit"] - before["from_underlay/hit"]; d < 500 {
+		t.Errorf("only %d replies took the ingress fast path", d)
+	}
+	// Same-host traffic stays on the bridge.
+	local, _ := l.IP("h1/c2")
+	if err := ping(ctx, l, "h1/c1", local); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCacheDenyStopsCachedFlow: a deny rule added while a flow is on the
+// fast path stops it within 1 s.
+func TestCacheDenyStopsCachedFlow(t *testing.T) {
+	l := newLab(t, Config{Name: "tcdeny", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	s := startStream(t, l, "h1/c1", "h2/c1", 7300)
+	if err := s.progresses(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	before := cacheStats(t, l, "h1")["from_container/hit"]
+	time.Sleep(500 * time.Millisecond)
+	if after := cacheStats(t, l, "h1")["from_container/hit"]; after == before {
+		t.Fatal("the flow is not on the fast path")
+	}
+	dst, _ := l.IP("h2/c1")
+	rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: 7300}
+	if err := api.NewClient(l.Hosts[1].Socket).PutPolicy(context.Background(), rule); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := s.progresses(time.Second); err == nil {
+		t.Fatal("the cached flow still moves 1 s after the deny rule")
+	}
+	s.finish()
+}
+
+// TestCacheAgentRestart: a transfer survives agent restarts and stays on
+// the fast path (pinned maps and attached programs outlive the agent).
+func TestCacheAgentRestart(t *testing.T) {
+	l := newLab(t, Config{Name: "tcrest", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	ctx := context.Background()
+	s := startStream(t, l, "h1/c1", "h2/c1", 7400)
+	if err := s.progresses(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := l.StopAgent(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.progresses(2 * time.Second); err != nil {
+		t.Fatalf("stalled with the agent down: %v", err)
+	}
+	if err := l.StartAgent(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	before := cacheStats(t, l, "h1")
+	if err := s.progresses(2 * time.Second); err != nil {
+		t.Fatalf("stalled after the restart: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	hits, others := fastShare(before, cacheStats(t, l, "h1"))
+	if hits == 0 || others > hits/10 {
+		t.Errorf("after the restart: %d fast-path packets, %d via the overlay", hits, others)
+	}
+	if err := s.finish(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCacheAddressMovesHost: a container's address comes back on another
+// host (its old host left, the subnet went to a new host): traffic reaches
+// the new place, and no cache entry still points at the old one.
+func TestCacheAddressMovesHost(t *testing.T) {
+	l := newLab(t, Config{Name: "tcmove", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	ctx := context.Background()
+	old, _ := l.IP("h2/c1")
+	oldHost, _ := l.IP("h2")
+	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "10", "-i", "0.01", old.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := l.RemoveHost(ctx, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	name, err := l.AddHost(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.AddContainer(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, _ := l.IP(c)
+	if moved != old {
+		t.Fatalf("new container got %s, the test needs the old address %s", moved, old)
+	}
+	newHost, _ := l.IP(name)
+	cmd, _ = l.Command(ctx, "h1/c1", "ping", "-c", "10", "-i", "0.01", "-W", "2", old.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ping the moved address: %v\n%s", err, out)
+	}
+	v, err := api.NewClient(l.Hosts[0].Socket).Cache(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range v.Entries.EgressIPs {
+		if e.Container == old && e.Host != newHost {
+			t.Errorf("%s still cached at %s", old, e.Host)
+		}
+	}
+	for _, e := range v.Entries.EgressHosts {
+		if e.Host == oldHost {
+			t.Errorf("headers for departed host %s still cached", oldHost)
+		}
+	}
+}
+
+// TestCacheAtCapacity: with caches far smaller than the number of flows,
+// every flow still works (LRU eviction, misses fall back to the overlay).
+func TestCacheAtCapacity(t *testing.T) {
+	l := newLab(t, Config{Name: "tccap", Hosts: 2, ContainersPerHost: 2, Mode: "cache",
+		AgentArgs: []string{"--cache-capacity", "2,2,2,2"}})
+	for _, c := range []string{"h2/c1", "h2/c2"} {
+		echoServer(t, l, c, echoPort)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for _, src := range []string{"h1/c1", "h1/c2"} {
+		for _, dst := range []string{"h2/c1", "h2/c2"} {
+			for port := range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ip, _ := l.IP(dst)
+					var c net.Conn
+					err := l.Do(src, func() (err error) {
+						c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(ip, echoPort).String(), 2*time.Second)
+						return err
+					})
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer c.Close()
+					buf := make([]byte, 64)
+					for i := range 200 {
+						c.SetDeadline(time.Now().Add(3 * time.Second))
+						msg := fmt.Sprintf("%s->%s #%d/%d", src, dst, port, i)
+						if _, err := c.Write([]byte(msg)); err != nil {
+							errs <- err
+							return
+						}
+						n, err := c.Read(buf)
+						if err != nil || string(buf[:n]) != msg {
+							errs <- fmt.Errorf("%s: got %q, %v", msg, buf[:n], err)
+							return
+						}
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	st := cacheStats(t, l, "h1")
+	t.Logf("at capacity: %d hits, %d filter misses", st["from_container/hit"], st["from_container/miss_filter"])
+}
