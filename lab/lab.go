@@ -113,9 +113,9 @@ type Container struct {
 
 // Lab is a running lab, as recorded in its state file.
 type Lab struct {
-	Config     Config      `json:"config"`
-	EtcdPID    int         `json:"etcdPID"`
-	HostsMade  int         `json:"hostsMade"` // hosts are never renumbered
+	Config    Config `json:"config"`
+	EtcdPID   int    `json:"etcdPID"`
+	HostsMade int    `json:"hostsMade"` // hosts are never renumbered
 
 	Hosts      []Host      `json:"hosts"`
 	Containers []Container `json:"containers"`

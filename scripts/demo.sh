@@ -26,3 +26,6 @@ echo "== hosts and endpoints, as the agent on h1 sees them"
 sock=$($skiff lab status --name $name --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][0]["socket"])')
 $skiff hosts --socket "$sock"
 $skiff endpoints --all --socket "$sock"
+echo
+echo "== quick benchmark: host network vs overlay, same run (skiff bench --quick)"
+$skiff bench --quick --lab $name
