@@ -86,8 +86,31 @@ func (m Mode) Endpoints(sameHost bool) Endpoints {
 }
 
 // Fits reports whether the mode can be measured on a lab brought up in labMode.
+//
+// A lab that carries several data-plane modes at once (several lab
+// clusters side by side, so that all modes are measured in one run) reports
+// them joined by "+", e.g. "overlay+cache", and takes targets qualified by
+// the mode: "cache:h1/c1".
 func (m Mode) Fits(labMode string) bool {
-	return m.LabMode == "" || m.LabMode == labMode
+	if m.LabMode == "" {
+		return true
+	}
+	for _, lm := range strings.Split(labMode, "+") {
+		if lm == m.LabMode {
+			return true
+		}
+	}
+	return false
+}
+
+// targets returns m's endpoints, qualified by its lab mode when the lab
+// carries several.
+func (m Mode) targets(sameHost bool, labMode string) Endpoints {
+	e := m.Endpoints(sameHost)
+	if m.LabMode != "" && strings.Contains(labMode, "+") {
+		e.Server, e.Client = m.LabMode+":"+e.Server, m.LabMode+":"+e.Client
+	}
+	return e
 }
 
 // SetEnv sets key=value in cmd's environment, starting from the current
@@ -127,7 +150,7 @@ func ModeNames() []string {
 func resolveModes(requested []string, labMode string) ([]Mode, error) {
 	if len(requested) == 0 {
 		for _, name := range ModeNames() {
-			if m := Modes[name]; name == HostMode || m.LabMode == labMode {
+			if m := Modes[name]; name == HostMode || m.LabMode != "" && m.Fits(labMode) {
 				requested = append(requested, name)
 			}
 		}

@@ -82,10 +82,12 @@ func TestResolveModes(t *testing.T) {
 		wantErr   string
 	}{
 		{"default on overlay lab", nil, "overlay", []string{"host", "overlay"}, ""},
-		{"default on other lab", nil, "cache", []string{"host"}, ""},
+		{"default on other lab", nil, "steering", []string{"host"}, ""},
+		{"default on a cache lab", nil, "cache", []string{"host", "cache"}, ""},
+		{"default on two labs", nil, "overlay+cache", []string{"host", "cache", "overlay"}, ""},
 		{"host moved first, dedup", []string{"overlay", "host", "overlay"}, "overlay", []string{"host", "overlay"}, ""},
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, overlay)`},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, cache, overlay)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {

@@ -220,7 +220,7 @@ func (r *runner) resolveTargets() error {
 	r.ends = map[string]Endpoints{}
 	r.serverIP = map[string]netip.Addr{}
 	for _, m := range r.modes {
-		ends := m.Endpoints(r.opts.SameHost)
+		ends := m.targets(r.opts.SameHost, r.lab.Mode())
 		ip, err := r.lab.IP(ends.Server)
 		if err != nil {
 			return fmt.Errorf("mode %s: address of server %s: %w", m.Name, ends.Server, err)

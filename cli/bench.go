@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,7 +24,7 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	quick := fs.Bool("quick", false, "short cells on the micro workloads (CI smoke, about a minute)")
 	sameHost := fs.Bool("same-host", false, "client and server on one host instead of two")
 	cell := fs.Duration("cell", 0, "duration of each cell (default 10s; 2s with --quick)")
-	labName := fs.String("lab", "bench", "lab to run on; brought up (and down afterwards) if not running")
+	labName := fs.String("lab", "", "a running lab to use for its mode; other modes get labs b<mode>, brought up and down for the run")
 	jsonOut := fs.String("json", "", "write the results as JSON (schema skiff-bench/v1) to FILE")
 	mdOut := fs.String("markdown", "", "write a Markdown table to FILE")
 	svgOut := fs.String("chart", "", "write an SVG bar chart of ratios to host to FILE")
@@ -33,29 +36,37 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	}
 	opts := bench.Options{Modes: splitComma(*modes), Workloads: splitComma(*workloads), Repeat: *repeat,
 		Quick: *quick, SameHost: *sameHost, CellDuration: *cell, Progress: env.Stderr}
-	labMode, err := labModeFor(opts.Modes)
+	labModes, err := labModesFor(opts.Modes)
 	if err != nil {
 		return usageError{err}
 	}
 	ctx, stop := signalContext(ctx)
 	defer stop()
-	l, err := lab.Open(*labName)
-	if err == nil && l.Mode() != labMode {
-		return fmt.Errorf("lab %s runs mode %s, these modes need %s (skiff lab down --name %s)", *labName, l.Mode(), labMode, *labName)
-	}
-	if err != nil {
-		fmt.Fprintf(env.Stderr, "bringing up lab %s (mode %s) for the benchmark\n", *labName, labMode)
-		if l, err = lab.Up(ctx, lab.Config{Name: *labName, Hosts: 2, ContainersPerHost: 2, Mode: labMode}); err != nil {
-			return err
+	labs := labSet{labs: map[string]*lab.Lab{}}
+	defer labs.downStarted(env)
+	for _, mode := range labModes {
+		name := "b" + mode
+		if len(name) > 8 {
+			name = name[:8]
 		}
-		defer func() {
-			if err := lab.Down(context.WithoutCancel(ctx), *labName); err != nil {
-				fmt.Fprintln(env.Stderr, "skiff: lab down:", err)
+		if l, err := lab.Open(*labName); err == nil && l.Mode() == mode {
+			name = *labName
+		}
+		l, err := lab.Open(name)
+		if err == nil && l.Mode() != mode {
+			return fmt.Errorf("lab %s runs mode %s, the benchmark needs %s there (skiff lab down --name %s)", name, l.Mode(), mode, name)
+		}
+		if err != nil {
+			fmt.Fprintf(env.Stderr, "bringing up lab %s (mode %s) for the benchmark\n", name, mode)
+			if l, err = lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 2, Mode: mode}); err != nil {
+				return err
 			}
-		}()
+			labs.started = append(labs.started, name)
+		}
+		labs.add(mode, l)
 	}
 	start := time.Now()
-	report, runErr := bench.Run(ctx, l, opts)
+	report, runErr := bench.Run(ctx, labs.bench(), opts)
 	if report == nil {
 		return runErr
 	}
@@ -69,26 +80,82 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	return errors.Join(runErr, err)
 }
 
-// labModeFor returns the single lab data-plane mode that can carry modes.
-func labModeFor(modes []string) (string, error) {
-	need := ""
+// labModesFor returns the lab data-plane modes the benchmark modes need.
+func labModesFor(modes []string) ([]string, error) {
+	var out []string
 	for _, name := range modes {
 		m, ok := bench.Modes[name]
 		if !ok {
-			return "", fmt.Errorf("unknown mode %q (modes: %s)", name, strings.Join(bench.ModeNames(), ", "))
+			return nil, fmt.Errorf("unknown mode %q (modes: %s)", name, strings.Join(bench.ModeNames(), ", "))
 		}
-		if m.LabMode != "" && need != "" && m.LabMode != need {
-			return "", fmt.Errorf("modes %v need different labs (%s and %s): run them separately", modes, need, m.LabMode)
-		}
-		if m.LabMode != "" {
-			need = m.LabMode
+		if m.LabMode != "" && !slices.Contains(out, m.LabMode) {
+			out = append(out, m.LabMode)
 		}
 	}
-	if need == "" {
-		need = "overlay"
+	if len(out) == 0 {
+		out = []string{"overlay"}
 	}
-	return need, nil
+	return out, nil
 }
+
+// labSet runs one lab per data-plane mode side by side, so every mode is
+// measured in one interleaved run. Targets are qualified by mode
+// ("cache:h1/c1"); unqualified ones (host mode) go to the first lab.
+type labSet struct {
+	labs    map[string]*lab.Lab
+	order   []string
+	started []string // labs this command brought up, to take down
+}
+
+func (s *labSet) add(mode string, l *lab.Lab) {
+	s.labs[mode] = l
+	s.order = append(s.order, mode)
+}
+
+func (s *labSet) downStarted(env Env) {
+	for _, name := range s.started {
+		if err := lab.Down(context.Background(), name); err != nil {
+			fmt.Fprintln(env.Stderr, "skiff: lab down:", err)
+		}
+	}
+}
+
+// bench returns the lab itself when there is one, else the set.
+func (s *labSet) bench() bench.Lab {
+	if len(s.order) == 1 {
+		return s.labs[s.order[0]]
+	}
+	return s
+}
+
+func (s *labSet) pick(target string) (*lab.Lab, string) {
+	if mode, t, ok := strings.Cut(target, ":"); ok {
+		if l, ok := s.labs[mode]; ok {
+			return l, t
+		}
+	}
+	return s.labs[s.order[0]], target
+}
+
+func (s *labSet) IP(target string) (netip.Addr, error) {
+	l, t := s.pick(target)
+	return l.IP(t)
+}
+
+func (s *labSet) Command(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	l, t := s.pick(target)
+	return l.Command(ctx, t, name, args...)
+}
+
+func (s *labSet) Healthy(ctx context.Context) error {
+	var errs []error
+	for _, m := range s.order {
+		errs = append(errs, s.labs[m].Healthy(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *labSet) Mode() string { return strings.Join(s.order, "+") }
 
 func writeFile(path string, write func(io.Writer) error) error {
 	if path == "" {
