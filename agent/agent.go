@@ -317,27 +317,17 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		}
 	}
 	eps = a.collectGarbage(ctx, eps)
-	state := fmt.Sprint(rules, hosts, all)
-	if a.cache != nil && state != a.cacheState {
-		// Delete-and-reinitialize (ONCache §3.4): no learning while the
-		// overlay changes and stale entries go, so nothing learned under the
-		// old state survives into the new one.
-		if err := a.cache.SetPaused(true); err != nil {
-			return err
-		}
-		defer a.resumeCache()
-	}
 	errs := errors.Join(
 		a.overlay.SyncHosts(hosts),
-		a.overlay.SyncPolicy(rules),
 		a.overlay.PruneEndpoints(eps),
 	)
-	if a.cache != nil && state != a.cacheState {
-		if err := a.syncCache(rules, all, hosts, eps); err != nil {
-			errs = errors.Join(errs, err)
-		} else {
-			a.cacheState = state // nothing to purge or attach until it changes
-		}
+	state := fmt.Sprint(rules, hosts, all)
+	if a.cache == nil || state == a.cacheState {
+		errs = errors.Join(errs, a.overlay.SyncPolicy(rules))
+	} else if err := a.syncCache(rules, all, hosts, eps); err != nil {
+		errs = errors.Join(errs, err)
+	} else {
+		a.cacheState = state // nothing to purge or attach until it changes
 	}
 	a.stateMu.Lock()
 	a.remotes, a.endpoints = len(hosts)-1, len(eps)

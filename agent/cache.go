@@ -32,25 +32,30 @@ func (a *Agent) startCache() (*cache.Cache, error) {
 	return c, nil
 }
 
-// syncCache purges what the cluster no longer allows or has, and (re)attaches
-// the fast path to local endpoints.
+// syncCache applies a cluster change with the cache: delete-and-reinitialize
+// (ONCache §3.4). Learning pauses only while the policy changes and stale
+// entries go, so nothing learned under the old state survives into the new
+// one; then the fast path is (re)attached to local endpoints.
 func (a *Agent) syncCache(rules policy.Set, all []store.Endpoint, hosts []store.Host, local []store.Endpoint) error {
-	n, err := a.cache.PurgeDenied(rules)
-	if n > 0 {
-		a.log.Info("purged cached flows the policy denies", "flows", n)
+	if err := a.cache.SetPaused(true); err != nil {
+		return err
+	}
+	changed := a.overlay.PolicyChanged(rules)
+	err := a.overlay.SyncPolicy(rules)
+	if err == nil && changed {
+		var n int
+		n, err = a.cache.PurgeDenied(rules)
+		if n > 0 {
+			a.log.Info("purged cached flows the policy denies", "flows", n)
+		}
 	}
 	errs := []error{err, a.cache.Sync(all, hosts)}
+	// A packet marked established under the old state and still queued
+	// must not teach the cache after the purge.
+	time.Sleep(5 * time.Millisecond)
+	errs = append(errs, a.cache.SetPaused(false))
 	for _, e := range local {
 		errs = append(errs, a.cache.AddEndpoint(e))
 	}
 	return errors.Join(errs...)
-}
-
-// resumeCache restarts learning after a short grace, so a packet marked
-// established under the old state and still queued cannot teach the cache.
-func (a *Agent) resumeCache() {
-	time.Sleep(5 * time.Millisecond)
-	if err := a.cache.SetPaused(false); err != nil {
-		a.log.Error("resume cache learning", "err", err)
-	}
 }

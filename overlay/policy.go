@@ -125,7 +125,7 @@ func (o *Overlay) SyncPolicy(set policy.Set) error {
 	if err := restore(rules + "COMMIT\n"); err != nil {
 		return err
 	}
-	if o.applied != nil && slices.Equal(*o.applied, set) {
+	if !o.PolicyChanged(set) {
 		return nil
 	}
 	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, deniedFlows{set, o.cfg.Cluster.CIDR})
@@ -138,6 +138,11 @@ func (o *Overlay) SyncPolicy(set policy.Set) error {
 	applied := slices.Clone(set)
 	o.applied = &applied
 	return nil
+}
+
+// PolicyChanged reports whether set differs from the rule set last enforced.
+func (o *Overlay) PolicyChanged(set policy.Set) bool {
+	return o.applied == nil || !slices.Equal(*o.applied, set)
 }
 
 // deniedFlows matches conntrack entries of overlay flows that set denies.
