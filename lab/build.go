@@ -124,9 +124,15 @@ func (l *Lab) buildHost(host Host) error {
 	if err := linkUp(hh, "eth0", netip.PrefixFrom(host.UnderlayIP, underlayNet.Bits()), l.Config.UnderlayMTU); err != nil {
 		return err
 	}
-	// Many short connections (tcp_crr, the connect benchmark) would otherwise
-	// run out of ephemeral ports to TIME_WAIT.
-	return run("ip", "netns", "exec", host.Netns, "sysctl", "-q", "-w",
+	return tuneNetns(host.Netns)
+}
+
+// tuneNetns gives every lab namespace, host or container, the same TCP
+// settings, so benchmarks compare data paths and not sysctls: many short
+// connections (tcp_crr, the connect benchmark) would otherwise spend their
+// time searching for an ephemeral port among TIME_WAIT sockets.
+func tuneNetns(ns string) error {
+	return run("ip", "netns", "exec", ns, "sysctl", "-q", "-w",
 		"net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=10000 65000")
 }
 

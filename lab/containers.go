@@ -71,6 +71,10 @@ func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
 	if err := addNetns(c.Netns); err != nil {
 		return "", err
 	}
+	if err := tuneNetns(c.Netns); err != nil {
+		run("ip", "netns", "del", c.Netns)
+		return "", err
+	}
 	ip, err := l.cniAdd(ctx, c)
 	if err != nil {
 		run("ip", "netns", "del", c.Netns)

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -144,24 +145,35 @@ func (o *Overlay) setupBridge() error {
 
 func (o *Overlay) setupVXLAN() error {
 	c := o.cfg
-	want := &netlink.Vxlan{
-		LinkAttrs:    netlink.LinkAttrs{Name: VXLANName, MTU: o.mtu, HardwareAddr: VTEPMAC(c.Host.UnderlayIP)},
-		VxlanId:      c.Cluster.VNI,
-		VtepDevIndex: o.underlay.Attrs().Index,
-		SrcAddr:      c.Host.UnderlayIP.AsSlice(),
-		Port:         c.Cluster.VXLANPort,
-		Learning:     false,
+	vx, err := netlink.LinkByName(VXLANName)
+	have, ok := vx.(*netlink.Vxlan)
+	switch {
+	case err == nil && ok && have.VxlanId == c.Cluster.VNI && have.Port == c.Cluster.VXLANPort &&
+		have.VtepDevIndex == o.underlay.Attrs().Index && net.IP(have.SrcAddr).Equal(c.Host.UnderlayIP.AsSlice()) &&
+		!have.Learning && !have.UDPCSum:
+		// Intact: keep it (and the traffic on it).
+	case err == nil:
+		if err := netlink.LinkDel(vx); err != nil {
+			return fmt.Errorf("replace mis-configured %s: %w", VXLANName, err)
+		}
+		fallthrough
+	default:
+		// Through ip(8): the netlink library cannot ask for zero UDP checksums
+		// (it omits IFLA_VXLAN_UDP_CSUM=0, and the kernel's default is on).
+		// Zero checksums are what the cache layer's fast path sends too.
+		out, err := exec.Command("ip", "link", "add", VXLANName, "type", "vxlan", "id", fmt.Sprint(c.Cluster.VNI),
+			"dstport", fmt.Sprint(c.Cluster.VXLANPort), "local", c.Host.UnderlayIP.String(), "dev", o.cfg.Underlay,
+			"nolearning", "noudpcsum").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("create %s: %w: %s", VXLANName, err, strings.TrimSpace(string(out)))
+		}
+		if vx, err = netlink.LinkByName(VXLANName); err != nil {
+			return fmt.Errorf("%s: %w", VXLANName, err)
+		}
 	}
-	vx, err := ensureLink(want, func(l netlink.Link) bool {
-		have, ok := l.(*netlink.Vxlan)
-		return ok && have.VxlanId == want.VxlanId && have.Port == want.Port &&
-			have.VtepDevIndex == want.VtepDevIndex && net.IP(want.SrcAddr).Equal(have.SrcAddr) && !have.Learning
-	})
-	if err != nil {
-		return err
-	}
-	if vx.Attrs().HardwareAddr.String() != want.HardwareAddr.String() {
-		if err := netlink.LinkSetHardwareAddr(vx, want.HardwareAddr); err != nil {
+	mac := VTEPMAC(c.Host.UnderlayIP)
+	if vx.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(vx, mac); err != nil {
 			return fmt.Errorf("set %s MAC: %w", VXLANName, err)
 		}
 	}

@@ -112,7 +112,7 @@ func TestSetupIsIdempotentAndPrunes(t *testing.T) {
 		}
 		apply()
 		first := dump(t)
-		for _, want := range []string{"vxlan id 42", "10.244.2.0/24 via 10.244.2.0 dev skiff.vxlan onlink", "10.244.3.0 lladdr 0e:5f:c0:00:02:03 PERMANENT",
+		for _, want := range []string{"vxlan id 42", "noudpcsum", "10.244.2.0/24 via 10.244.2.0 dev skiff.vxlan onlink", "10.244.3.0 lladdr 0e:5f:c0:00:02:03 PERMANENT",
 			"0e:5f:c0:00:02:02 dst 192.0.2.2 self permanent", "--dport 80", "10.244.1.1/24"} {
 			if !strings.Contains(first, want) {
 				t.Errorf("state lacks %q:\n%s", want, first)
