@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -130,6 +129,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		defer a.cache.Close()
+	} else if err := a.stopCache(); err != nil {
+		return err
 	}
 	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.cfg.Mode)
 
@@ -381,6 +382,3 @@ func (a *Agent) setStoreErr(err error) {
 	a.storeErr = err
 	a.stateMu.Unlock()
 }
-
-// Subnet returns the host subnet (for tests).
-func (a *Agent) Subnet() netip.Prefix { return a.host.Subnet }

@@ -15,10 +15,7 @@ import (
 // and attaches it to the underlay; endpoints are attached by the first
 // reconcile and on every add.
 func (a *Agent) startCache() (*cache.Cache, error) {
-	dir := a.cfg.BPFDir
-	if dir == "" {
-		dir = filepath.Join(cache.BPFFS, "skiff")
-	}
+	dir := a.pinDir()
 	c, err := cache.Load(cache.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay,
 		PinDir: dir, Capacity: a.cfg.CacheCapacity}, a.log)
 	if err != nil {
@@ -30,6 +27,27 @@ func (a *Agent) startCache() (*cache.Cache, error) {
 	}
 	a.log.Info("cache fast path attached", "pins", dir)
 	return c, nil
+}
+
+// stopCache removes a fast path an earlier run in cache mode left behind,
+// so a host switched back to overlay mode carries nothing on stale caches.
+func (a *Agent) stopCache() error {
+	dir := a.pinDir()
+	if !cache.Pinned(dir) {
+		return nil
+	}
+	if err := cache.Teardown(cache.Config{Cluster: a.cluster, PinDir: dir}); err != nil {
+		return fmt.Errorf("remove the cache fast path: %w", err)
+	}
+	a.log.Info("cache fast path removed (mode is now overlay)", "pins", dir)
+	return nil
+}
+
+func (a *Agent) pinDir() string {
+	if a.cfg.BPFDir != "" {
+		return a.cfg.BPFDir
+	}
+	return filepath.Join(cache.BPFFS, "skiff")
 }
 
 // syncCache applies a cluster change with the cache: delete-and-reinitialize

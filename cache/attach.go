@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -162,15 +163,32 @@ func (c *Cache) RemoveEndpoint(e store.Endpoint) error {
 	return err
 }
 
-// Teardown removes everything the cache attached and installed on this
-// host, and the pinned maps (mode change back to plain overlay).
-func (c *Cache) Teardown() error {
+// Pinned reports whether a fast path's maps are pinned in dir.
+func Pinned(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "skc_control"))
+	return err == nil
+}
+
+// Teardown removes a host's fast path without loading it: skiff's programs
+// from every link of the host namespace (the underlay device and the
+// containers' host-side veths), the mark rule and the pinned maps. The
+// overlay carries everything afterwards. A to_container program left inside
+// a container only clears the two reserved DSCP bits, which nothing sets any
+// more; it goes with the container's interface.
+func Teardown(cfg Config) error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	var errs []error
 	h := &netlink.Handle{}
-	errs := []error{detach(h, c.underlay, netlink.HANDLE_MIN_INGRESS), detach(h, c.underlay, netlink.HANDLE_MIN_EGRESS)}
-	cidr := c.cfg.Cluster.CIDR.String()
+	for _, l := range links {
+		errs = append(errs, detach(h, l, netlink.HANDLE_MIN_INGRESS), detach(h, l, netlink.HANDLE_MIN_EGRESS))
+	}
+	cidr := cfg.Cluster.CIDR.String()
 	exec.Command("iptables", "-w", "5", "-t", "mangle", "-D", "FORWARD", "-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain).Run()
 	exec.Command("iptables", "-w", "5", "-t", "mangle", "-F", markChain).Run()
 	exec.Command("iptables", "-w", "5", "-t", "mangle", "-X", markChain).Run()
-	errs = append(errs, unpinAll(c.cfg.PinDir))
+	errs = append(errs, unpinAll(cfg.PinDir))
 	return errors.Join(errs...)
 }

@@ -3,11 +3,17 @@ package lab
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/policy"
@@ -253,4 +259,114 @@ func TestCacheAtCapacity(t *testing.T) {
 	}
 	st := cacheStats(t, l, "h1")
 	t.Logf("at capacity: %d hits, %d filter misses", st["from_container/hit"], st["from_container/miss_filter"])
+}
+
+// TestCacheModeSwitchBack: restarting the agents in overlay mode removes
+// the fast path (no skiff program left on any host link, maps unpinned) and
+// traffic goes on over the overlay.
+func TestCacheModeSwitchBack(t *testing.T) {
+	l := newLab(t, Config{Name: "tcback", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	ctx := context.Background()
+	dst, _ := l.IP("h2/c1")
+	if err := ping(ctx, l, "h1/c1", dst); err != nil {
+		t.Fatal(err)
+	}
+	l.Config.Mode = "overlay"
+	for _, h := range []string{"h1", "h2"} {
+		if err := l.StopAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.StartAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done")
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.Contains(string(out), "skiff-cache") {
+			t.Errorf("%s still has cache programs attached (%v):\n%s", h, err, out)
+		}
+		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "skc_control")); err == nil {
+			t.Errorf("%s still has pinned cache maps", h)
+		}
+	}
+	st, err := api.NewClient(l.Hosts[0].Socket).Status(ctx)
+	if err != nil || st.Mode != "overlay" || st.Cache != nil {
+		t.Fatalf("status after switching back: %+v %v", st, err)
+	}
+	if err := ping(ctx, l, "h1/c1", dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCacheMarksStayInside: packets from a container to a host outside the
+// overlay carry no mark, even when the container's flows to that host's
+// containers are cached; and the metrics endpoint serves the counters.
+func TestCacheMarksStayInside(t *testing.T) {
+	l := newLab(t, Config{Name: "tcmarks", Hosts: 2, ContainersPerHost: 1, Mode: "cache",
+		AgentArgs: []string{"--metrics-addr", "127.0.0.1:9473"}})
+	ctx := context.Background()
+	// Warm the fast path between the containers first.
+	dst, _ := l.IP("h2/c1")
+	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "5", "-i", "0.01", dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// A UDP receiver on host h2's underlay address reports each datagram's TOS.
+	var conn *net.UDPConn
+	err := l.Do("h2", func() (err error) {
+		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 7500})
+		if err != nil {
+			return err
+		}
+		raw, _ := conn.SyscallConn()
+		var serr error
+		raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1) })
+		return serr
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	h2, _ := l.IP("h2")
+	for _, src := range []string{"h1/c1", "h2/c1"} { // across the underlay, and to its own host
+		c, err := dial(l, src, "udp4", netip.AddrPortFrom(h2, 7500), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 20 {
+			c.Write([]byte("tos?"))
+			conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf, oob := make([]byte, 16), make([]byte, 64)
+			_, oobn, _, _, err := conn.ReadMsgUDP(buf, oob)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+			for _, m := range msgs {
+				if m.Header.Type == unix.IP_TOS && len(m.Data) > 0 && m.Data[0]&0x0c != 0 {
+					t.Fatalf("a packet from %s left the overlay with TOS %#x", src, m.Data[0])
+				}
+			}
+		}
+		c.Close()
+	}
+	var body []byte
+	err = l.Do("h1", func() error {
+		c, err := net.Dial("tcp4", "127.0.0.1:9473")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		body, err = io.ReadAll(c)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`skiff_cache_packets_total{program="from_container",outcome="hit"}`, "skiff_ready 1", "skiff_endpoints 1"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
 }
