@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
@@ -31,7 +32,7 @@ type Config struct {
 	EtcdEndpoints []string
 	Socket        string // API socket path
 	StateDir      string // local cache of the host's cluster identity
-	Cluster       store.Cluster
+	Cluster       cluster.Config
 	Mode          string
 	BPFDir        string // bpffs directory for pinned maps (cache mode)
 	CacheCapacity cache.Capacity
@@ -45,8 +46,8 @@ type Agent struct {
 	store *store.Store
 
 	mu      sync.Mutex // serialises data-plane changes
-	host    store.Host
-	cluster store.Cluster
+	host    cluster.Host
+	cluster cluster.Config
 	overlay *overlay.Overlay
 	cache   *cache.Cache // nil unless in cache mode
 	// cacheState is the cluster state the caches were last made coherent
@@ -63,8 +64,8 @@ type Agent struct {
 }
 
 type identity struct {
-	Cluster store.Cluster `json:"cluster"`
-	Host    store.Host    `json:"host"`
+	Cluster cluster.Config `json:"cluster"`
+	Host    cluster.Host   `json:"host"`
 }
 
 // New validates cfg and connects to the store (without waiting for it).
@@ -96,7 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: log, store: s}
-	a.host = store.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String()}
+	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String()}
 	return a, nil
 }
 
@@ -311,7 +312,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var eps []store.Endpoint
+	var eps []cluster.Endpoint
 	for _, e := range all {
 		if e.Host == a.host.Name {
 			eps = append(eps, e)
@@ -338,7 +339,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 
 // collectGarbage releases endpoints whose container namespace is gone (a
 // runtime that never called DEL) and returns the rest.
-func (a *Agent) collectGarbage(ctx context.Context, eps []store.Endpoint) []store.Endpoint {
+func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cluster.Endpoint {
 	keep := eps[:0]
 	for _, e := range eps {
 		if _, err := os.Stat(e.Netns); errors.Is(err, os.ErrNotExist) {
@@ -356,7 +357,7 @@ func (a *Agent) collectGarbage(ctx context.Context, eps []store.Endpoint) []stor
 	return keep
 }
 
-func containsHost(hosts []store.Host, name string) bool {
+func containsHost(hosts []cluster.Host, name string) bool {
 	for _, h := range hosts {
 		if h.Name == name {
 			return true

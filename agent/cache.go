@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 // startCache loads the fast path (reusing pinned maps from an earlier run)
@@ -54,7 +54,7 @@ func (a *Agent) pinDir() string {
 // (ONCache §3.4). Learning pauses only while the policy changes and stale
 // entries go, so nothing learned under the old state survives into the new
 // one; then the fast path is (re)attached to local endpoints.
-func (a *Agent) syncCache(rules policy.Set, all []store.Endpoint, hosts []store.Host, local []store.Endpoint) error {
+func (a *Agent) syncCache(rules policy.Set, all []cluster.Endpoint, hosts []cluster.Host, local []cluster.Endpoint) error {
 	if err := a.cache.SetPaused(true); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
@@ -159,7 +160,7 @@ func (a *Agent) validate(req api.AddRequest) error {
 	return nil
 }
 
-func (a *Agent) attachment(e store.Endpoint, o overlay.Attachment) api.Attachment {
+func (a *Agent) attachment(e cluster.Endpoint, o overlay.Attachment) api.Attachment {
 	return api.Attachment{Endpoint: e, Gateway: o.Gateway.String(), MTU: o.MTU, HostVethMAC: o.HostVethMAC,
 		ContainerMAC: o.ContainerMAC, ClusterCIDR: a.cluster.CIDR.String()}
 }
@@ -177,7 +178,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	want := store.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
+	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC()}
 	e, err := ipam.Allocate(ctx, a.store, a.host.Subnet, want)
 	if err != nil {
@@ -245,14 +246,14 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	defer a.mu.Unlock()
 	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
 	if errors.Is(err, store.ErrNotFound) {
-		e = store.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
+		e = cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 			Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns}
 		return a.overlay.RemoveEndpoint(e)
 	}
 	if err != nil {
 		// Take the kernel state down anyway; the runtime retries DEL and the
 		// address is released once the store answers.
-		_ = a.overlay.RemoveEndpoint(store.Endpoint{IfName: req.IfName, Netns: req.Netns,
+		_ = a.overlay.RemoveEndpoint(cluster.Endpoint{IfName: req.IfName, Netns: req.Netns,
 			Veth: overlay.VethName(req.ContainerID, req.IfName)})
 		return err
 	}

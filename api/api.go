@@ -12,12 +12,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"time"
 
-	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 // Version of skiff, reported by every binary.
@@ -36,27 +36,27 @@ type AddRequest struct {
 // Attachment is what the agent built for a container: the data a CNI result
 // needs.
 type Attachment struct {
-	Endpoint     store.Endpoint `json:"endpoint"`
-	Gateway      string         `json:"gateway"`
-	MTU          int            `json:"mtu"`
-	HostVethMAC  string         `json:"hostVethMAC"`
-	ContainerMAC string         `json:"containerMAC"`
-	ClusterCIDR  string         `json:"clusterCIDR"`
+	Endpoint     cluster.Endpoint `json:"endpoint"`
+	Gateway      string           `json:"gateway"`
+	MTU          int              `json:"mtu"`
+	HostVethMAC  string           `json:"hostVethMAC"`
+	ContainerMAC string           `json:"containerMAC"`
+	ClusterCIDR  string           `json:"clusterCIDR"`
 }
 
 // Status describes the agent and its host.
 type Status struct {
-	Host           store.Host    `json:"host"`
-	Cluster        store.Cluster `json:"cluster"`
-	Mode           string        `json:"mode"`
-	StoreReachable bool          `json:"storeReachable"`
-	StoreError     string        `json:"storeError,omitempty"`
-	Ready          bool          `json:"ready"`
-	Endpoints      int           `json:"endpoints"`
-	RemoteHosts    int           `json:"remoteHosts"`
-	LastSync       time.Time     `json:"lastSync"`
-	SyncError      string        `json:"syncError,omitempty"`
-	Version        string        `json:"version"`
+	Host           cluster.Host   `json:"host"`
+	Cluster        cluster.Config `json:"cluster"`
+	Mode           string         `json:"mode"`
+	StoreReachable bool           `json:"storeReachable"`
+	StoreError     string         `json:"storeError,omitempty"`
+	Ready          bool           `json:"ready"`
+	Endpoints      int            `json:"endpoints"`
+	RemoteHosts    int            `json:"remoteHosts"`
+	LastSync       time.Time      `json:"lastSync"`
+	SyncError      string         `json:"syncError,omitempty"`
+	Version        string         `json:"version"`
 	// Cache holds the fast path's counters (program/outcome → packets) in
 	// cache mode.
 	Cache map[string]uint64 `json:"cache,omitempty"`
@@ -65,7 +65,7 @@ type Status struct {
 // CacheView is the cache layer's state: counters and every entry.
 type CacheView struct {
 	Stats   map[string]uint64 `json:"stats"`
-	Entries cache.Entries     `json:"entries"`
+	Entries CacheEntries      `json:"entries"`
 }
 
 // Error is an agent error as it travels over the API.
@@ -164,8 +164,8 @@ func (c *Client) DeleteEndpoint(ctx context.Context, r AddRequest) error {
 }
 
 // Endpoints lists endpoints of this host, or of every host when all is set.
-func (c *Client) Endpoints(ctx context.Context, all bool) ([]store.Endpoint, error) {
-	var eps []store.Endpoint
+func (c *Client) Endpoints(ctx context.Context, all bool) ([]cluster.Endpoint, error) {
+	var eps []cluster.Endpoint
 	q := "/v1/endpoints"
 	if all {
 		q += "?all=1"
@@ -174,8 +174,8 @@ func (c *Client) Endpoints(ctx context.Context, all bool) ([]store.Endpoint, err
 }
 
 // Hosts lists the cluster's hosts.
-func (c *Client) Hosts(ctx context.Context) ([]store.Host, error) {
-	var hs []store.Host
+func (c *Client) Hosts(ctx context.Context) ([]cluster.Host, error) {
+	var hs []cluster.Host
 	return hs, c.do(ctx, http.MethodGet, "/v1/hosts", nil, &hs)
 }
 
@@ -204,4 +204,48 @@ func (c *Client) PutPolicy(ctx context.Context, r policy.Rule) error {
 // DeletePolicy removes a rule.
 func (c *Client) DeletePolicy(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/policies/"+url.PathEscape(id), nil, nil)
+}
+
+// CacheEntries is a snapshot of the cache layer's maps, for skiff cache.
+type CacheEntries struct {
+	EgressIPs   []EgressIP   `json:"egressIPs"`
+	EgressHosts []EgressHost `json:"egressHosts"`
+	Ingress     []Ingress    `json:"ingress"`
+	Flows       []Flow       `json:"flows"`
+}
+
+// EgressIP maps a remote container to its host.
+type EgressIP struct {
+	Container netip.Addr `json:"container"`
+	Host      netip.Addr `json:"host"`
+}
+
+// EgressHost is the cached encapsulation towards one host.
+type EgressHost struct {
+	Host      netip.Addr `json:"host"`
+	Ifindex   uint32     `json:"ifindex"`
+	OuterSrc  string     `json:"outerSrcMAC"`
+	OuterDst  string     `json:"outerDstMAC"`
+	InnerSrc  string     `json:"innerSrcMAC"`
+	InnerDst  string     `json:"innerDstMAC"`
+	VNI       uint32     `json:"vni"`
+	UDPDstPrt uint16     `json:"udpDstPort"`
+}
+
+// Ingress is how a local container is reached.
+type Ingress struct {
+	Container netip.Addr `json:"container"`
+	Ifindex   uint32     `json:"vethIfindex"`
+	MACDst    string     `json:"macDst"`
+	MACSrc    string     `json:"macSrc"`
+	Ready     bool       `json:"ready"`
+}
+
+// Flow is one cached flow and the directions the overlay let through.
+type Flow struct {
+	Local   string `json:"local"`
+	Remote  string `json:"remote"`
+	Proto   string `json:"proto"`
+	Egress  bool   `json:"egress"`
+	Ingress bool   `json:"ingress"`
 }

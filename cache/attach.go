@@ -14,7 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/cluster"
 )
 
 // filterName tags skiff's tc filters so they can be told from others'.
@@ -116,7 +116,7 @@ const (
 // cache entry (host-side veth; MACs are learned from the first marked
 // packet), from_container on the host-side veth and to_container on the
 // container's interface.
-func (c *Cache) AddEndpoint(e store.Endpoint) error {
+func (c *Cache) AddEndpoint(e cluster.Endpoint) error {
 	veth, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", e.Veth, err)
@@ -153,7 +153,7 @@ func (c *Cache) AddEndpoint(e store.Endpoint) error {
 // RemoveEndpoint forgets a local container: its ingress entry and every
 // flow naming its address. (Other hosts purge their egress entries for it
 // when they see the endpoint go; see Sync.) The programs go with the veth.
-func (c *Cache) RemoveEndpoint(e store.Endpoint) error {
+func (c *Cache) RemoveEndpoint(e cluster.Endpoint) error {
 	key := e.IP.Addr().As4()
 	if err := c.objs.SkcIngress.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete ingress entry %s: %w", e.IP, err)

@@ -22,7 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/cluster"
 )
 
 // Capacity sets the number of entries of each cache (LRU maps).
@@ -38,8 +38,8 @@ var DefaultCapacity = Capacity{EgressIPs: 4096, EgressHosts: 1024, Ingress: 1024
 
 // Config describes the host the cache runs on.
 type Config struct {
-	Cluster  store.Cluster
-	Host     store.Host
+	Cluster  cluster.Config
+	Host     cluster.Host
 	Underlay string // underlay device
 	PinDir   string // bpffs directory for the maps
 	Capacity Capacity

@@ -13,8 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 const (
@@ -42,8 +42,8 @@ func newTestCache(t *testing.T, capacity Capacity) *Cache {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay}}
 	c, err := load(Config{
-		Cluster: store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: testVNI, VXLANPort: 4789},
-		Host: store.Host{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24"),
+		Cluster: cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: testVNI, VXLANPort: 4789},
+		Host: cluster.Host{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24"),
 			VTEPMAC: macVTEP.String()},
 		PinDir:   dir,
 		Capacity: capacity,
@@ -526,11 +526,11 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 	if err != nil || n != 1 || count(t, c.objs.SkcFilter) != 1 {
 		t.Fatalf("purged %d (%v), %d left; want exactly the port-80 flow gone", n, err, count(t, c.objs.SkcFilter))
 	}
-	hosts := []store.Host{
+	hosts := []cluster.Host{
 		{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24")},
 		{Name: "h2", UnderlayIP: ulPeer, Subnet: netip.MustParsePrefix("10.244.2.0/24")},
 	}
-	eps := []store.Endpoint{
+	eps := []cluster.Endpoint{
 		{Host: "h1", IP: netip.PrefixFrom(ipLocal, 24)},
 		{Host: "h2", IP: netip.PrefixFrom(ipRemote, 24)},
 	}
@@ -542,7 +542,7 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 	}
 	// The remote container moves to h3 (host move): everything naming it
 	// through h2 goes, and h2's headers stay while h2 lives.
-	hosts = append(hosts, store.Host{Name: "h3", UnderlayIP: ulOther, Subnet: netip.MustParsePrefix("10.244.3.0/24")})
+	hosts = append(hosts, cluster.Host{Name: "h3", UnderlayIP: ulOther, Subnet: netip.MustParsePrefix("10.244.3.0/24")})
 	eps[1].Host = "h3"
 	if err := c.Sync(eps, hosts); err != nil {
 		t.Fatal(err)

@@ -2,9 +2,12 @@ package cache
 
 import (
 	"fmt"
+
 	"net"
 	"net/netip"
 	"sort"
+
+	"github.com/skiffnet/skiff/api"
 )
 
 // Reason names a counter: which program, and what it did with a packet.
@@ -52,63 +55,19 @@ var Reasons = []Reason{
 	r("to_container", "pass"),
 }
 
-// Entries is a snapshot of the caches, for skiff cache.
-type Entries struct {
-	EgressIPs   []EgressIP   `json:"egressIPs"`
-	EgressHosts []EgressHost `json:"egressHosts"`
-	Ingress     []Ingress    `json:"ingress"`
-	Flows       []Flow       `json:"flows"`
-}
-
-// EgressIP maps a remote container to its host.
-type EgressIP struct {
-	Container netip.Addr `json:"container"`
-	Host      netip.Addr `json:"host"`
-}
-
-// EgressHost is the cached encapsulation towards one host.
-type EgressHost struct {
-	Host      netip.Addr `json:"host"`
-	Ifindex   uint32     `json:"ifindex"`
-	OuterSrc  string     `json:"outerSrcMAC"`
-	OuterDst  string     `json:"outerDstMAC"`
-	InnerSrc  string     `json:"innerSrcMAC"`
-	InnerDst  string     `json:"innerDstMAC"`
-	VNI       uint32     `json:"vni"`
-	UDPDstPrt uint16     `json:"udpDstPort"`
-}
-
-// Ingress is how a local container is reached.
-type Ingress struct {
-	Container netip.Addr `json:"container"`
-	Ifindex   uint32     `json:"vethIfindex"`
-	MACDst    string     `json:"macDst"`
-	MACSrc    string     `json:"macSrc"`
-	Ready     bool       `json:"ready"`
-}
-
-// Flow is one cached flow and the directions the overlay let through.
-type Flow struct {
-	Local   string `json:"local"`
-	Remote  string `json:"remote"`
-	Proto   string `json:"proto"`
-	Egress  bool   `json:"egress"`
-	Ingress bool   `json:"ingress"`
-}
-
 // Entries lists every cache entry.
-func (c *Cache) Entries() (Entries, error) {
-	var out Entries
+func (c *Cache) Entries() (api.CacheEntries, error) {
+	var out api.CacheEntries
 	var k, v [4]byte
 	it := c.objs.SkcEgressIp.Iterate()
 	for it.Next(&k, &v) {
-		out.EgressIPs = append(out.EgressIPs, EgressIP{addr(k), addr(v)})
+		out.EgressIPs = append(out.EgressIPs, api.EgressIP{Container: addr(k), Host: addr(v)})
 	}
 	var hv skcEgressHost
 	it2 := c.objs.SkcEgressHost.Iterate()
 	for it2.Next(&k, &hv) {
 		h := hv.Hdr
-		out.EgressHosts = append(out.EgressHosts, EgressHost{
+		out.EgressHosts = append(out.EgressHosts, api.EgressHost{
 			Host: addr(k), Ifindex: hv.Ifindex,
 			OuterDst: net.HardwareAddr(h[0:6]).String(), OuterSrc: net.HardwareAddr(h[6:12]).String(),
 			UDPDstPrt: uint16(h[36])<<8 | uint16(h[37]),
@@ -119,8 +78,8 @@ func (c *Cache) Entries() (Entries, error) {
 	var ev skcIngressEp
 	it3 := c.objs.SkcIngress.Iterate()
 	for it3.Next(&k, &ev) {
-		out.Ingress = append(out.Ingress, Ingress{addr(k), ev.Ifindex,
-			net.HardwareAddr(ev.MacDst[:]).String(), net.HardwareAddr(ev.MacSrc[:]).String(), ev.Ready != 0})
+		out.Ingress = append(out.Ingress, api.Ingress{Container: addr(k), Ifindex: ev.Ifindex,
+			MACDst: net.HardwareAddr(ev.MacDst[:]).String(), MACSrc: net.HardwareAddr(ev.MacSrc[:]).String(), Ready: ev.Ready != 0})
 	}
 	var fk skcFlowKey
 	var fv skcFilterVal
@@ -130,7 +89,7 @@ func (c *Cache) Entries() (Entries, error) {
 		if proto == "" {
 			proto = fmt.Sprint(fk.Proto)
 		}
-		out.Flows = append(out.Flows, Flow{
+		out.Flows = append(out.Flows, api.Flow{
 			Local:  netip.AddrPortFrom(addr32(fk.Laddr), ntohs(fk.Lport)).String(),
 			Remote: netip.AddrPortFrom(addr32(fk.Raddr), ntohs(fk.Rport)).String(),
 			Proto:  proto, Egress: fv.Egress != 0, Ingress: fv.Ingress != 0,

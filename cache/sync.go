@@ -8,8 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 func addr(b [4]byte) netip.Addr { return netip.AddrFrom4(b) }
@@ -85,7 +85,7 @@ func (c *Cache) PurgeDenied(set policy.Set) (int, error) {
 // headers a live remote host, ingress entries a local endpoint, and flows
 // addresses that still exist. This covers endpoint deletion, host removal
 // and host moves (delete-and-reinitialize, paper §3.4) on every host.
-func (c *Cache) Sync(endpoints []store.Endpoint, hosts []store.Host) error {
+func (c *Cache) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 	underlay := map[string]netip.Addr{}
 	liveHost := map[netip.Addr]bool{}
 	owner := map[netip.Addr]netip.Addr{} // overlay address → host underlay address

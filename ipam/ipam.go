@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -29,7 +30,7 @@ func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Nex
 func VTEPAddr(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr() }
 
 // Subnets enumerates the host subnets of the cluster in address order.
-func Subnets(c store.Cluster) []netip.Prefix {
+func Subnets(c cluster.Config) []netip.Prefix {
 	n := 1 << (c.HostPrefix - c.CIDR.Bits())
 	out := make([]netip.Prefix, 0, n)
 	a := c.CIDR.Masked().Addr()
@@ -63,7 +64,7 @@ func hostAddrs(subnet netip.Prefix) []netip.Addr {
 // is already registered keeps its subnet (its underlay address and VTEP MAC
 // are updated); a new host leases h.Subnet if that is set and free, else the
 // first free subnet.
-func Join(ctx context.Context, s *store.Store, c store.Cluster, h store.Host) (store.Host, error) {
+func Join(ctx context.Context, s *store.Store, c cluster.Config, h cluster.Host) (cluster.Host, error) {
 	hostKey := store.HostKey(h.Name)
 	for attempt := 0; attempt < 2*len(Subnets(c))+8; attempt++ {
 		existing, err := s.Host(ctx, h.Name)
@@ -76,11 +77,11 @@ func Join(ctx context.Context, s *store.Store, c store.Cluster, h store.Host) (s
 			}
 			continue // the lease changed under us; read again
 		case err != nil && !errors.Is(err, store.ErrNotFound):
-			return store.Host{}, err
+			return cluster.Host{}, err
 		}
 		subnet, err := freeSubnet(ctx, s, c, h.Subnet)
 		if err != nil {
-			return store.Host{}, err
+			return cluster.Host{}, err
 		}
 		h.Subnet = subnet
 		val, _ := json.Marshal(h)
@@ -94,17 +95,17 @@ func Join(ctx context.Context, s *store.Store, c store.Cluster, h store.Host) (s
 				clientv3.OpPut(hostKey, string(val)),
 			})
 		if err != nil {
-			return store.Host{}, err
+			return cluster.Host{}, err
 		}
 		if resp.Succeeded {
 			return h, nil
 		}
 		// Another agent took that subnet (or registered this name) first.
 	}
-	return store.Host{}, fmt.Errorf("join %s: too much contention for subnets", h.Name)
+	return cluster.Host{}, fmt.Errorf("join %s: too much contention for subnets", h.Name)
 }
 
-func putHost(ctx context.Context, s *store.Store, h store.Host, cmp clientv3.Cmp) (bool, error) {
+func putHost(ctx context.Context, s *store.Store, h cluster.Host, cmp clientv3.Cmp) (bool, error) {
 	val, _ := json.Marshal(h)
 	resp, err := s.Txn(ctx, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(store.HostKey(h.Name), string(val))})
 	if err != nil {
@@ -113,7 +114,7 @@ func putHost(ctx context.Context, s *store.Store, h store.Host, cmp clientv3.Cmp
 	return resp.Succeeded, nil
 }
 
-func freeSubnet(ctx context.Context, s *store.Store, c store.Cluster, prefer netip.Prefix) (netip.Prefix, error) {
+func freeSubnet(ctx context.Context, s *store.Store, c cluster.Config, prefer netip.Prefix) (netip.Prefix, error) {
 	resp, err := s.Client.Get(ctx, store.SubnetsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("list subnet leases: %w: %w", store.ErrUnavailable, err)
@@ -136,19 +137,19 @@ func freeSubnet(ctx context.Context, s *store.Store, c store.Cluster, prefer net
 // Allocate gives endpoint e an address from subnet and records the endpoint,
 // in one transaction. Asking again for an endpoint that exists returns it
 // unchanged. Addresses are handed out round-robin from the last one given.
-func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e store.Endpoint) (store.Endpoint, error) {
-	epKey := e.Key()
+func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluster.Endpoint) (cluster.Endpoint, error) {
+	epKey := store.KeyOf(e)
 	for attempt := 0; attempt < 16; attempt++ {
 		existing, err := s.Endpoint(ctx, e.Host, e.ContainerID, e.IfName)
 		if err == nil {
 			return existing, nil
 		}
 		if !errors.Is(err, store.ErrNotFound) {
-			return store.Endpoint{}, err
+			return cluster.Endpoint{}, err
 		}
 		addr, err := nextFree(ctx, s, subnet)
 		if err != nil {
-			return store.Endpoint{}, err
+			return cluster.Endpoint{}, err
 		}
 		e.IP = netip.PrefixFrom(addr, subnet.Bits())
 		val, _ := json.Marshal(e)
@@ -164,13 +165,13 @@ func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e store.
 				clientv3.OpPut(store.LastAddrKey(subnet), addr.String()),
 			})
 		if err != nil {
-			return store.Endpoint{}, err
+			return cluster.Endpoint{}, err
 		}
 		if resp.Succeeded {
 			return e, nil
 		}
 	}
-	return store.Endpoint{}, fmt.Errorf("allocate address for %s: too much contention", epKey)
+	return cluster.Endpoint{}, fmt.Errorf("allocate address for %s: too much contention", epKey)
 }
 
 func nextFree(ctx context.Context, s *store.Store, subnet netip.Prefix) (netip.Addr, error) {
@@ -208,8 +209,8 @@ func nextFree(ctx context.Context, s *store.Store, subnet netip.Prefix) (netip.A
 
 // Release deletes endpoint e and frees its address. Releasing an endpoint
 // that does not exist is not an error.
-func Release(ctx context.Context, s *store.Store, e store.Endpoint) error {
-	epKey := e.Key()
+func Release(ctx context.Context, s *store.Store, e cluster.Endpoint) error {
+	epKey := store.KeyOf(e)
 	ops := []clientv3.Op{clientv3.OpDelete(epKey)}
 	if e.IP.IsValid() {
 		addrKey := store.AddrKey(e.IP.Masked(), e.IP.Addr())

@@ -8,14 +8,15 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/store/storetest"
 )
 
-var cluster = store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
 
 func TestSubnets(t *testing.T) {
-	got := Subnets(cluster)
+	got := Subnets(testCluster)
 	if len(got) != 256 || got[0].String() != "10.244.0.0/24" || got[255].String() != "10.244.255.0/24" {
 		t.Fatalf("subnets: %d, first %v, last %v", len(got), got[0], got[len(got)-1])
 	}
@@ -33,7 +34,7 @@ func TestConcurrentJoinsGetDistinctSubnets(t *testing.T) {
 	ctx := context.Background()
 	const agents = 8
 	var wg sync.WaitGroup
-	hosts := make([]store.Host, agents)
+	hosts := make([]cluster.Host, agents)
 	errs := make([]error, agents)
 	for i := range agents {
 		wg.Add(1)
@@ -46,7 +47,7 @@ func TestConcurrentJoinsGetDistinctSubnets(t *testing.T) {
 				return
 			}
 			defer own.Close()
-			hosts[i], errs[i] = Join(ctx, own, cluster, store.Host{Name: fmt.Sprintf("h%d", i),
+			hosts[i], errs[i] = Join(ctx, own, testCluster, cluster.Host{Name: fmt.Sprintf("h%d", i),
 				UnderlayIP: netip.AddrFrom4([4]byte{192, 168, 0, byte(i + 1)})})
 		}()
 	}
@@ -62,7 +63,7 @@ func TestConcurrentJoinsGetDistinctSubnets(t *testing.T) {
 		seen[h.Subnet] = h.Name
 	}
 	// Joining again keeps the subnet and updates the record.
-	again, err := Join(ctx, s, cluster, store.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("192.168.0.99")})
+	again, err := Join(ctx, s, testCluster, cluster.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("192.168.0.99")})
 	if err != nil || again.Subnet != hosts[3].Subnet {
 		t.Fatalf("rejoin: %v %v, want subnet %v", again, err, hosts[3].Subnet)
 	}
@@ -73,13 +74,13 @@ func TestConcurrentJoinsGetDistinctSubnets(t *testing.T) {
 
 func TestSubnetExhaustion(t *testing.T) {
 	s, _ := storetest.New(t)
-	small := store.Cluster{CIDR: netip.MustParsePrefix("10.9.0.0/23"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+	small := cluster.Config{CIDR: netip.MustParsePrefix("10.9.0.0/23"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
 	for i := range 2 {
-		if _, err := Join(context.Background(), s, small, store.Host{Name: fmt.Sprint("h", i)}); err != nil {
+		if _, err := Join(context.Background(), s, small, cluster.Host{Name: fmt.Sprint("h", i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := Join(context.Background(), s, small, store.Host{Name: "h9"}); !errors.Is(err, ErrExhausted) {
+	if _, err := Join(context.Background(), s, small, cluster.Host{Name: "h9"}); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("third join: %v, want ErrExhausted", err)
 	}
 }
@@ -95,7 +96,7 @@ func TestAllocateNeverTwice(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: fmt.Sprint("c", i), IfName: "eth0"})
+			e, err := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: fmt.Sprint("c", i), IfName: "eth0"})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -109,11 +110,11 @@ func TestAllocateNeverTwice(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if _, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "full", IfName: "eth0"}); !errors.Is(err, ErrExhausted) {
+	if _, err := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "full", IfName: "eth0"}); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("allocation in a full subnet: %v", err)
 	}
 	// Idempotent: asking again for an existing endpoint returns its address.
-	e5, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "c5", IfName: "eth0"})
+	e5, err := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "c5", IfName: "eth0"})
 	if err != nil || got[e5.IP.Addr()] != "c5" {
 		t.Fatalf("re-allocate c5: %v %v", e5, err)
 	}
@@ -125,7 +126,7 @@ func TestAllocateNeverTwice(t *testing.T) {
 	if err := Release(ctx, s, e5); err != nil {
 		t.Fatalf("second release: %v", err)
 	}
-	n, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "new", IfName: "eth0"})
+	n, err := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "new", IfName: "eth0"})
 	if err != nil || n.IP != e5.IP {
 		t.Fatalf("allocate after release: %v %v, want %v", n.IP, err, e5.IP)
 	}
@@ -135,11 +136,11 @@ func TestAllocateRoundRobin(t *testing.T) {
 	s, _ := storetest.New(t)
 	ctx := context.Background()
 	subnet := netip.MustParsePrefix("10.244.8.0/24")
-	a, _ := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "a", IfName: "eth0"})
+	a, _ := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "a", IfName: "eth0"})
 	if err := Release(ctx, s, a); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
+	b, _ := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
 	if a.IP == b.IP {
 		t.Fatalf("released address %v handed out again at once", a.IP)
 	}
@@ -149,7 +150,7 @@ func TestAllocationSurvivesReconnect(t *testing.T) {
 	s, _ := storetest.New(t)
 	ctx := context.Background()
 	subnet := netip.MustParsePrefix("10.244.9.0/24")
-	a, err := Allocate(ctx, s, subnet, store.Endpoint{Host: "h1", ContainerID: "a", IfName: "eth0"})
+	a, err := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "a", IfName: "eth0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestAllocationSurvivesReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	b, err := Allocate(ctx, s2, subnet, store.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
+	b, err := Allocate(ctx, s2, subnet, cluster.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
 	if err != nil || b.IP == a.IP {
 		t.Fatalf("after reconnect got %v (%v), a has %v", b.IP, err, a.IP)
 	}

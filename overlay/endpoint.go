@@ -11,8 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
-	"github.com/skiffnet/skiff/store"
 )
 
 // Attachment is what AddEndpoint built.
@@ -48,7 +48,7 @@ func inNetns(path string) (*netlink.Handle, func(), error) {
 // bridge, the container side named e.IfName in e.Netns with e.IP, the MTU of
 // the overlay and a default route via the host's gateway. Adding an endpoint
 // that is already intact changes nothing; a half-built one is rebuilt.
-func (o *Overlay) AddEndpoint(e store.Endpoint) (Attachment, error) {
+func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 	if a, err := o.CheckEndpoint(e); err == nil {
 		return a, nil
 	}
@@ -88,7 +88,7 @@ func (o *Overlay) AddEndpoint(e store.Endpoint) (Attachment, error) {
 	return a, nil
 }
 
-func (o *Overlay) configure(h *netlink.Handle, e store.Endpoint) (Attachment, error) {
+func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, error) {
 	host, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
@@ -120,7 +120,7 @@ func (o *Overlay) configure(h *netlink.Handle, e store.Endpoint) (Attachment, er
 }
 
 // CheckEndpoint verifies that e's interfaces, address and route are intact.
-func (o *Overlay) CheckEndpoint(e store.Endpoint) (Attachment, error) {
+func (o *Overlay) CheckEndpoint(e cluster.Endpoint) (Attachment, error) {
 	host, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
@@ -175,7 +175,7 @@ func (o *Overlay) CheckEndpoint(e store.Endpoint) (Attachment, error) {
 
 // RemoveEndpoint deletes e's veth pair. A namespace or link that is already
 // gone is success.
-func (o *Overlay) RemoveEndpoint(e store.Endpoint) error {
+func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	if h, done, err := inNetns(e.Netns); err == nil {
 		defer done()
 		if err := deleteLink(h.LinkByName, h.LinkDel, e.IfName); err != nil {
@@ -203,7 +203,7 @@ func deleteLink(byName func(string) (netlink.Link, error), del func(netlink.Link
 
 // PruneEndpoints deletes skiff veths that belong to no endpoint in keep: the
 // leftovers of containers deleted while the agent was down.
-func (o *Overlay) PruneEndpoints(keep []store.Endpoint) error {
+func (o *Overlay) PruneEndpoints(keep []cluster.Endpoint) error {
 	owned := map[string]bool{}
 	for _, e := range keep {
 		owned[e.Veth] = true

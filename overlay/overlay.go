@@ -21,9 +21,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 // Names of the devices skiff owns on a host.
@@ -38,9 +38,9 @@ const (
 
 // Config describes the host the overlay is built on.
 type Config struct {
-	Cluster  store.Cluster
-	Host     store.Host // this host, with its subnet and VTEP MAC
-	Underlay string     // name of the interface that carries Host.UnderlayIP
+	Cluster  cluster.Config
+	Host     cluster.Host // this host, with its subnet and VTEP MAC
+	Underlay string       // name of the interface that carries Host.UnderlayIP
 }
 
 // Overlay manages one host's part of the overlay.
@@ -245,7 +245,7 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 // onlink route to each remote subnet via its VTEP address, a permanent
 // neighbour entry for that address and an FDB entry sending its VTEP MAC to
 // the remote underlay address. Entries for hosts no longer listed are removed.
-func (o *Overlay) SyncHosts(hosts []store.Host) error {
+func (o *Overlay) SyncHosts(hosts []cluster.Host) error {
 	vx, err := netlink.LinkByName(VXLANName)
 	if err != nil {
 		return fmt.Errorf("%s: %w", VXLANName, err)

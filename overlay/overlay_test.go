@@ -14,8 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 // inTestNetns runs f on a locked thread inside a fresh, named network
@@ -58,11 +58,11 @@ func inTestNetns(t *testing.T, f func()) {
 	<-done
 }
 
-var testCluster = store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 42, VXLANPort: 4789}
+var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 42, VXLANPort: 4789}
 
-func host(name, ul, subnet string) store.Host {
+func host(name, ul, subnet string) cluster.Host {
 	ip := netip.MustParseAddr(ul)
-	return store.Host{Name: name, UnderlayIP: ip, Subnet: netip.MustParsePrefix(subnet), VTEPMAC: VTEPMAC(ip).String()}
+	return cluster.Host{Name: name, UnderlayIP: ip, Subnet: netip.MustParsePrefix(subnet), VTEPMAC: VTEPMAC(ip).String()}
 }
 
 var timers = regexp.MustCompile(`_timer +[0-9.]+`)
@@ -97,7 +97,7 @@ func TestSetupIsIdempotentAndPrunes(t *testing.T) {
 		if o.MTU() != 1450 {
 			t.Errorf("MTU %d, want 1450", o.MTU())
 		}
-		remotes := []store.Host{me, host("h2", "192.0.2.2", "10.244.2.0/24"), host("h3", "192.0.2.3", "10.244.3.0/24")}
+		remotes := []cluster.Host{me, host("h2", "192.0.2.2", "10.244.2.0/24"), host("h3", "192.0.2.3", "10.244.3.0/24")}
 		rules, _ := policy.NewSet([]policy.Rule{{ID: "r", Action: policy.Deny, Proto: policy.TCP, Port: 80}})
 		apply := func() {
 			if err := o.Setup(); err != nil {

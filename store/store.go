@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -38,58 +39,13 @@ var ErrUnavailable = errors.New("cluster store unavailable")
 // ErrNotFound is returned for a key that does not exist.
 var ErrNotFound = errors.New("not found")
 
-// Cluster is the cluster-wide configuration, written once by the first agent.
-type Cluster struct {
-	CIDR       netip.Prefix `json:"cidr"`
-	HostPrefix int          `json:"hostPrefix"` // per-host subnet length, e.g. 24
-	VNI        int          `json:"vni"`
-	VXLANPort  int          `json:"vxlanPort"`
-}
-
-// Validate checks that c describes a usable overlay.
-func (c Cluster) Validate() error {
-	if !c.CIDR.IsValid() || !c.CIDR.Addr().Is4() || c.CIDR != c.CIDR.Masked() {
-		return fmt.Errorf("cluster CIDR %q must be an IPv4 network address such as 10.244.0.0/16", c.CIDR)
-	}
-	if c.HostPrefix <= c.CIDR.Bits() || c.HostPrefix > 28 {
-		return fmt.Errorf("host subnet length /%d must be longer than the cluster CIDR /%d and at most /28", c.HostPrefix, c.CIDR.Bits())
-	}
-	if c.VNI < 1 || c.VNI > 1<<24-1 {
-		return fmt.Errorf("VNI %d out of range 1-16777215", c.VNI)
-	}
-	if c.VXLANPort < 1 || c.VXLANPort > 65535 {
-		return fmt.Errorf("VXLAN port %d out of range", c.VXLANPort)
-	}
-	return nil
-}
-
-// Host is one member of the cluster.
-type Host struct {
-	Name       string       `json:"name"`
-	UnderlayIP netip.Addr   `json:"underlayIP"`
-	Subnet     netip.Prefix `json:"subnet"`
-	VTEPMAC    string       `json:"vtepMAC"`
-}
-
-// Endpoint is one container interface attached to the overlay.
-type Endpoint struct {
-	ContainerID string       `json:"containerID"`
-	IfName      string       `json:"ifName"`
-	Host        string       `json:"host"`
-	IP          netip.Prefix `json:"ip"` // address with the host subnet's length
-	Veth        string       `json:"veth"`
-	Netns       string       `json:"netns"`
-	MAC         string       `json:"mac,omitempty"`
-	Created     time.Time    `json:"created"`
-}
-
-// Key identifies e within its host.
-func (e Endpoint) Key() string { return EndpointKey(e.Host, e.ContainerID, e.IfName) }
-
 // EndpointKey is where an endpoint is stored.
 func EndpointKey(host, containerID, ifName string) string {
 	return EndpointPrefix + host + "/" + containerID + "/" + ifName
 }
+
+// KeyOf is where e is stored.
+func KeyOf(e cluster.Endpoint) string { return EndpointKey(e.Host, e.ContainerID, e.IfName) }
 
 // HostKey is where a host is stored.
 func HostKey(name string) string { return HostsPrefix + name }
@@ -182,9 +138,9 @@ func (s *Store) Txn(ctx context.Context, cmps []clientv3.Cmp, then []clientv3.Op
 // EnsureCluster stores want as the cluster configuration unless one exists,
 // and returns the configuration in force. Agents started with a different
 // configuration get an error rather than a split cluster.
-func (s *Store) EnsureCluster(ctx context.Context, want Cluster) (Cluster, error) {
+func (s *Store) EnsureCluster(ctx context.Context, want cluster.Config) (cluster.Config, error) {
 	if err := want.Validate(); err != nil {
-		return Cluster{}, err
+		return cluster.Config{}, err
 	}
 	val, _ := json.Marshal(want)
 	resp, err := s.Txn(ctx,
@@ -192,18 +148,18 @@ func (s *Store) EnsureCluster(ctx context.Context, want Cluster) (Cluster, error
 		[]clientv3.Op{clientv3.OpPut(configKey, string(val))},
 		clientv3.OpGet(configKey))
 	if err != nil {
-		return Cluster{}, err
+		return cluster.Config{}, err
 	}
 	if resp.Succeeded {
 		return want, nil
 	}
-	var have Cluster
+	var have cluster.Config
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) != 1 {
-		return Cluster{}, errors.New("cluster config vanished during read")
+		return cluster.Config{}, errors.New("cluster config vanished during read")
 	}
 	if err := json.Unmarshal(kvs[0].Value, &have); err != nil {
-		return Cluster{}, fmt.Errorf("decode cluster config: %w", err)
+		return cluster.Config{}, fmt.Errorf("decode cluster config: %w", err)
 	}
 	if have != want {
 		return have, fmt.Errorf("cluster already configured as %+v, this agent asks for %+v", have, want)
@@ -212,8 +168,8 @@ func (s *Store) EnsureCluster(ctx context.Context, want Cluster) (Cluster, error
 }
 
 // Cluster returns the stored cluster configuration.
-func (s *Store) Cluster(ctx context.Context) (Cluster, error) {
-	var c Cluster
+func (s *Store) Cluster(ctx context.Context) (cluster.Config, error) {
+	var c cluster.Config
 	return c, s.getJSON(ctx, configKey, &c)
 }
 
@@ -248,13 +204,15 @@ func list[T any](ctx context.Context, s *Store, prefix string) ([]T, error) {
 }
 
 // Host returns one host.
-func (s *Store) Host(ctx context.Context, name string) (Host, error) {
-	var h Host
+func (s *Store) Host(ctx context.Context, name string) (cluster.Host, error) {
+	var h cluster.Host
 	return h, s.getJSON(ctx, HostKey(name), &h)
 }
 
 // Hosts lists every host.
-func (s *Store) Hosts(ctx context.Context) ([]Host, error) { return list[Host](ctx, s, HostsPrefix) }
+func (s *Store) Hosts(ctx context.Context) ([]cluster.Host, error) {
+	return list[cluster.Host](ctx, s, HostsPrefix)
+}
 
 // RemoveHost deletes a host with everything it owns: its subnet lease, its
 // address leases and its endpoints. Other agents see the host key go and
@@ -275,31 +233,31 @@ func (s *Store) RemoveHost(ctx context.Context, name string) error {
 }
 
 // Endpoints lists the endpoints of one host, or of all hosts when host is "".
-func (s *Store) Endpoints(ctx context.Context, host string) ([]Endpoint, error) {
+func (s *Store) Endpoints(ctx context.Context, host string) ([]cluster.Endpoint, error) {
 	p := EndpointPrefix
 	if host != "" {
 		p += host + "/"
 	}
-	return list[Endpoint](ctx, s, p)
+	return list[cluster.Endpoint](ctx, s, p)
 }
 
 // Endpoint returns one endpoint.
-func (s *Store) Endpoint(ctx context.Context, host, containerID, ifName string) (Endpoint, error) {
-	var e Endpoint
+func (s *Store) Endpoint(ctx context.Context, host, containerID, ifName string) (cluster.Endpoint, error) {
+	var e cluster.Endpoint
 	return e, s.getJSON(ctx, EndpointKey(host, containerID, ifName), &e)
 }
 
 // PutEndpoint overwrites an existing endpoint record (e.g. to add its MAC).
-func (s *Store) PutEndpoint(ctx context.Context, e Endpoint) error {
+func (s *Store) PutEndpoint(ctx context.Context, e cluster.Endpoint) error {
 	val, _ := json.Marshal(e)
 	resp, err := s.Txn(ctx,
-		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(e.Key()), ">", 0)},
-		[]clientv3.Op{clientv3.OpPut(e.Key(), string(val))})
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(KeyOf(e)), ">", 0)},
+		[]clientv3.Op{clientv3.OpPut(KeyOf(e), string(val))})
 	if err != nil {
 		return err
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("endpoint %s: %w", e.Key(), ErrNotFound)
+		return fmt.Errorf("endpoint %s: %w", KeyOf(e), ErrNotFound)
 	}
 	return nil
 }

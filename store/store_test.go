@@ -9,29 +9,30 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/store/storetest"
 )
 
-var cluster = store.Cluster{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
 
 func TestEnsureCluster(t *testing.T) {
 	s, _ := storetest.New(t)
 	ctx := context.Background()
-	if _, err := s.EnsureCluster(ctx, cluster); err != nil {
+	if _, err := s.EnsureCluster(ctx, testCluster); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.EnsureCluster(ctx, cluster); err != nil {
+	if _, err := s.EnsureCluster(ctx, testCluster); err != nil {
 		t.Fatalf("same config again: %v", err)
 	}
-	other := cluster
+	other := testCluster
 	other.VNI = 7
 	if _, err := s.EnsureCluster(ctx, other); err == nil {
-		t.Fatal("a conflicting cluster config was accepted")
+		t.Fatal("a conflicting testCluster config was accepted")
 	}
-	bad := cluster
+	bad := testCluster
 	bad.CIDR = netip.MustParsePrefix("10.244.1.0/16")
 	if _, err := s.EnsureCluster(ctx, bad); err == nil {
 		t.Fatal("a CIDR with host bits was accepted")
@@ -41,11 +42,11 @@ func TestEnsureCluster(t *testing.T) {
 func TestRemoveHostTakesItsState(t *testing.T) {
 	s, _ := storetest.New(t)
 	ctx := context.Background()
-	h, err := ipam.Join(ctx, s, cluster, store.Host{Name: "h1"})
+	h, err := ipam.Join(ctx, s, testCluster, cluster.Host{Name: "h1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ipam.Allocate(ctx, s, h.Subnet, store.Endpoint{Host: "h1", ContainerID: "c", IfName: "eth0"}); err != nil {
+	if _, err := ipam.Allocate(ctx, s, h.Subnet, cluster.Endpoint{Host: "h1", ContainerID: "c", IfName: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.RemoveHost(ctx, "h1"); err != nil {

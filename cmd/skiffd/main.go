@@ -16,6 +16,7 @@ import (
 	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
 )
@@ -93,7 +94,7 @@ func run(args []string) error {
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, Socket: *socket, StateDir: *stateDir, Mode: *mode,
 		BPFDir: *bpfDir, CacheCapacity: capacity,
-		Cluster: store.Cluster{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port},
+		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port},
 	}, log)
 	if err != nil {
 		return err

@@ -1,0 +1,55 @@
+// Package cluster holds skiff's domain types — the cluster configuration,
+// hosts and container endpoints — with no dependencies, so that light
+// programs (the CNI plugin) can share them with the agent and the store.
+package cluster
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Config is the cluster-wide configuration, written once by the first agent.
+type Config struct {
+	CIDR       netip.Prefix `json:"cidr"`
+	HostPrefix int          `json:"hostPrefix"` // per-host subnet length, e.g. 24
+	VNI        int          `json:"vni"`
+	VXLANPort  int          `json:"vxlanPort"`
+}
+
+// Validate checks that c describes a usable overlay.
+func (c Config) Validate() error {
+	if !c.CIDR.IsValid() || !c.CIDR.Addr().Is4() || c.CIDR != c.CIDR.Masked() {
+		return fmt.Errorf("cluster CIDR %q must be an IPv4 network address such as 10.244.0.0/16", c.CIDR)
+	}
+	if c.HostPrefix <= c.CIDR.Bits() || c.HostPrefix > 28 {
+		return fmt.Errorf("host subnet length /%d must be longer than the cluster CIDR /%d and at most /28", c.HostPrefix, c.CIDR.Bits())
+	}
+	if c.VNI < 1 || c.VNI > 1<<24-1 {
+		return fmt.Errorf("VNI %d out of range 1-16777215", c.VNI)
+	}
+	if c.VXLANPort < 1 || c.VXLANPort > 65535 {
+		return fmt.Errorf("VXLAN port %d out of range", c.VXLANPort)
+	}
+	return nil
+}
+
+// Host is one member of the cluster.
+type Host struct {
+	Name       string       `json:"name"`
+	UnderlayIP netip.Addr   `json:"underlayIP"`
+	Subnet     netip.Prefix `json:"subnet"`
+	VTEPMAC    string       `json:"vtepMAC"`
+}
+
+// Endpoint is one container interface attached to the overlay.
+type Endpoint struct {
+	ContainerID string       `json:"containerID"`
+	IfName      string       `json:"ifName"`
+	Host        string       `json:"host"`
+	IP          netip.Prefix `json:"ip"` // address with the host subnet's length
+	Veth        string       `json:"veth"`
+	Netns       string       `json:"netns"`
+	MAC         string       `json:"mac,omitempty"`
+	Created     time.Time    `json:"created"`
+}
