@@ -259,6 +259,29 @@ func TestCacheAtCapacity(t *testing.T) {
 	}
 	st := cacheStats(t, l, "h1")
 	t.Logf("at capacity: %d hits, %d filter misses", st["from_container/hit"], st["from_container/miss_filter"])
+	// The load drops to one flow: it comes back onto the fast path.
+	ip, _ := l.IP("h2/c1")
+	c, err := dial(l, "h1/c1", "tcp4", netip.AddrPortFrom(ip, echoPort), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 64)
+	before := cacheStats(t, l, "h1")
+	for i := range 200 {
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hits, others := fastShare(before, cacheStats(t, l, "h1"))
+	t.Logf("one flow after the load: %d fast-path packets, %d via the overlay", hits, others)
+	if hits < 150 {
+		t.Errorf("the fast path did not recover: %d hits, %d via the overlay", hits, others)
+	}
 }
 
 // TestCacheModeSwitchBack: restarting the agents in overlay mode removes
