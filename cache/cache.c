@@ -252,15 +252,14 @@ static __always_inline int set_tos(struct __sk_buff *skb, __u32 off, __u8 old, _
 	return bpf_skb_store_bytes(skb, off + offsetof(struct iphdr, tos), &new, 1, 0);
 }
 
-// dec_ttl stands in for the forwarding hop the fast path skips.
-static __always_inline int dec_ttl(struct __sk_buff *skb, __u32 off, __u8 ttl)
+// decrease_ttl stands in for the forwarding hop the fast path skips, with the
+// kernel's incremental checksum update (ip_decrease_ttl()).
+static __always_inline void decrease_ttl(struct iphdr *ip)
 {
-	__u8 new = ttl - 1;
-	// TTL is the high byte of the 16-bit word it shares with the protocol.
-	int err = bpf_l3_csum_replace(skb, off + IP_CSUM_OFF, bpf_htons((__u16)ttl << 8), bpf_htons((__u16)new << 8), 2);
-	if (err)
-		return err;
-	return bpf_skb_store_bytes(skb, off + IP_TTL_OFF, &new, 1, 0);
+	__u32 check = (__u32)ip->check;
+	check += (__u32)bpf_htons(0x0100);
+	ip->check = (__sum16)(check + (check >= 0xFFFF));
+	ip->ttl--;
 }
 
 static __always_inline bool filter_open(struct flow_key *k)
@@ -344,18 +343,16 @@ int from_container(struct __sk_buff *skb)
 		count(EG_ERR_ENCAP);
 		return TC_ACT_OK;
 	}
-	if (bpf_skb_store_bytes(skb, 0, eh->hdr, sizeof(eh->hdr), 0)) {
-		count(EG_ERR_ENCAP);
-		return TC_ACT_SHOT; // half-written headers must not leave
-	}
+	// Direct packet writes: adjust_room left the headers linear and writable.
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
+	if (data + INNER_IP_OFF + sizeof(struct iphdr) > end) {
+		count(EG_ERR_ENCAP);
+		return TC_ACT_SHOT; // half-built headers must not leave
+	}
+	__builtin_memcpy(data, eh->hdr, sizeof(eh->hdr));
 	struct iphdr *oip = data + ETH_HLEN;
 	struct udphdr *ouh = (void *)(oip + 1);
-	if ((void *)(ouh + 1) > end) {
-		count(EG_ERR_ENCAP);
-		return TC_ACT_SHOT;
-	}
 	oip->tot_len = bpf_htons(skb->len - ETH_HLEN);
 	oip->id = (__be16)bpf_get_prandom_u32();
 	oip->check = 0;
@@ -366,10 +363,7 @@ int from_container(struct __sk_buff *skb)
 	ouh->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
 	ouh->source = flow_src_port(hash);
 	ouh->check = 0; // the overlay device sends zero UDP checksums too
-	if (dec_ttl(skb, INNER_IP_OFF, ttl)) {
-		count(EG_ERR_ENCAP);
-		return TC_ACT_SHOT;
-	}
+	decrease_ttl(data + INNER_IP_OFF);
 	count(EG_HIT);
 	return bpf_redirect(ifindex, 0);
 
@@ -480,10 +474,14 @@ int from_underlay(struct __sk_buff *skb)
 		count(IN_ERR_DECAP);
 		return TC_ACT_OK;
 	}
-	if (bpf_skb_store_bytes(skb, 0, mac, sizeof(mac), 0) || dec_ttl(skb, ETH_HLEN, ttl)) {
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (data + ETH_HLEN + sizeof(struct iphdr) > end) {
 		count(IN_ERR_DECAP);
 		return TC_ACT_SHOT;
 	}
+	__builtin_memcpy(data, mac, sizeof(mac));
+	decrease_ttl(data + ETH_HLEN);
 	count(IN_HIT);
 	return bpf_redirect_peer(ifindex, 0);
 
