@@ -53,6 +53,7 @@ type Agent struct {
 	// cacheState is the cluster state the caches were last made coherent
 	// with; reconciles that find it unchanged leave the caches alone.
 	cacheState string
+	cacheHosts string // the hosts the caches were last purged for
 
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start

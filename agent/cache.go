@@ -51,16 +51,23 @@ func (a *Agent) pinDir() string {
 }
 
 // syncCache applies a cluster change with the cache: delete-and-reinitialize
-// (ONCache §3.4). Learning pauses only while the policy changes and stale
-// entries go, so nothing learned under the old state survives into the new
-// one; then the fast path is (re)attached to local endpoints.
+// (ONCache §3.4). Learning pauses while a policy or host change is applied
+// and stale entries go, so that a packet marked under the old state cannot
+// teach the new one. Endpoint churn needs no pause (entries of deleted
+// endpoints are purged either way, and nothing marks a packet for a flow to
+// an address the overlay no longer delivers), so frequent container starts
+// and stops never hold learning up.
 func (a *Agent) syncCache(rules policy.Set, all []cluster.Endpoint, hosts []cluster.Host, local []cluster.Endpoint) error {
-	if err := a.cache.SetPaused(true); err != nil {
-		return err
+	policyChanged := a.overlay.PolicyChanged(rules)
+	hostState := fmt.Sprint(hosts)
+	pause := policyChanged || hostState != a.cacheHosts
+	if pause {
+		if err := a.cache.SetPaused(true); err != nil {
+			return err
+		}
 	}
-	changed := a.overlay.PolicyChanged(rules)
 	err := a.overlay.SyncPolicy(rules)
-	if err == nil && changed {
+	if err == nil && policyChanged {
 		var n int
 		n, err = a.cache.PurgeDenied(rules)
 		if n > 0 {
@@ -68,12 +75,18 @@ func (a *Agent) syncCache(rules policy.Set, all []cluster.Endpoint, hosts []clus
 		}
 	}
 	errs := []error{err, a.cache.Sync(all, hosts)}
-	// A packet marked established under the old state and still queued
-	// must not teach the cache after the purge.
-	time.Sleep(5 * time.Millisecond)
-	errs = append(errs, a.cache.SetPaused(false))
+	if pause {
+		// A packet marked established under the old state and still queued
+		// must not teach the cache after the purge.
+		time.Sleep(5 * time.Millisecond)
+		errs = append(errs, a.cache.SetPaused(false))
+	}
 	for _, e := range local {
 		errs = append(errs, a.cache.AddEndpoint(e))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	a.cacheHosts = hostState
+	return nil
 }
