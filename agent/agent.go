@@ -52,8 +52,9 @@ type Agent struct {
 	cache   *cache.Cache // nil unless in cache mode
 	// cacheState is the cluster state the caches were last made coherent
 	// with; reconciles that find it unchanged leave the caches alone.
-	cacheState string
-	cacheHosts string // the hosts the caches were last purged for
+	cacheState    string
+	cacheHosts    string // the hosts the caches were last purged for
+	cacheAttached bool   // endpoints found at start have the fast path
 
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start

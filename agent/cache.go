@@ -81,12 +81,16 @@ func (a *Agent) syncCache(rules policy.Set, all []cluster.Endpoint, hosts []clus
 		time.Sleep(5 * time.Millisecond)
 		errs = append(errs, a.cache.SetPaused(false))
 	}
-	for _, e := range local {
-		errs = append(errs, a.cache.AddEndpoint(e))
+	// Endpoints added while the agent runs are attached by AddEndpoint; the
+	// ones that existed before it started are attached once, here.
+	if !a.cacheAttached {
+		for _, e := range local {
+			errs = append(errs, a.cache.AddEndpoint(e))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	a.cacheHosts = hostState
+	a.cacheHosts, a.cacheAttached = hostState, true
 	return nil
 }

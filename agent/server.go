@@ -203,6 +203,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		// it is only slower.
 		if err := a.cache.AddEndpoint(e); err != nil {
 			a.log.Error("cache fast path not attached; endpoint uses the overlay", "container", e.ContainerID, "err", err)
+			a.cacheAttached = false // the next cache sync attaches every endpoint again
 		}
 	}
 	if e.MAC != att.ContainerMAC || moved || fresh {

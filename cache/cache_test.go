@@ -3,7 +3,6 @@ package cache
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -102,8 +101,6 @@ func ipAt(t *testing.T, pkt []byte, off int) (tos, ttl byte) {
 	}
 	return h[1], h[8]
 }
-
-func mark(o ipOpts, tos byte) ipOpts { o.tos = tos; return o }
 
 // fill puts entries into the caches so that the TCP flow of egressTCP /
 // ingressTCP hits on both paths.
@@ -563,5 +560,4 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 	if err := c.RemoveEndpoint(eps[0]); err != nil || count(t, c.objs.SkcIngress) != 0 {
 		t.Errorf("RemoveEndpoint: %v", err)
 	}
-	_ = fmt.Sprint
 }

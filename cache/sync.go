@@ -155,15 +155,10 @@ func (c *Cache) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 
 // Stats sums the per-CPU counters by reason.
 func (c *Cache) Stats() (map[string]uint64, error) {
-	return ReadStats(c.objs.SkcStats)
-}
-
-// ReadStats reads a (pinned) counter map.
-func ReadStats(m *ebpf.Map) (map[string]uint64, error) {
 	out := make(map[string]uint64, len(Reasons))
 	for i, r := range Reasons {
 		var perCPU []uint64
-		if err := m.Lookup(uint32(i), &perCPU); err != nil {
+		if err := c.objs.SkcStats.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %s: %w", r.Name, err)
 		}
 		var sum uint64

@@ -277,15 +277,6 @@ func (l *Lab) Container(name string) (*Container, error) {
 	return nil, fmt.Errorf("lab %s has no container %q", l.Config.Name, name)
 }
 
-// Client returns an API client for a host's agent.
-func (l *Lab) Client(host string) (*api.Client, error) {
-	h, err := l.Host(host)
-	if err != nil {
-		return nil, err
-	}
-	return api.NewClient(h.Socket), nil
-}
-
 // IP returns a container's overlay address ("h1/c2") or a host's underlay
 // address ("h1").
 func (l *Lab) IP(target string) (netip.Addr, error) {

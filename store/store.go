@@ -167,12 +167,6 @@ func (s *Store) EnsureCluster(ctx context.Context, want cluster.Config) (cluster
 	return have, nil
 }
 
-// Cluster returns the stored cluster configuration.
-func (s *Store) Cluster(ctx context.Context) (cluster.Config, error) {
-	var c cluster.Config
-	return c, s.getJSON(ctx, configKey, &c)
-}
-
 func (s *Store) getJSON(ctx context.Context, key string, v any) error {
 	resp, err := s.get(ctx, key)
 	if err != nil {
