@@ -15,6 +15,9 @@ build:
 	$(foreach c,$(CMDS),$(GO) build -o $(BIN)/$(c) ./cmd/$(c) &&) true
 	$(MAKE) -C perf
 	install -m 0755 perf/skiff-perf $(BIN)/skiff-perf
+	$(MAKE) -C sockets/shim
+	install -m 0755 sockets/shim/skiff-broker sockets/shim/sockcheck $(BIN)/
+	install -m 0644 sockets/shim/libskiff.so $(BIN)/libskiff.so
 
 vet:
 	$(GO) vet ./...
@@ -23,6 +26,7 @@ vet:
 # Unit tests, eBPF golden-packet tests and lab integration tests.
 test: build vet
 	$(MAKE) -C perf test
+	$(MAKE) -C sockets/shim test
 	SKIFF_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
 
 # Unit tests only (no root needed for most).
@@ -36,4 +40,5 @@ run: build
 clean:
 	-$(BIN)/skiff lab down 2>/dev/null
 	$(MAKE) -C perf clean
+	$(MAKE) -C sockets/shim clean
 	rm -rf $(BIN)

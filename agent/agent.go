@@ -19,11 +19,12 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
 
 // Modes the agent can run the data plane in.
-var Modes = []string{"overlay", "cache"}
+var Modes = []string{"overlay", "cache", "sockets"}
 
 // Config is what skiffd is started with.
 type Config struct {
@@ -36,6 +37,9 @@ type Config struct {
 	Mode          string
 	BPFDir        string // bpffs directory for pinned maps (cache mode)
 	CacheCapacity cache.Capacity
+	SocketsSecure bool          // sockets mode: refuse what the fast path does not carry
+	Broker        string        // sockets mode: the skiff-broker binary
+	CgroupRoot    string        // sockets mode: cgroup v2 mount (default: found or mounted)
 	ResyncEvery   time.Duration // full reconcile period besides watch events
 }
 
@@ -56,6 +60,9 @@ type Agent struct {
 	cacheHosts    string // the hosts the caches were last purged for
 	cacheAttached bool   // endpoints found at start have the fast path
 
+	sockets         *sockets.Layer // nil unless in sockets mode
+	socketsAttached bool           // endpoints found at start have host sockets
+
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start
 	storeErr     error
@@ -63,6 +70,7 @@ type Agent struct {
 	lastSync     time.Time
 	remotes      int
 	endpoints    int
+	local        []cluster.Endpoint
 }
 
 type identity struct {
@@ -80,6 +88,18 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	if !validMode(cfg.Mode) {
 		return nil, fmt.Errorf("mode %q is not one of %v", cfg.Mode, Modes)
+	}
+	if cfg.Mode == "sockets" {
+		if cfg.Broker == "" {
+			exe, err := os.Executable()
+			if err != nil {
+				return nil, fmt.Errorf("find skiff-broker: %w", err)
+			}
+			cfg.Broker = filepath.Join(filepath.Dir(exe), "skiff-broker")
+		}
+		if _, err := os.Stat(cfg.Broker); err != nil {
+			return nil, fmt.Errorf("sockets mode needs the socket broker: %w (give --broker)", err)
+		}
 	}
 	if cfg.ResyncEvery == 0 {
 		cfg.ResyncEvery = 30 * time.Second
@@ -133,6 +153,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		defer a.cache.Close()
 	} else if err := a.stopCache(); err != nil {
+		return err
+	}
+	if a.cfg.Mode == "sockets" {
+		if a.sockets, err = a.startSockets(ctx); err != nil {
+			return err
+		}
+		defer a.sockets.Close()
+	} else if err := a.stopSockets(); err != nil {
 		return err
 	}
 	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.cfg.Mode)
@@ -231,7 +259,11 @@ func (a *Agent) converge(ctx context.Context) {
 		if a.cache != nil {
 			endpoints = store.EndpointPrefix // every host's caches name every endpoint
 		}
-		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, endpoints)
+		prefixes := []string{store.HostsPrefix, store.PolicyPrefix, endpoints}
+		if a.sockets != nil {
+			prefixes = append(prefixes, store.ListenerPrefix)
+		}
+		changed := a.store.Watch(ctx, prefixes...)
 		err := a.reconcile(ctx)
 		if err == nil {
 			delay = 250 * time.Millisecond
@@ -325,6 +357,12 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		a.overlay.SyncHosts(hosts),
 		a.overlay.PruneEndpoints(eps),
 	)
+	if a.sockets != nil {
+		// Before the overlay applies the rules: that is when they count as
+		// changed.
+		changed := a.overlay.PolicyChanged(rules)
+		errs = errors.Join(errs, a.syncSockets(ctx, rules, hosts, eps, changed))
+	}
 	state := fmt.Sprint(rules, hosts, all)
 	if a.cache == nil || state == a.cacheState {
 		errs = errors.Join(errs, a.overlay.SyncPolicy(rules))
@@ -334,7 +372,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		a.cacheState = state // nothing to purge or attach until it changes
 	}
 	a.stateMu.Lock()
-	a.remotes, a.endpoints = len(hosts)-1, len(eps)
+	a.remotes, a.endpoints, a.local = len(hosts)-1, len(eps), eps
 	a.stateMu.Unlock()
 	return errs
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
@@ -47,7 +48,7 @@ func (a *Agent) pinDir() string {
 	if a.cfg.BPFDir != "" {
 		return a.cfg.BPFDir
 	}
-	return filepath.Join(cache.BPFFS, "skiff")
+	return filepath.Join(bpffs.Root, "skiff")
 }
 
 // syncCache applies a cluster change with the cache: delete-and-reinitialize

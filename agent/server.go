@@ -140,6 +140,9 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	if a.cache != nil {
 		s.Cache, _ = a.cache.Stats()
 	}
+	if a.sockets != nil {
+		s.Sockets = a.socketsStatus(a.local)
+	}
 	if a.syncErr != nil {
 		s.SyncError = a.syncErr.Error()
 	}
@@ -179,7 +182,8 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
-		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC()}
+		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
+		Cgroup: req.Cgroup}
 	e, err := ipam.Allocate(ctx, a.store, a.host.Subnet, want)
 	if err != nil {
 		return api.Attachment{}, fmt.Errorf("allocate address: %w", err)
@@ -187,8 +191,8 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	fresh := e.Created.Equal(want.Created)
 	// The same container and interface in a new namespace means the runtime
 	// recreated the sandbox; the endpoint follows it.
-	moved := e.Netns != req.Netns
-	e.Netns = req.Netns
+	moved := e.Netns != req.Netns || e.Cgroup != req.Cgroup
+	e.Netns, e.Cgroup = req.Netns, req.Cgroup
 	att, err := a.overlay.AddEndpoint(e)
 	if err != nil {
 		if fresh {
@@ -204,6 +208,13 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		if err := a.cache.AddEndpoint(e); err != nil {
 			a.log.Error("cache fast path not attached; endpoint uses the overlay", "container", e.ContainerID, "err", err)
 			a.cacheAttached = false // the next cache sync attaches every endpoint again
+		}
+	}
+	if a.sockets != nil {
+		// Without its host sockets the container uses the overlay.
+		if err := a.sockets.AddEndpoint(e); err != nil {
+			a.log.Error("sockets not replaced; endpoint uses the overlay", "container", e.ContainerID, "err", err)
+			a.socketsAttached = false // the next sync attaches every endpoint again
 		}
 	}
 	if e.MAC != att.ContainerMAC || moved || fresh {
@@ -265,6 +276,11 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 		// Before the address is released: nothing may reach a future holder
 		// of the address through entries learned for this one.
 		if err := a.cache.RemoveEndpoint(e); err != nil {
+			return err
+		}
+	}
+	if a.sockets != nil {
+		if err := a.sockets.RemoveEndpoint(e); err != nil {
 			return err
 		}
 	}

@@ -31,6 +31,8 @@ type AddRequest struct {
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
 	Netns       string `json:"netns"`
+	// Cgroup is the container's cgroup (CNI cgroupPath), for sockets mode.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // Attachment is what the agent built for a container: the data a CNI result
@@ -60,6 +62,27 @@ type Status struct {
 	// Cache holds the fast path's counters (program/outcome → packets) in
 	// cache mode.
 	Cache map[string]uint64 `json:"cache,omitempty"`
+	// Sockets holds the sockets layer's counters and its containers in
+	// sockets mode.
+	Sockets *SocketsStatus `json:"sockets,omitempty"`
+}
+
+// SocketsStatus is the sockets layer of one host.
+type SocketsStatus struct {
+	Counters   map[string]uint64  `json:"counters"`
+	Listeners  []string           `json:"listeners"` // overlay address:port of replaced listeners
+	Containers []SocketsContainer `json:"containers"`
+}
+
+// SocketsContainer is one container's use of host sockets, as its broker
+// counts it.
+type SocketsContainer struct {
+	ContainerID string `json:"containerID"`
+	IP          string `json:"ip"`
+	Broker      bool   `json:"broker"`    // its broker runs
+	HandedOut   uint64 `json:"handedOut"` // host sockets given to its processes
+	Replaced    uint64 `json:"replaced"`  // connections and listeners on host sockets
+	Fallback    uint64 `json:"fallback"`  // sockets that fell back to the overlay
 }
 
 // CacheView is the cache layer's state: counters and every entry.

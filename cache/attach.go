@@ -12,50 +12,17 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/tc"
 )
 
 // filterName tags skiff's tc filters so they can be told from others'.
 const filterName = "skiff-cache"
 
-// attach puts prog on link's tc ingress or egress hook (clsact, direct
-// action). Replacing the filter is atomic, so re-attaching after an agent
-// restart swaps programs without a gap.
-func attach(h *netlink.Handle, link netlink.Link, prog *ebpf.Program, parent uint32) error {
-	qdisc := &netlink.GenericQdisc{
-		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
-		QdiscType:  "clsact",
-	}
-	if err := h.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("clsact on %s: %w", link.Attrs().Name, err)
-	}
-	f := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: link.Attrs().Index, Parent: parent, Handle: 1,
-			Protocol: unix.ETH_P_ALL, Priority: 1},
-		Fd: prog.FD(), Name: filterName, DirectAction: true,
-	}
-	if err := h.FilterReplace(f); err != nil {
-		return fmt.Errorf("attach to %s: %w", link.Attrs().Name, err)
-	}
-	return nil
-}
-
-// detach removes skiff's filter from link's hook; a missing one is fine.
-func detach(h *netlink.Handle, link netlink.Link, parent uint32) error {
-	filters, err := h.FilterList(link, parent)
-	if err != nil {
-		return fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
-	}
-	for _, f := range filters {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
-			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("detach from %s: %w", link.Attrs().Name, err)
-			}
-		}
-	}
-	return nil
+func attach(h *netlink.Handle, link netlink.Link, prog *ebpf.Program, hook uint32) error {
+	return tc.Attach(h, link, hook, 1, filterName, prog)
 }
 
 // Setup attaches the underlay programs and installs the overlay's
@@ -183,12 +150,12 @@ func Teardown(cfg Config) error {
 	var errs []error
 	h := &netlink.Handle{}
 	for _, l := range links {
-		errs = append(errs, detach(h, l, netlink.HANDLE_MIN_INGRESS), detach(h, l, netlink.HANDLE_MIN_EGRESS))
+		errs = append(errs, tc.Detach(h, l, tc.Ingress, filterName), tc.Detach(h, l, tc.Egress, filterName))
 	}
 	cidr := cfg.Cluster.CIDR.String()
 	exec.Command("iptables", "-w", "5", "-t", "mangle", "-D", "FORWARD", "-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain).Run()
 	exec.Command("iptables", "-w", "5", "-t", "mangle", "-F", markChain).Run()
 	exec.Command("iptables", "-w", "5", "-t", "mangle", "-X", markChain).Run()
-	errs = append(errs, unpinAll(cfg.PinDir))
+	errs = append(errs, bpffs.Unpin(cfg.PinDir, "skc_"))
 	return errors.Join(errs...)
 }

@@ -14,14 +14,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
 )
 
@@ -75,7 +74,7 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 	if err := configure(spec, cfg, under); err != nil {
 		return nil, err
 	}
-	if err := ensureBPFFS(cfg.PinDir); err != nil {
+	if err := bpffs.Ensure(cfg.PinDir); err != nil {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, underlay: under, log: log}
@@ -83,7 +82,7 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 	err = spec.LoadAndAssign(&c.objs, opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		log.Warn("pinned cache maps do not match this version; starting with empty caches", "dir", cfg.PinDir, "err", err)
-		if err := unpinAll(cfg.PinDir); err != nil {
+		if err := bpffs.Unpin(cfg.PinDir, "skc_"); err != nil {
 			return nil, err
 		}
 		err = spec.LoadAndAssign(&c.objs, opts)
@@ -161,60 +160,6 @@ func localPortRange() (uint32, uint32, error) {
 		return 0, 0, fmt.Errorf("local port range %q: %w", data, err)
 	}
 	return uint32(lo), uint32(hi), nil
-}
-
-// BPFFS is where the bpf filesystem is conventionally mounted.
-const BPFFS = "/sys/fs/bpf"
-
-// MountBPFFS mounts the bpf filesystem at /sys/fs/bpf unless it is there.
-func MountBPFFS() error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(BPFFS, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
-		return nil
-	}
-	if err := os.MkdirAll(BPFFS, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount("bpf", BPFFS, "bpf", 0, "mode=0700"); err != nil {
-		return fmt.Errorf("mount bpffs at %s: %w", BPFFS, err)
-	}
-	return nil
-}
-
-// ensureBPFFS creates dir on a bpf filesystem, mounting /sys/fs/bpf first
-// if dir is below it.
-func ensureBPFFS(dir string) error {
-	if strings.HasPrefix(dir, BPFFS+"/") {
-		if err := MountBPFFS(); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("pin directory %s: %w", dir, err)
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	if st.Type != unix.BPF_FS_MAGIC {
-		return fmt.Errorf("%s is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)", dir)
-	}
-	return nil
-}
-
-func unpinAll(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "skc_") {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-				return fmt.Errorf("unpin %s: %w", e.Name(), err)
-			}
-		}
-	}
-	return nil
 }
 
 // Close releases this process's handles; pinned maps and attached programs

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -31,10 +32,10 @@ func newTestCache(t *testing.T, capacity Capacity) *Cache {
 	if os.Geteuid() != 0 {
 		t.Skip("loading eBPF needs root")
 	}
-	if err := MountBPFFS(); err != nil {
+	if err := bpffs.Mount(); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp(BPFFS, "skiff-test-")
+	dir, err := os.MkdirTemp(bpffs.Root, "skiff-test-")
 	if err != nil {
 		t.Fatal(err)
 	}

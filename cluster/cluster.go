@@ -52,4 +52,15 @@ type Endpoint struct {
 	Netns       string       `json:"netns"`
 	MAC         string       `json:"mac,omitempty"`
 	Created     time.Time    `json:"created"`
+	// Cgroup is the container's cgroup v2 (CNI cgroupPath): in sockets
+	// mode its sockets are replaced by host sockets. Empty: overlay only.
+	Cgroup string `json:"cgroup,omitempty"`
+}
+
+// Listener is a replaced listener (sockets mode): an overlay address and
+// port served by a host socket on Host. Clients take the fast path only to
+// published listeners; anything else is reached through the overlay.
+type Listener struct {
+	Host string         `json:"host"`
+	Addr netip.AddrPort `json:"addr"`
 }

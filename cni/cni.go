@@ -61,7 +61,20 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket
 	}
+	if v, ok := conf.RuntimeConfig["cgroupPath"]; ok {
+		if _, isString := v.(string); !isString {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration",
+				fmt.Sprintf("runtimeConfig.cgroupPath is %T, not a string", v))
+		}
+	}
 	return conf, nil
+}
+
+// Cgroup is the container's cgroup the runtime passed (CNI cgroupPath
+// capability); sockets mode replaces the sockets of processes in it.
+func (c *NetConf) Cgroup() string {
+	s, _ := c.RuntimeConfig["cgroupPath"].(string)
+	return s
 }
 
 func setup(args *skel.CmdArgs) (*NetConf, *api.Client, context.Context, context.CancelFunc, error) {
@@ -95,7 +108,8 @@ func Add(args *skel.CmdArgs) error {
 		return err
 	}
 	defer cancel()
-	att, err := client.AddEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
+	att, err := client.AddEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
+		Cgroup: conf.Cgroup()})
 	if err != nil {
 		return cniError("attach container", err)
 	}

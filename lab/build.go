@@ -10,10 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/skiffnet/skiff/bpffs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-
-	"github.com/skiffnet/skiff/cache"
 )
 
 func run(name string, args ...string) error {
@@ -138,7 +137,7 @@ func tuneNetns(ns string) error {
 
 // bpfDir is where a host's agent pins its eBPF maps.
 func (l *Lab) bpfDir(host string) string {
-	return filepath.Join(cache.BPFFS, "skiff", "lab-"+l.Config.Name, host)
+	return filepath.Join(bpffs.Root, "skiff", "lab-"+l.Config.Name, host)
 }
 
 // hostDir is where a host keeps its socket, state and log.
@@ -152,6 +151,9 @@ func (l *Lab) startAgent(h *Host) error {
 	args := append([]string{"--name", h.Name, "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(),
 		"--socket", h.Socket, "--state-dir", filepath.Join(dir, "state"), "--mode", l.Config.Mode,
 		"--cluster-cidr", l.Config.ClusterCIDR, "--bpf-dir", l.bpfDir(h.Name)}, l.Config.AgentArgs...)
+	if l.Config.Mode == "sockets" {
+		args = append(args, "--broker", filepath.Join(l.Config.BinDir, "skiff-broker"))
+	}
 	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"), args...)
 	if err != nil {
 		return fmt.Errorf("start agent on %s: %w", h.Name, err)

@@ -17,6 +17,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/sockets"
 )
 
 // NetnsPath is where `ip netns` keeps named namespaces.
@@ -31,7 +32,8 @@ func (l *Lab) ConfList(host string) ([]byte, error) {
 	return json.MarshalIndent(map[string]any{
 		"cniVersion": "1.1.0",
 		"name":       "skiff",
-		"plugins":    []map[string]any{{"type": "skiff-cni", "socket": h.Socket}},
+		"plugins": []map[string]any{{"type": "skiff-cni", "socket": h.Socket,
+			"capabilities": map[string]bool{"cgroupPath": true}}},
 	}, "", "  ")
 }
 
@@ -68,6 +70,18 @@ func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
 	i := l.nextContainerIndex(host)
 	c := Container{Name: fmt.Sprintf("%s/c%d", host, i), Host: host, Netns: fmt.Sprintf("%s%s-c%d", l.prefix(), host, i)}
 	c.ID = c.Netns
+	if l.Config.Mode == "sockets" {
+		// The runtime's job: a cgroup for the container, passed to CNI as
+		// cgroupPath. Its broker creates the container's host sockets in it.
+		dir, err := l.cgroupDir()
+		if err != nil {
+			return "", err
+		}
+		c.Cgroup = filepath.Join(dir, fmt.Sprintf("%s-c%d", host, i))
+		if err := os.MkdirAll(c.Cgroup, 0o755); err != nil {
+			return "", fmt.Errorf("cgroup for %s: %w", c.Name, err)
+		}
+	}
 	if err := addNetns(c.Netns); err != nil {
 		return "", err
 	}
@@ -86,7 +100,20 @@ func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
 }
 
 func (l *Lab) runtimeConf(c Container) *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{ContainerID: c.ID, NetNS: NetnsPath(c.Netns), IfName: "eth0"}
+	rc := &libcni.RuntimeConf{ContainerID: c.ID, NetNS: NetnsPath(c.Netns), IfName: "eth0"}
+	if c.Cgroup != "" {
+		rc.CapabilityArgs = map[string]any{"cgroupPath": c.Cgroup}
+	}
+	return rc
+}
+
+// cgroupDir is the lab's cgroup v2 directory, parent of its containers'.
+func (l *Lab) cgroupDir() (string, error) {
+	root, err := sockets.CgroupRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "skiff-lab-"+l.Config.Name), nil
 }
 
 func (l *Lab) cniAdd(ctx context.Context, c Container) (netip.Addr, error) {
@@ -146,8 +173,13 @@ func (l *Lab) RemoveContainer(ctx context.Context, name string) error {
 	if err := cc.DelNetworkList(ctx, list, l.runtimeConf(*c)); err != nil {
 		return fmt.Errorf("CNI DEL %s: %w", name, err)
 	}
-	if err := run("ip", "netns", "del", c.Netns); err != nil {
+	if err := l.killNetns(ctx, c.Netns); err != nil {
 		return err
+	}
+	if c.Cgroup != "" {
+		if err := sockets.RemoveCgroup(c.Cgroup); err != nil {
+			return err
+		}
 	}
 	l.Containers = slices.DeleteFunc(l.Containers, func(x Container) bool { return x.Name == name })
 	return l.save()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/skiffnet/skiff/sockets"
 )
 
 // Down removes everything a lab made: its processes, namespaces (and with
@@ -38,6 +40,7 @@ func Down(ctx context.Context, name string) error {
 	for _, ns := range namespaces {
 		errs = append(errs, l.killNetns(ctx, ns))
 	}
+	errs = append(errs, l.removeCgroups())
 	errs = append(errs, stop(ctx, l.EtcdPID, 5*time.Second), os.RemoveAll(l.dir()),
 		os.RemoveAll(filepath.Dir(l.bpfDir("h1"))))
 	// The parent directory goes when no lab and no agent pins there any more.
@@ -87,4 +90,27 @@ func (l *Lab) killNetns(ctx context.Context, ns string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// removeCgroups removes the lab's container cgroups (sockets mode), once
+// their processes are gone.
+func (l *Lab) removeCgroups() error {
+	if !sockets.CgroupMounted() {
+		return nil
+	}
+	dir, err := l.cgroupDir()
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			errs = append(errs, sockets.RemoveCgroup(filepath.Join(dir, e.Name())))
+		}
+	}
+	return errors.Join(append(errs, sockets.RemoveCgroup(dir))...)
 }

@@ -85,7 +85,11 @@ func (c *Config) defaults() error {
 		}
 		c.BinDir = filepath.Dir(exe)
 	}
-	for _, b := range []string{"skiff", "skiffd", "skiff-cni"} {
+	bins := []string{"skiff", "skiffd", "skiff-cni"}
+	if c.Mode == "sockets" {
+		bins = append(bins, "skiff-broker", "libskiff.so")
+	}
+	for _, b := range bins {
 		if _, err := os.Stat(filepath.Join(c.BinDir, b)); err != nil {
 			return fmt.Errorf("binary %s not found in %s (run make build): %w", b, c.BinDir, err)
 		}
@@ -109,6 +113,8 @@ type Container struct {
 	ID    string     `json:"id"`
 	Netns string     `json:"netns"`
 	IP    netip.Addr `json:"ip"`
+	// Cgroup is the container's cgroup v2 directory (sockets mode).
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // Lab is a running lab, as recorded in its state file.
@@ -311,13 +317,22 @@ func (l *Lab) Netns(target string) (string, error) {
 }
 
 // Command returns a command that runs inside target's network namespace.
+// In sockets mode a container's commands run with the socket shim
+// preloaded, as a container image built for sockets mode would.
 func (l *Lab) Command(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
 	ns, err := l.Netns(target)
 	if err != nil {
 		return nil, err
 	}
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...), nil
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
+	if l.Config.Mode == "sockets" && strings.Contains(target, "/") {
+		cmd.Env = append(os.Environ(), "LD_PRELOAD="+l.Shim())
+	}
+	return cmd, nil
 }
+
+// Shim is the socket shim containers preload in sockets mode.
+func (l *Lab) Shim() string { return filepath.Join(l.Config.BinDir, "libskiff.so") }
 
 // Mode is the data-plane mode the lab's agents run.
 func (l *Lab) Mode() string { return l.Config.Mode }

@@ -30,6 +30,7 @@ const (
 	AddrsPrefix    = Prefix + "addrs/"
 	EndpointPrefix = Prefix + "endpoints/"
 	PolicyPrefix   = Prefix + "policies/"
+	ListenerPrefix = Prefix + "listeners/"
 )
 
 // ErrUnavailable wraps every failure to reach etcd, so callers (the agent API,
@@ -222,6 +223,7 @@ func (s *Store) RemoveHost(ctx context.Context, name string) error {
 		clientv3.OpDelete(AddrSubnetPrefix(h.Subnet), clientv3.WithPrefix()),
 		clientv3.OpDelete(LastAddrKey(h.Subnet)),
 		clientv3.OpDelete(EndpointPrefix+name+"/", clientv3.WithPrefix()),
+		clientv3.OpDelete(ListenerPrefix+name+"/", clientv3.WithPrefix()),
 	})
 	return err
 }
@@ -254,6 +256,47 @@ func (s *Store) PutEndpoint(ctx context.Context, e cluster.Endpoint) error {
 		return fmt.Errorf("endpoint %s: %w", KeyOf(e), ErrNotFound)
 	}
 	return nil
+}
+
+// Listeners lists every host's replaced listeners.
+func (s *Store) Listeners(ctx context.Context) ([]cluster.Listener, error) {
+	return list[cluster.Listener](ctx, s, ListenerPrefix)
+}
+
+func listenerKey(l cluster.Listener) string { return ListenerPrefix + l.Host + "/" + l.Addr.String() }
+
+// SetListeners makes host's published listeners exactly ls. Only changes
+// are written, so an unchanged set wakes no watcher.
+func (s *Store) SetListeners(ctx context.Context, host string, ls []cluster.Listener) error {
+	resp, err := s.get(ctx, ListenerPrefix+host+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		have[string(kv.Key)] = true
+	}
+	var ops []clientv3.Op
+	for _, l := range ls {
+		if l.Host != host {
+			return fmt.Errorf("listener %s belongs to %s, not %s", l.Addr, l.Host, host)
+		}
+		k := listenerKey(l)
+		if have[k] {
+			delete(have, k)
+			continue
+		}
+		val, _ := json.Marshal(l)
+		ops = append(ops, clientv3.OpPut(k, string(val)))
+	}
+	for k := range have {
+		ops = append(ops, clientv3.OpDelete(k))
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	_, err = s.Txn(ctx, nil, ops)
+	return err
 }
 
 // Policies returns the policy rules in evaluation order.

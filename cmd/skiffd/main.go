@@ -18,6 +18,7 @@ import (
 	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -46,7 +47,10 @@ func run(args []string) error {
 	vni := fs.Int("vni", 1, "VXLAN network identifier")
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
 	mode := fs.String("mode", "overlay", "data-plane mode: "+strings.Join(agent.Modes, ", "))
-	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps (cache mode)")
+	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (cache and sockets modes)")
+	secure := fs.Bool("sockets-secure", true, "sockets mode: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
+	broker := fs.String("broker", "", "sockets mode: the skiff-broker binary (default: next to skiffd)")
+	cgroupRoot := fs.String("cgroup-root", "", "sockets mode: cgroup v2 mount containers' cgroups are under (default: /sys/fs/cgroup if v2, else mounted at "+sockets.DefaultCgroupRoot+")")
 	capacity := cache.DefaultCapacity
 	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
 		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
@@ -93,7 +97,7 @@ func run(args []string) error {
 	}
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, Socket: *socket, StateDir: *stateDir, Mode: *mode,
-		BPFDir: *bpfDir, CacheCapacity: capacity,
+		BPFDir: *bpfDir, CacheCapacity: capacity, SocketsSecure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot,
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port},
 	}, log)
 	if err != nil {

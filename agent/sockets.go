@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/sockets"
+)
+
+func (a *Agent) socketsPinDir() string { return filepath.Join(a.pinDir(), "sockets") }
+
+// startSockets loads the sockets layer (reusing pinned state), attaches its
+// host-wide programs and publishes this host's replaced listeners whenever
+// they change. Endpoints are attached by reconcile and on every add.
+func (a *Agent) startSockets(ctx context.Context) (*sockets.Layer, error) {
+	root := a.cfg.CgroupRoot
+	if root == "" {
+		var err error
+		if root, err = sockets.CgroupRoot(); err != nil {
+			return nil, err
+		}
+	} else if err := sockets.MountCgroup2(root); err != nil {
+		return nil, err
+	}
+	l, err := sockets.Load(sockets.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay,
+		PinDir: a.socketsPinDir(), Secure: a.cfg.SocketsSecure, CgroupRoot: root, Broker: a.cfg.Broker,
+		StateDir: a.cfg.StateDir}, a.log)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Setup(); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("set up sockets layer: %w", err)
+	}
+	changed, err := l.WatchListeners(ctx)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	go a.publishListeners(ctx, l, changed)
+	a.log.Info("sockets layer attached", "pins", a.socketsPinDir(), "cgroups", root, "secure", a.cfg.SocketsSecure)
+	return l, nil
+}
+
+// stopSockets removes a sockets layer an earlier run left behind.
+func (a *Agent) stopSockets() error {
+	if !sockets.Pinned(a.socketsPinDir()) {
+		return nil
+	}
+	if err := sockets.Teardown(a.socketsPinDir(), a.cfg.StateDir); err != nil {
+		return fmt.Errorf("remove the sockets layer: %w", err)
+	}
+	a.log.Info("sockets layer removed", "mode", a.cfg.Mode)
+	return nil
+}
+
+// publishListeners writes this host's replaced listeners to the store when
+// the kernel reports a change, and every few seconds in case an event was
+// lost or the store was away. Other hosts' agents turn them into fast-path
+// routes.
+func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed <-chan struct{}) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-changed:
+			if !ok {
+				return
+			}
+		case <-t.C:
+		}
+		ls, err := l.LocalListeners()
+		if err == nil {
+			err = a.store.SetListeners(ctx, a.host.Name, ls)
+		}
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn("publish listeners", "err", err)
+		}
+	}
+}
+
+// syncSockets applies a cluster change to the sockets layer: fast-path
+// routes for local containers, host subnets for anti-spoofing, programs and
+// brokers for new containers; on a policy change it ends the replaced
+// connections the new policy denies.
+func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []cluster.Host, local []cluster.Endpoint, policyChanged bool) error {
+	listeners, err := a.store.Listeners(ctx)
+	if err != nil {
+		return err
+	}
+	errs := []error{a.sockets.Sync(hosts, local, listeners, rules), a.sockets.PruneEndpoints(local)}
+	if !a.socketsAttached {
+		for _, e := range local {
+			errs = append(errs, a.sockets.AddEndpoint(e))
+		}
+	}
+	n, err := a.sockets.Enforce(rules)
+	if n > 0 {
+		a.log.Info("ended replaced connections", "connections", n, "policyChanged", policyChanged)
+	}
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	a.socketsAttached = true
+	return nil
+}
+
+// socketsStatus reports the layer's counters, listeners and containers.
+func (a *Agent) socketsStatus(local []cluster.Endpoint) *api.SocketsStatus {
+	s := &api.SocketsStatus{}
+	s.Counters, _ = a.sockets.Stats()
+	if ls, err := a.sockets.LocalListeners(); err == nil {
+		for _, l := range ls {
+			s.Listeners = append(s.Listeners, l.Addr.String())
+		}
+	}
+	for _, e := range local {
+		if !sockets.Replaced(e) {
+			continue
+		}
+		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String()}
+		c.HandedOut, c.Replaced, c.Fallback = readBrokerStats(sockets.StatsFile(a.cfg.StateDir, e.ContainerID))
+		c.Broker = a.sockets.BrokerRunning(e.ContainerID)
+		s.Containers = append(s.Containers, c)
+	}
+	return s
+}
+
+// readBrokerStats reads a broker's counters file (layout in
+// sockets/shim/skiff_broker.h).
+func readBrokerStats(path string) (handedOut, replaced, fallback uint64) {
+	data, err := os.ReadFile(path)
+	if err != nil || len(data) < 32 {
+		return 0, 0, 0
+	}
+	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }
+	return u(1), u(2), u(3)
+}

@@ -1,0 +1,67 @@
+// Package bpffs keeps skiff's pinned eBPF state on the bpf filesystem, where
+// it outlives the agent.
+package bpffs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Root is where the bpf filesystem is conventionally mounted.
+const Root = "/sys/fs/bpf"
+
+// Mount mounts the bpf filesystem at Root unless it is there.
+func Mount() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(Root, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(Root, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("bpf", Root, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", Root, err)
+	}
+	return nil
+}
+
+// Ensure creates dir on a bpf filesystem, mounting Root first if dir is
+// below it.
+func Ensure(dir string) error {
+	if strings.HasPrefix(dir, Root+"/") {
+		if err := Mount(); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("pin directory %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("%s is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)", dir)
+	}
+	return nil
+}
+
+// Unpin removes the pins in dir whose names start with prefix.
+func Unpin(dir, prefix string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("unpin %s: %w", e.Name(), err)
+			}
+		}
+	}
+	return nil
+}

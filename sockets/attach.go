@@ -1,0 +1,210 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/tc"
+)
+
+// filterName tags the layer's tc filters.
+const filterName = "skiff-sockets"
+
+// linkDir holds the pinned links: the host's sk_lookup link and each
+// container's cgroup links, so programs stay attached without the agent.
+func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
+
+// Setup attaches the host-wide programs: the SYN recorder on the underlay
+// device and on lo (same-host connections), and sk_lookup on the host
+// namespace.
+func (l *Layer) Setup() error {
+	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
+		return fmt.Errorf("link pins: %w", err)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("lo: %w", err)
+	}
+	h := &netlink.Handle{}
+	for _, dev := range []netlink.Link{l.underlay, lo} {
+		if err := tc.Attach(h, dev, tc.Ingress, 2, filterName, l.objs.SksFromUnderlay); err != nil {
+			return err
+		}
+	}
+	ns, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return fmt.Errorf("host namespace: %w", err)
+	}
+	defer ns.Close()
+	return l.pinnedLink("lookup", l.objs.SksLookup, func() (link.Link, error) {
+		return link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
+	})
+}
+
+// pinnedLink makes the link pinned as name run prog: an existing pin (an
+// earlier run) is updated in place, so the hook never goes without a
+// program; otherwise attach creates the link and it is pinned.
+func (l *Layer) pinnedLink(name string, prog *ebpf.Program, attach func() (link.Link, error)) error {
+	path := filepath.Join(l.linkDir(), name)
+	if old, err := link.LoadPinnedLink(path, nil); err == nil {
+		defer old.Close()
+		if err := old.Update(prog); err == nil {
+			return nil
+		}
+		// A link whose target is gone (a recreated cgroup): replace it.
+		old.Unpin()
+	}
+	lk, err := attach()
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", name, err)
+	}
+	defer lk.Close()
+	if err := lk.Pin(path); err != nil {
+		return fmt.Errorf("pin link %s: %w", name, err)
+	}
+	return nil
+}
+
+// cgroupPrograms are the programs attached to each container's cgroup.
+func (l *Layer) cgroupPrograms() map[string]struct {
+	prog   *ebpf.Program
+	attach ebpf.AttachType
+} {
+	type p = struct {
+		prog   *ebpf.Program
+		attach ebpf.AttachType
+	}
+	o := &l.objs
+	return map[string]p{
+		"sock_create":  {o.SksSockCreate, ebpf.AttachCGroupInetSockCreate},
+		"connect4":     {o.SksConnect4, ebpf.AttachCGroupInet4Connect},
+		"bind4":        {o.SksBind4, ebpf.AttachCGroupInet4Bind},
+		"getsockname4": {o.SksGetsockname4, ebpf.AttachCgroupInet4GetSockname},
+		"getpeername4": {o.SksGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+		"setsockopt":   {o.SksSetsockopt, ebpf.AttachCGroupSetsockopt},
+		"sockops":      {o.SksSockops, ebpf.AttachCGroupSockOps},
+	}
+}
+
+// Replaced reports whether e gets host sockets: it needs a cgroup (the
+// runtime passes it through the CNI cgroupPath capability).
+func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
+
+// AddEndpoint gives a local container host sockets: the layer's programs
+// on its cgroup, its overlay address keyed by the cgroup, and its broker.
+// It is idempotent. Containers without a cgroup stay on the overlay.
+func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
+	if !Replaced(e) {
+		return nil
+	}
+	dir, err := l.cgroupDir(e)
+	if err != nil {
+		return err
+	}
+	id, err := cgroupID(dir)
+	if err != nil {
+		return err
+	}
+	if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: ip32(e.IP.Addr())}); err != nil {
+		return fmt.Errorf("register %s: %w", e.ContainerID, err)
+	}
+	if err := os.MkdirAll(filepath.Join(l.linkDir(), cgroupLinks(id)), 0o700); err != nil {
+		return fmt.Errorf("link pins: %w", err)
+	}
+	for name, p := range l.cgroupPrograms() {
+		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.prog, func() (link.Link, error) {
+			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.attach, Program: p.prog})
+		})
+		if err != nil {
+			return fmt.Errorf("container %s: %w", e.ContainerID, err)
+		}
+	}
+	return l.brokers.ensure(e, dir)
+}
+
+// RemoveEndpoint takes a container's programs off its cgroup and stops its
+// broker. Connections it still has keep working until they close.
+func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
+	l.brokers.stop(e.ContainerID)
+	dir, err := l.cgroupDir(e)
+	if err != nil {
+		return nil // the cgroup is gone, and its links with it; PruneEndpoints unpins them
+	}
+	id, err := cgroupID(dir)
+	if err != nil {
+		return nil
+	}
+	return l.unpinCgroup(id)
+}
+
+// unpinCgroup detaches the programs from cgroup id and forgets it.
+func (l *Layer) unpinCgroup(id uint64) error {
+	err := os.RemoveAll(filepath.Join(l.linkDir(), cgroupLinks(id)))
+	if derr := l.objs.SksContainers.Delete(id); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+		err = errors.Join(err, derr)
+	}
+	return err
+}
+
+// PruneEndpoints removes the cgroup links and brokers of containers that
+// are no longer local endpoints (deleted while the agent was down).
+func (l *Layer) PruneEndpoints(local []cluster.Endpoint) error {
+	keep := map[string]bool{}
+	for _, e := range local {
+		if dir, err := l.cgroupDir(e); err == nil {
+			if id, err := cgroupID(dir); err == nil {
+				keep[cgroupLinks(id)] = true
+			}
+		}
+	}
+	entries, err := os.ReadDir(l.linkDir())
+	if err != nil {
+		return fmt.Errorf("link pins: %w", err)
+	}
+	var errs []error
+	for _, ent := range entries {
+		name := ent.Name()
+		id, ok := strings.CutPrefix(name, "cg-")
+		if !ok || keep[name] {
+			continue
+		}
+		n, err := strconv.ParseUint(id, 10, 64)
+		if err != nil {
+			continue
+		}
+		errs = append(errs, l.unpinCgroup(n))
+	}
+	l.brokers.prune(local)
+	return errors.Join(errs...)
+}
+
+// cgroupLinks names the pin directory of a cgroup's links by the cgroup's
+// id: bpffs refuses names with dots, which container IDs may have.
+func cgroupLinks(id uint64) string { return "cg-" + strconv.FormatUint(id, 10) }
+
+// Teardown removes a host's sockets layer without loading it: tc filters,
+// pinned links (which detaches the programs) and maps. Brokers are stopped;
+// connections already on host sockets keep running until they close.
+func Teardown(pinDir, stateDir string) error {
+	var errs []error
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	h := &netlink.Handle{}
+	for _, lk := range links {
+		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName))
+	}
+	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,89 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/cluster"
+)
+
+// DefaultCgroupRoot is where skiff mounts cgroup v2 when the machine has no
+// unified hierarchy at /sys/fs/cgroup (a cgroup v1 host).
+const DefaultCgroupRoot = "/run/skiff/cgroup2"
+
+func isCgroup2(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// CgroupRoot returns a cgroup v2 mount: /sys/fs/cgroup when it is one,
+// otherwise DefaultCgroupRoot, mounted if needed. The layer's hooks attach
+// to cgroup v2 only; mounting it beside v1 controllers is fine (it needs no
+// controller).
+func CgroupRoot() (string, error) {
+	if isCgroup2("/sys/fs/cgroup") {
+		return "/sys/fs/cgroup", nil
+	}
+	return DefaultCgroupRoot, MountCgroup2(DefaultCgroupRoot)
+}
+
+// CgroupMounted reports whether a cgroup v2 mount CgroupRoot would use is
+// there (without mounting one).
+func CgroupMounted() bool { return isCgroup2("/sys/fs/cgroup") || isCgroup2(DefaultCgroupRoot) }
+
+// MountCgroup2 mounts cgroup v2 at dir unless it is mounted there.
+func MountCgroup2(dir string) error {
+	if isCgroup2(dir) {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil {
+		return fmt.Errorf("mount cgroup2 at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// cgroupDir resolves a container's cgroup: an absolute path on a cgroup v2
+// mount, or a path relative to the layer's cgroup root (what runtimes pass
+// as CNI cgroupPath).
+func (l *Layer) cgroupDir(e cluster.Endpoint) (string, error) {
+	dir := e.Cgroup
+	if !filepath.IsAbs(dir) || !strings.HasPrefix(dir, l.cfg.CgroupRoot+"/") {
+		dir = filepath.Join(l.cfg.CgroupRoot, strings.TrimPrefix(dir, "/"))
+	}
+	if !isCgroup2(dir) {
+		return "", fmt.Errorf("cgroup %s of container %s is not a cgroup v2 directory", dir, e.ContainerID)
+	}
+	return dir, nil
+}
+
+// cgroupID is what bpf_get_current_cgroup_id returns for dir: its inode.
+func cgroupID(dir string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", dir, err)
+	}
+	return st.Ino, nil
+}
+
+// RemoveCgroup removes a cgroup directory; a missing one is fine. A
+// process still leaving it (a broker just told to stop) is waited for.
+func RemoveCgroup(dir string) error {
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+	}
+}

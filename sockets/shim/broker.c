@@ -1,0 +1,388 @@
+/* skiff-broker: per-container host-netns TCP socket factory for libskiff.so.
+ *
+ * Listens on the abstract AF_UNIX SEQPACKET address "\0skiff-broker" inside the
+ * container's netns, but creates every TCP socket in the host netns (and, with
+ * --cgroup, in the container's cgroup so the eBPF cgroup hooks apply to them).
+ * Protocol and stats layout: skiff_broker.h.  Single-threaded ppoll() loop.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "skiff_broker.h"
+
+#define MAX_POOL 4096
+
+static const char *g_name = SKIFF_BROKER_NAME;
+static volatile sig_atomic_t g_stop;
+static uint64_t g_dummy_stats[SKIFF_ST_NSLOTS];
+static volatile uint64_t *g_st = g_dummy_stats;
+
+static int *g_pool, g_npool, g_pool_target = 64;
+
+static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
+static int g_nclients, g_capclients;
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0) return;
+	if (n > (int)sizeof buf - 2) n = sizeof buf - 2;
+	buf[n++] = '\n';
+	/* one write per line so concurrent brokers' lines do not interleave */
+	ssize_t w = write(2, buf, n);
+	(void)w;
+}
+#define LOG(fmt, ...) logf_("skiff-broker[%s]: " fmt, g_name, ##__VA_ARGS__)
+
+static void die_usage(const char *msg) __attribute__((noreturn));
+static void die_usage(const char *msg)
+{
+	fprintf(stderr, "skiff-broker: %s\n"
+		"usage: skiff-broker --netns PATH --cidr NET/LEN --ip IP [--cgroup DIR] "
+		"[--stats FILE] [--pool N] [--name NAME]\n", msg);
+	exit(2);
+}
+
+static void st_add(int slot, uint64_t v) { g_st[slot] = g_st[slot] + v; }
+
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static void pool_fill(void)
+{
+	static int failing;   /* log once per failure streak */
+	while (g_npool < g_pool_target) {
+		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (s < 0) {
+			st_add(SKIFF_ST_ERRORS, 1);
+			if (!failing)
+				LOG("socket: %s (pool %d/%d)", strerror(errno), g_npool, g_pool_target);
+			failing = 1;
+			return;
+		}
+		failing = 0;
+		g_pool[g_npool++] = s;
+	}
+}
+
+static void drop_client(int i, const char *why)
+{
+	LOG("client fd %d closed (%s), %d left", g_pfd[i].fd, why, g_nclients - 1);
+	close(g_pfd[i].fd);
+	g_pfd[i] = g_pfd[g_nclients];   /* last client moves into slot i */
+	g_nclients--;
+	g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
+}
+
+/* returns 0 if the client stays, -1 if it must be dropped */
+static int send_fds(int c, int n)
+{
+	struct skiff_reply rep = { .n = (uint32_t)n };
+	struct iovec iov = { &rep, sizeof rep };
+	union { char buf[CMSG_SPACE(SKIFF_MAX_BATCH * sizeof(int))]; struct cmsghdr align; } u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	memset(&u, 0, sizeof u);
+	if (n > 0) {
+		m.msg_control = u.buf;
+		m.msg_controllen = CMSG_SPACE(n * sizeof(int));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+		memcpy(CMSG_DATA(cm), &g_pool[g_npool - n], n * sizeof(int));
+	}
+	/* A well-behaved shim has at most one request outstanding, so its receive
+	 * queue never fills; a client that does not read gets dropped instead of
+	 * blocking the loop. */
+	ssize_t r = sendmsg(c, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (r != (ssize_t)sizeof rep) {
+		st_add(SKIFF_ST_ERRORS, 1);
+		LOG("sendmsg to fd %d: %s", c, r < 0 ? strerror(errno) : "short");
+		return -1;
+	}
+	for (int i = 0; i < n; i++)
+		close(g_pool[--g_npool]);
+	st_add(SKIFF_ST_HANDED_OUT, (uint64_t)n);
+	return 0;
+}
+
+static const char *reason_name(unsigned r)
+{
+	static const char *names[] = { "flush", "unavailable", "dest", "connect", "bind", "listen", "sockopt" };
+	return r < SKIFF_R_MAX ? names[r] : "?";
+}
+
+/* returns 0 if the client stays, -1 if it must be dropped */
+static int handle_client(int c)
+{
+	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
+		struct skiff_msg m;
+		ssize_t r = recv(c, &m, sizeof m, MSG_DONTWAIT | MSG_TRUNC);
+		if (r < 0)
+			return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+		if (r == 0)
+			return -1;
+		if (r != (ssize_t)sizeof m) {
+			st_add(SKIFF_ST_ERRORS, 1);
+			LOG("fd %d: bad message size %zd", c, r);
+			return -1;
+		}
+		st_add(SKIFF_ST_REPLACED, m.replaced);
+		st_add(SKIFF_ST_FALLBACK, m.fallback);
+		if (m.op == SKIFF_OP_SOCKETS) {
+			int want = m.arg;
+			if (want < 1 || want > SKIFF_MAX_BATCH) {
+				st_add(SKIFF_ST_ERRORS, 1);
+				LOG("fd %d: bad count %d", c, want);
+				return -1;
+			}
+			if (g_npool < want) {   /* pool short (burst or small --pool): top up on the spot */
+				int save = g_pool_target;
+				g_pool_target = g_npool + want > MAX_POOL ? MAX_POOL : g_npool + want;
+				pool_fill();
+				g_pool_target = save;
+			}
+			int n = want < g_npool ? want : g_npool;
+			if (send_fds(c, n) < 0)
+				return -1;
+		} else if (m.op == SKIFF_OP_FLUSH) {
+			if (m.arg != SKIFF_R_FLUSH)
+				LOG("fd %d: fallback event reason=%s (+%u replaced +%u fallback)",
+				    c, reason_name(m.arg), m.replaced, m.fallback);
+		} else {
+			st_add(SKIFF_ST_ERRORS, 1);
+			LOG("fd %d: unknown op 0x%02x", c, m.op);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void accept_clients(int ls, const struct skiff_hello *hello)
+{
+	for (;;) {
+		int c = accept4(ls, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+				st_add(SKIFF_ST_ERRORS, 1);
+				LOG("accept: %s", strerror(errno));
+			}
+			return;
+		}
+		if (send(c, hello, sizeof *hello, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof *hello) {
+			st_add(SKIFF_ST_ERRORS, 1);
+			close(c);
+			continue;
+		}
+		if (g_nclients + 1 >= g_capclients) {
+			int cap = g_capclients ? g_capclients * 2 : 64;
+			struct pollfd *p = realloc(g_pfd, cap * sizeof *p);
+			if (!p) { st_add(SKIFF_ST_ERRORS, 1); close(c); continue; }
+			g_pfd = p; g_capclients = cap;
+		}
+		g_nclients++;
+		g_pfd[g_nclients].fd = c;
+		g_pfd[g_nclients].events = POLLIN;
+		g_pfd[g_nclients].revents = 0;
+		st_add(SKIFF_ST_CLIENTS_TOTAL, 1);
+		g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
+		LOG("client fd %d connected, %d open", c, g_nclients);
+	}
+}
+
+static int parse_ip(const char *s, uint32_t *out)
+{
+	struct in_addr a;
+	if (inet_pton(AF_INET, s, &a) != 1) return -1;
+	*out = a.s_addr;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "netns", required_argument, 0, 'n' }, { "cidr", required_argument, 0, 'c' },
+		{ "ip", required_argument, 0, 'i' }, { "cgroup", required_argument, 0, 'g' },
+		{ "stats", required_argument, 0, 's' }, { "pool", required_argument, 0, 'p' },
+		{ "name", required_argument, 0, 'N' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
+	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
+	char msg[600];
+	int o;
+	opterr = 0;
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (o) {
+		case 'n': netns = optarg; break;
+		case 'c': cidr = optarg; break;
+		case 'i': ipstr = optarg; break;
+		case 'g': cgroup = optarg; break;
+		case 's': stats = optarg; break;
+		case 'N': g_name = optarg; break;
+		case 'p': {
+			char *e; long v = strtol(optarg, &e, 10);
+			if (*e || e == optarg || v < 0 || v > MAX_POOL) die_usage("bad --pool (0..4096)");
+			g_pool_target = (int)v;
+			break;
+		}
+		case 'h': die_usage("help");
+		case ':':
+			snprintf(msg, sizeof msg, "flag %s needs a value", argv[optind - 1]);
+			die_usage(msg);
+		default:
+			snprintf(msg, sizeof msg, "unknown flag %s", argv[optind - 1]);
+			die_usage(msg);
+		}
+	}
+	if (optind < argc) { snprintf(msg, sizeof msg, "unexpected argument %s", argv[optind]); die_usage(msg); }
+	if (!netns) die_usage("missing --netns");
+	if (!cidr) die_usage("missing --cidr");
+	if (!ipstr) die_usage("missing --ip");
+	if (!*g_name || strlen(g_name) > sizeof(((struct sockaddr_un *)0)->sun_path) - 2)
+		die_usage("bad --name");
+
+	struct skiff_hello hello = { .magic = SKIFF_HELLO_MAGIC, .version = SKIFF_PROTO_VERSION };
+	{
+		char buf[64];
+		const char *sl = strchr(cidr, '/');
+		char *e;
+		if (!sl || sl - cidr >= (long)sizeof buf) die_usage("bad --cidr (want A.B.C.D/LEN)");
+		memcpy(buf, cidr, sl - cidr); buf[sl - cidr] = 0;
+		long len = strtol(sl + 1, &e, 10);
+		if (*e || e == sl + 1 || len < 0 || len > 32 || parse_ip(buf, &hello.net))
+			die_usage("bad --cidr (want A.B.C.D/LEN)");
+		uint32_t mask = len ? htonl(~0u << (32 - len)) : 0;
+		if (hello.net & ~mask) die_usage("bad --cidr: host bits set");
+		hello.prefix = (uint8_t)len;
+		if (parse_ip(ipstr, &hello.ip)) die_usage("bad --ip");
+		if ((hello.ip & mask) != hello.net) die_usage("--ip is not inside --cidr");
+	}
+
+	int nsfd = open(netns, O_RDONLY | O_CLOEXEC);
+	if (nsfd < 0) { fprintf(stderr, "skiff-broker: open netns %s: %s\n", netns, strerror(errno)); return 1; }
+	int hostfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (hostfd < 0) { fprintf(stderr, "skiff-broker: open /proc/self/ns/net: %s\n", strerror(errno)); return 1; }
+
+	if (cgroup) {
+		char path[4096];
+		snprintf(path, sizeof path, "%s/cgroup.procs", cgroup);
+		int fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, "0", 1) != 1) {
+			fprintf(stderr, "skiff-broker: join cgroup %s: %s\n", cgroup, strerror(errno));
+			return 1;
+		}
+		close(fd);
+	}
+
+	if (stats) {
+		int fd = open(stats, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0 || ftruncate(fd, SKIFF_STATS_SIZE) < 0) {
+			fprintf(stderr, "skiff-broker: stats %s: %s\n", stats, strerror(errno));
+			return 1;
+		}
+		void *p = mmap(NULL, SKIFF_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED) { fprintf(stderr, "skiff-broker: mmap %s: %s\n", stats, strerror(errno)); return 1; }
+		close(fd);
+		g_st = p;
+	}
+	g_st[SKIFF_ST_PID] = (uint64_t)getpid();
+
+	/* the listener lives in the container netns; everything else in the host netns */
+	if (setns(nsfd, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "skiff-broker: setns %s: %s\n", netns, strerror(errno));
+		return 1;
+	}
+	int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t nl = strlen(g_name);
+	memcpy(sa.sun_path + 1, g_name, nl);
+	socklen_t salen = offsetof(struct sockaddr_un, sun_path) + 1 + nl;
+	int lerr = 0;
+	if (ls < 0 || bind(ls, (struct sockaddr *)&sa, salen) < 0 || listen(ls, 512) < 0)
+		lerr = errno;
+	if (setns(hostfd, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "skiff-broker: setns back to host netns: %s\n", strerror(errno));
+		return 1;
+	}
+	close(hostfd);
+	close(nsfd);
+	if (lerr) {
+		fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", g_name, netns, strerror(lerr));
+		return 1;
+	}
+
+	g_pool = calloc(MAX_POOL, sizeof(int));
+	g_capclients = 64;
+	g_pfd = calloc(g_capclients, sizeof *g_pfd);
+	if (!g_pool || !g_pfd) { fprintf(stderr, "skiff-broker: out of memory\n"); return 1; }
+	g_pfd[0].fd = ls;
+	g_pfd[0].events = POLLIN;
+
+	sigset_t block, empty;
+	sigemptyset(&block); sigaddset(&block, SIGTERM); sigaddset(&block, SIGINT);
+	sigemptyset(&empty);
+	sigprocmask(SIG_BLOCK, &block, NULL);
+	struct sigaction sact = { .sa_handler = on_signal };
+	sigaction(SIGTERM, &sact, NULL);
+	sigaction(SIGINT, &sact, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	/* written after everything is set up (listener bound, stats mapped): readers
+	 * may treat a valid magic as "broker ready" */
+	g_st[SKIFF_ST_MAGIC] = SKIFF_STATS_MAGIC;
+
+	pool_fill();
+	{
+		char nb[INET_ADDRSTRLEN], ib[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &hello.net, nb, sizeof nb);
+		inet_ntop(AF_INET, &hello.ip, ib, sizeof ib);
+		LOG("ready pid %d netns %s cidr %s/%u ip %s pool %d%s%s", (int)getpid(), netns, nb,
+		    hello.prefix, ib, g_npool, cgroup ? " cgroup " : "", cgroup ? cgroup : "");
+	}
+
+	while (!g_stop) {
+		int r = ppoll(g_pfd, 1 + g_nclients, NULL, &empty);
+		if (r < 0) {
+			if (errno == EINTR) continue;
+			LOG("ppoll: %s", strerror(errno));
+			break;
+		}
+		for (int i = g_nclients; i >= 1; i--) {   /* backwards: drop_client moves the last one into i */
+			short re = g_pfd[i].revents;
+			if (!re) continue;
+			g_pfd[i].revents = 0;
+			if (re & POLLIN) {
+				if (handle_client(g_pfd[i].fd) < 0) { drop_client(i, "eof/error"); continue; }
+			} else if (re & (POLLHUP | POLLERR | POLLNVAL)) {
+				drop_client(i, "hangup");
+			}
+		}
+		if (g_pfd[0].revents & POLLIN)
+			accept_clients(ls, &hello);
+		g_pfd[0].revents = 0;
+		pool_fill();   /* off the critical path: replies already went out */
+	}
+	LOG("exiting (%s), handed out %llu", g_stop ? "signal" : "error",
+	    (unsigned long long)g_st[SKIFF_ST_HANDED_OUT]);
+	g_st[SKIFF_ST_CLIENTS_NOW] = 0;
+	return g_stop ? 0 : 1;
+}

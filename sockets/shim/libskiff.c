@@ -1,0 +1,780 @@
+/* libskiff.so - LD_PRELOAD shim for skiff "sockets" mode.
+ *
+ * socket(AF_INET, SOCK_STREAM, 0|IPPROTO_TCP) returns a socket that lives in
+ * the HOST netns, taken from a per-process pool filled by skiff-broker over
+ * the abstract unix socket "\0skiff-broker" of the container netns.  While
+ * such a socket is "fresh" (not yet connected/bound/listening) the shim can
+ * still swap it for an ordinary container-netns socket (dup3 onto the same
+ * fd number, recorded setsockopts replayed) whenever the fast path does not
+ * apply or the kernel refuses it.  See README.md for the rules.
+ *
+ * Every failure of the replacement machinery degrades to a plain socket in the
+ * container netns.  errno seen by the caller is always the one of the call the
+ * caller asked for.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "skiff_broker.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+
+#define POOL_MAX    64      /* sockets kept per process */
+#define BATCH       16      /* sockets per request */
+#define LOW_WATER   4       /* request the next batch when the pool falls to this */
+#define WAIT_MS     500     /* max wait for a reply when the pool is empty */
+#define RETRY_MS    1000    /* broker retry back-off */
+#define SOPT_MAX    128     /* max recorded option value size */
+#define NOPTS_MAX   32      /* max recorded options per fd */
+
+/* ---------- real functions ---------- */
+static int (*r_socket)(int, int, int);
+static int (*r_connect)(int, const struct sockaddr *, socklen_t);
+static int (*r_bind)(int, const struct sockaddr *, socklen_t);
+static int (*r_listen)(int, int);
+static int (*r_setsockopt)(int, int, int, const void *, socklen_t);
+static int (*r_close)(int);
+static int (*r_dup)(int);
+static int (*r_dup2)(int, int);
+static int (*r_dup3)(int, int, int);
+static int (*r_fcntl)(int, int, ...);
+static int (*r_fcntl64)(int, int, ...);
+
+/* raw syscalls for the shim's own housekeeping: never interposed, never recurse */
+static int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
+static int sys_fcntl(int fd, int cmd, long arg) { return (int)syscall(SYS_fcntl, fd, cmd, arg); }
+static int sys_fstat(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
+static int sys_dup3(int o, int n, int fl) { return (int)syscall(SYS_dup3, o, n, fl); }
+
+static void *sym(const char *name)
+{
+	return dlsym(RTLD_NEXT, name);
+}
+
+static void resolve(void)
+{
+	/* idempotent; benign if two threads race here */
+	if (!r_connect) r_connect = sym("connect");
+	if (!r_bind) r_bind = sym("bind");
+	if (!r_listen) r_listen = sym("listen");
+	if (!r_setsockopt) r_setsockopt = sym("setsockopt");
+	if (!r_close) r_close = sym("close");
+	if (!r_dup) r_dup = sym("dup");
+	if (!r_dup2) r_dup2 = sym("dup2");
+	if (!r_dup3) r_dup3 = sym("dup3");
+	if (!r_fcntl) r_fcntl = sym("fcntl");
+	if (!r_fcntl64) r_fcntl64 = sym("fcntl64");
+	if (!r_fcntl64) r_fcntl64 = r_fcntl;
+	if (!r_socket) r_socket = sym("socket");   /* last: used as "resolved" marker */
+}
+#define RESOLVE(p) do { if (__builtin_expect(!(p), 0)) resolve(); } while (0)
+
+/* ---------- global state ---------- */
+static volatile int g_enabled;   /* set by the constructor; 0 before it ran or if opted out */
+static char g_name[sizeof(((struct sockaddr_un *)0)->sun_path)] = SKIFF_BROKER_NAME;
+static int g_hibase = 768;       /* pool/broker fds live at >= this */
+
+static TLS int t_inshim;         /* re-entrancy guard (signal handler calling us while we hold a lock) */
+
+/* pool + broker connection, under g_pool_mu */
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+struct pent { int fd; dev_t dev; ino_t ino; };
+static struct pent g_pool[POOL_MAX];
+static int g_npool;
+static int g_bfd = -1;
+static dev_t g_bdev;
+static ino_t g_bino;
+static int g_outstanding;          /* an 'S' request was sent and its reply not read */
+static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not contact the broker before */
+/* cluster config from the hello (written under g_pool_mu, read racily: it only changes on reconnect) */
+static volatile uint32_t g_net, g_mask, g_ip;
+static volatile int g_have_hello;
+
+/* counters not yet reported to the broker */
+static uint32_t g_cnt_replaced, g_cnt_fallback;
+
+/* per-fd state, under g_tab_mu */
+enum { ST_FRESH = 1, ST_BOUND = 2 };
+struct sopt { int level, name; socklen_t len; unsigned char val[SOPT_MAX]; };
+struct fdent {
+	dev_t dev;
+	ino_t ino;
+	int state;
+	int unreplayable;          /* an option we could not record was set */
+	int has_bind;
+	struct sockaddr_in bindaddr;
+	int nopts, capopts;
+	struct sopt *opts;
+};
+static pthread_mutex_t g_tab_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct fdent **g_tab;
+static int g_tabsz;
+static int g_ntracked;             /* atomic; 0 lets close()/dup() skip the lock */
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int tracked_possible(void) { return __atomic_load_n(&g_ntracked, __ATOMIC_RELAXED) > 0; }
+
+/* Lock helpers also raise the re-entrancy guard, so a signal handler that
+ * calls close()/socket() while this thread holds a lock passes straight
+ * through instead of deadlocking (stale table entries are caught by the
+ * st_dev/st_ino check). */
+static int tab_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&g_tab_mu); return p; }
+static void tab_unlock(int p) { pthread_mutex_unlock(&g_tab_mu); t_inshim = p; }
+
+/* ---------- fd table ---------- */
+static void ent_free(struct fdent *e)
+{
+	if (e) { free(e->opts); free(e); }
+}
+
+/* caller holds g_tab_mu */
+static struct fdent *tab_detach_locked(int fd)
+{
+	if (fd < 0 || fd >= g_tabsz || !g_tab[fd]) return NULL;
+	struct fdent *e = g_tab[fd];
+	g_tab[fd] = NULL;
+	__atomic_sub_fetch(&g_ntracked, 1, __ATOMIC_RELAXED);
+	return e;
+}
+
+/* caller holds g_tab_mu; takes ownership of e (frees it on failure) */
+static void tab_put_locked(int fd, struct fdent *e)
+{
+	if (fd < 0) { ent_free(e); return; }
+	if (fd >= g_tabsz) {
+		int nsz = g_tabsz ? g_tabsz : 256;
+		while (nsz <= fd) nsz *= 2;
+		struct fdent **t = realloc(g_tab, nsz * sizeof *t);
+		if (!t) { ent_free(e); return; }   /* OOM: fd stays an untracked host socket */
+		memset(t + g_tabsz, 0, (nsz - g_tabsz) * sizeof *t);
+		g_tab = t;
+		g_tabsz = nsz;
+	}
+	ent_free(tab_detach_locked(fd));
+	g_tab[fd] = e;
+	__atomic_add_fetch(&g_ntracked, 1, __ATOMIC_RELAXED);
+}
+
+static void tab_put(int fd, struct fdent *e)
+{
+	int p = tab_lock();
+	tab_put_locked(fd, e);
+	tab_unlock(p);
+}
+
+/* Take fd's entry out of the table (the caller owns it while it works on the
+ * fd, so no lock is held across blocking calls).  Returns NULL if the fd is not
+ * tracked or the entry is stale (the fd was closed behind our back, e.g. by
+ * close_range/fclose, and the number now holds another file). */
+static struct fdent *tab_take(int fd)
+{
+	if (!tracked_possible()) return NULL;
+	int p = tab_lock();
+	struct fdent *e = tab_detach_locked(fd);
+	tab_unlock(p);
+	if (!e) return NULL;
+	struct stat st;
+	if (sys_fstat(fd, &st) < 0 || st.st_dev != e->dev || st.st_ino != e->ino) {
+		ent_free(e);
+		return NULL;
+	}
+	return e;
+}
+
+static void tab_clear(int fd)
+{
+	if (!tracked_possible()) return;
+	int p = tab_lock();
+	struct fdent *e = tab_detach_locked(fd);
+	tab_unlock(p);
+	ent_free(e);
+}
+
+static struct fdent *ent_clone(const struct fdent *s)
+{
+	struct fdent *e = malloc(sizeof *e);
+	if (!e) return NULL;
+	*e = *s;
+	e->opts = NULL;
+	if (s->nopts) {
+		e->opts = malloc(s->nopts * sizeof *e->opts);
+		if (!e->opts) { free(e); return NULL; }
+		memcpy(e->opts, s->opts, s->nopts * sizeof *e->opts);
+	}
+	e->capopts = s->nopts;
+	return e;
+}
+
+/* dup semantics: newfd refers to the same socket as oldfd. Clears newfd first. */
+static void tab_dup(int oldfd, int newfd)
+{
+	if (!tracked_possible()) return;
+	int p = tab_lock();
+	ent_free(tab_detach_locked(newfd));
+	if (oldfd >= 0 && oldfd < g_tabsz && g_tab[oldfd]) {
+		struct fdent *c = ent_clone(g_tab[oldfd]);
+		if (c) tab_put_locked(newfd, c);
+	}
+	tab_unlock(p);
+}
+
+static void ent_record(struct fdent *e, int level, int name, const void *val, socklen_t len)
+{
+	if (len > SOPT_MAX || (len && !val)) { e->unreplayable = 1; return; }
+	struct sopt *o = NULL;
+	for (int i = 0; i < e->nopts; i++)
+		if (e->opts[i].level == level && e->opts[i].name == name) { o = &e->opts[i]; break; }
+	if (!o) {
+		if (e->nopts >= NOPTS_MAX) { e->unreplayable = 1; return; }
+		if (e->nopts == e->capopts) {
+			int cap = e->capopts ? e->capopts * 2 : 4;
+			struct sopt *n = realloc(e->opts, cap * sizeof *n);
+			if (!n) { e->unreplayable = 1; return; }
+			e->opts = n;
+			e->capopts = cap;
+		}
+		o = &e->opts[e->nopts++];
+		o->level = level;
+		o->name = name;
+	}
+	o->len = len;
+	if (len) memcpy(o->val, val, len);
+}
+
+/* ---------- broker connection (caller holds g_pool_mu) ---------- */
+static int fd_matches(int fd, dev_t dev, ino_t ino)
+{
+	struct stat st;
+	return fd >= 0 && sys_fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+/* move fd to >= g_hibase with CLOEXEC; returns the new fd (or the old one on failure) */
+static int move_high(int fd)
+{
+	int n = sys_fcntl(fd, F_DUPFD_CLOEXEC, g_hibase);
+	if (n < 0) return fd;
+	sys_close(fd);
+	return n;
+}
+
+static void broker_drop_locked(int backoff)
+{
+	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
+		sys_close(g_bfd);   /* only if it is still ours */
+	g_bfd = -1;
+	g_outstanding = 0;
+	if (backoff) g_retry_at = now_ms() + RETRY_MS;
+}
+
+static int broker_sock(int nonblock)
+{
+	int s = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+	if (s < 0) return -1;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t nl = strlen(g_name);
+	memcpy(sa.sun_path + 1, g_name, nl);
+	if (syscall(SYS_connect, s, &sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) < 0) {
+		sys_close(s);
+		return -1;
+	}
+	return s;
+}
+
+static void broker_adopt(int s)
+{
+	struct stat st;
+	s = move_high(s);
+	if (sys_fstat(s, &st) < 0) { sys_close(s); return; }
+	g_bfd = s;
+	g_bdev = st.st_dev;
+	g_bino = st.st_ino;
+}
+
+/* connected and validated, or -1 */
+static int broker_ensure_locked(void)
+{
+	if (g_bfd >= 0) {
+		if (fd_matches(g_bfd, g_bdev, g_bino)) return 0;
+		g_bfd = -1;              /* the app closed/reused our fd: forget it, don't close */
+		g_outstanding = 0;
+	}
+	if (now_ms() < g_retry_at) return -1;
+	int s = broker_sock(0);
+	if (s < 0) { g_retry_at = now_ms() + RETRY_MS; return -1; }
+	struct skiff_hello h;
+	struct pollfd p = { .fd = s, .events = POLLIN };
+	ssize_t r = -1;
+	if (poll(&p, 1, WAIT_MS) == 1)
+		r = recv(s, &h, sizeof h, MSG_DONTWAIT);
+	if (r != (ssize_t)sizeof h || h.magic != SKIFF_HELLO_MAGIC || h.version != SKIFF_PROTO_VERSION ||
+	    h.prefix > 32) {
+		sys_close(s);
+		g_retry_at = now_ms() + RETRY_MS;
+		return -1;
+	}
+	g_mask = h.prefix ? htonl(~0u << (32 - h.prefix)) : 0;
+	g_net = h.net & g_mask;
+	g_ip = h.ip;
+	g_have_hello = 1;
+	broker_adopt(s);
+	return g_bfd >= 0 ? 0 : -1;
+}
+
+/* non-blocking; counters piggyback.  Returns 0 if sent. */
+static int broker_send_locked(uint8_t op, uint8_t arg)
+{
+	struct skiff_msg m = { .op = op, .arg = arg };
+	m.replaced = __atomic_exchange_n(&g_cnt_replaced, 0, __ATOMIC_RELAXED);
+	m.fallback = __atomic_exchange_n(&g_cnt_fallback, 0, __ATOMIC_RELAXED);
+	ssize_t r = send(g_bfd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (r == (ssize_t)sizeof m) return 0;
+	int e = errno;
+	__atomic_add_fetch(&g_cnt_replaced, m.replaced, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&g_cnt_fallback, m.fallback, __ATOMIC_RELAXED);
+	if (r >= 0 || (e != EAGAIN && e != EINTR)) broker_drop_locked(1);
+	return -1;
+}
+
+static void broker_request_locked(void)
+{
+	if (g_outstanding || broker_ensure_locked() < 0) return;
+	int want = POOL_MAX - g_npool;
+	if (want > BATCH) want = BATCH;
+	if (want <= 0) return;
+	if (broker_send_locked(SKIFF_OP_SOCKETS, (uint8_t)want) == 0)
+		g_outstanding = 1;
+}
+
+/* read the reply to the outstanding request; wait up to wait_ms (0: don't block). */
+static void broker_recv_locked(int wait_ms)
+{
+	if (!g_outstanding || g_bfd < 0) return;
+	if (wait_ms > 0) {
+		struct pollfd p = { .fd = g_bfd, .events = POLLIN };
+		int r;
+		do r = poll(&p, 1, wait_ms); while (r < 0 && errno == EINTR);
+		if (r == 0) { broker_drop_locked(1); return; }   /* hung broker: back off */
+	}
+	struct skiff_reply rep;
+	struct iovec iov = { &rep, sizeof rep };
+	union { char buf[CMSG_SPACE(SKIFF_MAX_BATCH * sizeof(int))]; struct cmsghdr align; } u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	ssize_t r = recvmsg(g_bfd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+	int fds[SKIFF_MAX_BATCH], nfds = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+		int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < n && nfds < SKIFF_MAX_BATCH; i++)
+			memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+	}
+	g_outstanding = 0;
+	if (r != (ssize_t)sizeof rep) {          /* EOF, error, garbage */
+		for (int i = 0; i < nfds; i++) sys_close(fds[i]);
+		broker_drop_locked(1);
+		return;
+	}
+	if (nfds == 0) g_retry_at = now_ms() + RETRY_MS;   /* broker cannot create sockets right now */
+	for (int i = 0; i < nfds; i++) {
+		struct stat st;
+		int fd = fds[i];
+		if (g_npool >= POOL_MAX || sys_fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+			sys_close(fd);
+			continue;
+		}
+		fd = move_high(fd);
+		g_pool[g_npool].fd = fd;
+		g_pool[g_npool].dev = st.st_dev;
+		g_pool[g_npool].ino = st.st_ino;
+		g_npool++;
+	}
+}
+
+static int pool_pop_locked(struct pent *out)
+{
+	while (g_npool > 0) {
+		struct pent p = g_pool[--g_npool];
+		if (fd_matches(p.fd, p.dev, p.ino)) { *out = p; return 0; }
+		/* the app closed it (close_range, close loop...): not ours any more */
+	}
+	return -1;
+}
+
+/* A fresh host socket at the lowest free fd, or -1 (broker unavailable). */
+static int take_host_socket(int type)
+{
+	struct pent p;
+	int got;
+	pthread_mutex_lock(&g_pool_mu);
+	if (g_outstanding) broker_recv_locked(0);            /* opportunistic */
+	got = pool_pop_locked(&p) == 0;
+	if (!got) {                                          /* empty: this caller has to wait */
+		broker_request_locked();
+		broker_recv_locked(WAIT_MS);
+		got = pool_pop_locked(&p) == 0;
+	}
+	if (g_npool <= LOW_WATER)                            /* ahead of demand, non-blocking */
+		broker_request_locked();
+	pthread_mutex_unlock(&g_pool_mu);
+	if (!got) return -1;
+
+	int nfd = sys_fcntl(p.fd, (type & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
+	sys_close(p.fd);
+	if (nfd < 0) return -1;
+	if (type & SOCK_NONBLOCK) {
+		int fl = sys_fcntl(nfd, F_GETFL, 0);
+		if (fl < 0 || sys_fcntl(nfd, F_SETFL, fl | O_NONBLOCK) < 0) { sys_close(nfd); return -1; }
+	}
+	struct fdent *e = calloc(1, sizeof *e);
+	if (!e) { sys_close(nfd); return -1; }
+	e->dev = p.dev;
+	e->ino = p.ino;
+	e->state = ST_FRESH;
+	tab_put(nfd, e);
+	return nfd;
+}
+
+/* ---------- counters / events ---------- */
+static void count_replaced(void) { __atomic_add_fetch(&g_cnt_replaced, 1, __ATOMIC_RELAXED); }
+
+static void count_fallback(int reason)
+{
+	__atomic_add_fetch(&g_cnt_fallback, 1, __ATOMIC_RELAXED);
+	if (reason == SKIFF_R_UNAVAILABLE) return;   /* reported with the next request */
+	/* best effort: never wait for a thread that is waiting for the broker */
+	int p = t_inshim;
+	t_inshim = 1;
+	if (pthread_mutex_trylock(&g_pool_mu) == 0) {
+		if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
+			broker_send_locked(SKIFF_OP_FLUSH, (uint8_t)reason);
+		pthread_mutex_unlock(&g_pool_mu);
+	}
+	t_inshim = p;
+}
+
+/* ---------- fallback: swap to a container socket ---------- */
+static int is_fallback_errno(int e)
+{
+	return e == EPERM || e == EACCES || e == EADDRNOTAVAIL || e == ENETUNREACH || e == EHOSTUNREACH;
+}
+
+/* Replace fd (a fresh/bound host socket) by a container-netns socket with the
+ * same fd number, options, bind address, O_NONBLOCK and FD_CLOEXEC.  Consumes e.
+ * Returns 0, or -1 with errno set (fd unchanged). */
+static int swap_to_container(int fd, struct fdent *e, int reason)
+{
+	if (e->unreplayable) { ent_free(e); errno = EPERM; return -1; }
+	int s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0) { int er = errno; ent_free(e); errno = er; return -1; }
+	for (int i = 0; i < e->nopts; i++)
+		r_setsockopt(s, e->opts[i].level, e->opts[i].name, e->opts[i].val, e->opts[i].len);
+	int fl = sys_fcntl(fd, F_GETFL, 0), fdfl = sys_fcntl(fd, F_GETFD, 0);
+	int er = 0;
+	if (fl < 0 || fdfl < 0) er = errno;
+	else if (e->has_bind && r_bind(s, (const struct sockaddr *)&e->bindaddr, sizeof e->bindaddr) < 0) er = errno;
+	else if ((fl & O_NONBLOCK) && sys_fcntl(s, F_SETFL, O_NONBLOCK) < 0) er = errno;
+	else if (sys_dup3(s, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) er = errno;
+	sys_close(s);
+	ent_free(e);
+	if (er) { errno = er; return -1; }
+	count_fallback(reason);
+	return 0;
+}
+
+static int fast_dest(const struct sockaddr *sa, socklen_t len)
+{
+	if (len < sizeof(struct sockaddr_in) || sa->sa_family != AF_INET || !g_have_hello) return 0;
+	uint32_t ip = ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
+	return (ip & g_mask) == g_net || (ntohl(ip) >> 24) == 127;
+}
+
+/* ---------- interposed functions ---------- */
+EXPORT int socket(int domain, int type, int protocol)
+{
+	RESOLVE(r_socket);
+	int base = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (!g_enabled || t_inshim || domain != AF_INET || base != SOCK_STREAM ||
+	    (protocol != 0 && protocol != IPPROTO_TCP))
+		return r_socket(domain, type, protocol);
+	int saved = errno;
+	t_inshim = 1;
+	int fd = take_host_socket(type);
+	t_inshim = 0;
+	if (fd >= 0) { errno = saved; return fd; }
+	count_fallback(SKIFF_R_UNAVAILABLE);
+	errno = saved;
+	return r_socket(domain, type, protocol);
+}
+
+EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	RESOLVE(r_connect);
+	if (t_inshim || !sa) return r_connect(fd, sa, len);
+	struct fdent *e = tab_take(fd);
+	if (!e) return r_connect(fd, sa, len);
+	int r, er;
+	if (fast_dest(sa, len)) {
+		r = r_connect(fd, sa, len);
+		er = errno;
+		if (r == 0 || !is_fallback_errno(er)) {
+			if (r == 0 || er == EINPROGRESS) count_replaced();
+			if (r < 0 && (er == EINVAL || er == EFAULT || er == EAFNOSUPPORT))
+				tab_put(fd, e);   /* nothing happened to the socket */
+			else
+				ent_free(e);      /* connected/connecting/failed: no longer fresh */
+			errno = er;
+			return r;
+		}
+		if (swap_to_container(fd, e, SKIFF_R_CONNECT) < 0) { errno = er; return -1; }
+	} else {
+		if (swap_to_container(fd, e, SKIFF_R_DEST) < 0) return -1;
+	}
+	return r_connect(fd, sa, len);
+}
+
+EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	RESOLVE(r_bind);
+	if (t_inshim || !sa) return r_bind(fd, sa, len);
+	struct fdent *e = tab_take(fd);
+	if (!e) return r_bind(fd, sa, len);
+	if (e->state != ST_FRESH) { tab_put(fd, e); return r_bind(fd, sa, len); }
+	if (len >= sizeof(struct sockaddr_in) && sa->sa_family == AF_INET) {
+		uint32_t ip = ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
+		if (ip == INADDR_ANY || (g_have_hello && ip == g_ip)) {
+			int r = r_bind(fd, sa, len), er = errno;
+			if (r == 0) {
+				e->state = ST_BOUND;
+				e->has_bind = 1;
+				memcpy(&e->bindaddr, sa, sizeof e->bindaddr);
+				tab_put(fd, e);
+				errno = er;
+				return 0;
+			}
+			if (!is_fallback_errno(er) || er == ENETUNREACH || er == EHOSTUNREACH) {
+				tab_put(fd, e);   /* e.g. EADDRINUSE: still fresh, app may retry */
+				errno = er;
+				return r;
+			}
+			if (swap_to_container(fd, e, SKIFF_R_BIND) < 0) { errno = er; return -1; }
+			return r_bind(fd, sa, len);
+		}
+	}
+	if (swap_to_container(fd, e, SKIFF_R_BIND) < 0) return -1;
+	return r_bind(fd, sa, len);
+}
+
+EXPORT int listen(int fd, int backlog)
+{
+	RESOLVE(r_listen);
+	if (t_inshim) return r_listen(fd, backlog);
+	struct fdent *e = tab_take(fd);
+	if (!e) return r_listen(fd, backlog);
+	if (e->state == ST_FRESH) {
+		/* never autobind a host socket to 0.0.0.0: explicit bind lets the hook move it to 127.0.0.1 */
+		struct sockaddr_in any = { .sin_family = AF_INET };
+		if (r_bind(fd, (struct sockaddr *)&any, sizeof any) < 0) {
+			if (swap_to_container(fd, e, SKIFF_R_LISTEN) < 0) return -1;
+			return r_listen(fd, backlog);
+		}
+		e->state = ST_BOUND;
+		e->has_bind = 1;
+		e->bindaddr = any;
+	}
+	int r = r_listen(fd, backlog), er = errno;
+	if (r == 0) { count_replaced(); ent_free(e); }
+	else tab_put(fd, e);
+	errno = er;
+	return r;
+}
+
+EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+	RESOLVE(r_setsockopt);
+	if (t_inshim) return r_setsockopt(fd, level, name, val, len);
+	struct fdent *e = tab_take(fd);
+	if (!e) return r_setsockopt(fd, level, name, val, len);
+	int r = r_setsockopt(fd, level, name, val, len), er = errno;
+	if (r == 0) {
+		ent_record(e, level, name, val, len);   /* BOUND too: replayed if a connect swaps */
+		tab_put(fd, e);
+		errno = er;
+		return 0;
+	}
+	if (er == EPERM && e->state == ST_FRESH) {
+		if (swap_to_container(fd, e, SKIFF_R_SOCKOPT) < 0) { errno = er; return -1; }
+		return r_setsockopt(fd, level, name, val, len);
+	}
+	tab_put(fd, e);
+	errno = er;
+	return r;
+}
+
+EXPORT int close(int fd)
+{
+	RESOLVE(r_close);
+	if (!t_inshim && tracked_possible()) {
+		int saved = errno;
+		tab_clear(fd);   /* before closing: the number cannot be reused meanwhile */
+		errno = saved;
+	}
+	return r_close(fd);
+}
+
+EXPORT int dup(int fd)
+{
+	RESOLVE(r_dup);
+	int r = r_dup(fd);
+	if (r >= 0 && !t_inshim && tracked_possible()) { int s = errno; tab_dup(fd, r); errno = s; }
+	return r;
+}
+
+EXPORT int dup2(int oldfd, int newfd)
+{
+	RESOLVE(r_dup2);
+	int r = r_dup2(oldfd, newfd);
+	if (r >= 0 && oldfd != newfd && !t_inshim && tracked_possible()) { int s = errno; tab_dup(oldfd, newfd); errno = s; }
+	return r;
+}
+
+EXPORT int dup3(int oldfd, int newfd, int flags)
+{
+	RESOLVE(r_dup3);
+	int r = r_dup3(oldfd, newfd, flags);
+	if (r >= 0 && !t_inshim && tracked_possible()) { int s = errno; tab_dup(oldfd, newfd); errno = s; }
+	return r;
+}
+
+static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
+{
+	int r = real(fd, cmd, arg);
+	if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && !t_inshim && tracked_possible()) {
+		int s = errno;
+		tab_dup(fd, r);
+		errno = s;
+	}
+	return r;
+}
+
+EXPORT int fcntl(int fd, int cmd, ...)
+{
+	RESOLVE(r_fcntl);
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);   /* int or pointer: same slot on all Linux ABIs glibc supports */
+	va_end(ap);
+	return fcntl_common(r_fcntl, fd, cmd, arg);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	RESOLVE(r_fcntl64);
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return fcntl_common(r_fcntl64, fd, cmd, arg);
+}
+
+/* ---------- fork / init / exit ---------- */
+static void atfork_prepare(void)
+{
+	pthread_mutex_lock(&g_pool_mu);
+	pthread_mutex_lock(&g_tab_mu);
+}
+
+static void atfork_parent(void)
+{
+	pthread_mutex_unlock(&g_tab_mu);
+	pthread_mutex_unlock(&g_pool_mu);
+}
+
+static void atfork_child(void)
+{
+	/* The child must not share the parent's pool or broker connection: the
+	 * parent hands those fds out / talks on that stream too. */
+	for (int i = 0; i < g_npool; i++)
+		if (fd_matches(g_pool[i].fd, g_pool[i].dev, g_pool[i].ino))
+			sys_close(g_pool[i].fd);
+	g_npool = 0;
+	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
+		sys_close(g_bfd);
+	g_bfd = -1;
+	g_outstanding = 0;
+	g_retry_at = 0;
+	g_cnt_replaced = g_cnt_fallback = 0;   /* the parent reports its own */
+	t_inshim = 0;
+	pthread_mutex_unlock(&g_tab_mu);
+	pthread_mutex_unlock(&g_pool_mu);
+}
+
+__attribute__((constructor)) static void skiff_init(void)
+{
+	resolve();
+	const char *v = getenv("SKIFF_SOCKETS");
+	if (v && (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no")))
+		return;
+	v = getenv("SKIFF_BROKER");
+	if (v && *v && strlen(v) < sizeof g_name - 1) {
+		memset(g_name, 0, sizeof g_name);
+		memcpy(g_name, v, strlen(v));
+	}
+	struct rlimit rl;
+	rlim_t lim = 1024;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < lim)
+		lim = rl.rlim_cur;
+	g_hibase = (int)(lim * 3 / 4);
+	if (!r_socket || !r_connect || !r_bind || !r_listen || !r_setsockopt || !r_close ||
+	    !r_dup || !r_dup2 || !r_dup3 || !r_fcntl)
+		return;   /* cannot interpose safely: stay disabled */
+	if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
+		return;
+	g_enabled = 1;
+}
+
+__attribute__((destructor)) static void skiff_fini(void)
+{
+	if (!g_enabled || t_inshim) return;
+	if (!__atomic_load_n(&g_cnt_replaced, __ATOMIC_RELAXED) &&
+	    !__atomic_load_n(&g_cnt_fallback, __ATOMIC_RELAXED))
+		return;
+	int saved = errno;
+	if (pthread_mutex_trylock(&g_pool_mu) != 0) return;
+	if (g_bfd >= 0 && !fd_matches(g_bfd, g_bdev, g_bino)) g_bfd = -1;
+	if (g_bfd < 0) {
+		/* e.g. a forked child that only used inherited sockets: a quick
+		 * non-blocking connect just for the flush (hello is left unread) */
+		int s = broker_sock(1);
+		if (s >= 0) broker_adopt(s);
+	}
+	if (g_bfd >= 0) broker_send_locked(SKIFF_OP_FLUSH, SKIFF_R_FLUSH);
+	pthread_mutex_unlock(&g_pool_mu);
+	errno = saved;
+}

@@ -1,0 +1,90 @@
+/* skiff_broker.h - wire protocol between libskiff.so (LD_PRELOAD shim, in the
+ * container netns) and skiff-broker (per-container socket factory, host netns),
+ * and the layout of the broker's mmap'd stats file.
+ *
+ * Transport: AF_UNIX SOCK_SEQPACKET, abstract address "\0" SKIFF_BROKER_NAME
+ * (created inside the container's netns, so it is only visible there).
+ * All structs are host-endian (both ends are on the same machine), fixed size,
+ * one struct per SEQPACKET message.  IP addresses are in network byte order.
+ *
+ *  broker -> shim, once after accept:   struct skiff_hello          (24 bytes)
+ *  shim -> broker:                      struct skiff_msg, op 'S'    (12 bytes)
+ *  broker -> shim, for each 'S':        struct skiff_reply          ( 4 bytes)
+ *                                       + n fds in ONE SCM_RIGHTS cmsg
+ *  shim -> broker:                      struct skiff_msg, op 'F'    (12 bytes), no reply
+ */
+#ifndef SKIFF_BROKER_H
+#define SKIFF_BROKER_H
+#include <stdint.h>
+
+#define SKIFF_BROKER_NAME     "skiff-broker"   /* abstract name, without the leading NUL */
+#define SKIFF_HELLO_MAGIC     0x31464b53u      /* "SKF1" little-endian */
+#define SKIFF_PROTO_VERSION   1u
+#define SKIFF_MAX_BATCH       64               /* max fds per request/reply */
+
+/* offset: 0 magic, 4 version, 8 net, 12 prefix, 13..15 pad (0), 16 ip, 20 flags */
+struct skiff_hello {
+	uint32_t magic;     /* SKIFF_HELLO_MAGIC */
+	uint32_t version;   /* SKIFF_PROTO_VERSION */
+	uint32_t net;       /* cluster network, network byte order */
+	uint8_t  prefix;    /* cluster prefix length 0..32 */
+	uint8_t  pad[3];
+	uint32_t ip;        /* the container's overlay IP, network byte order */
+	uint32_t flags;     /* reserved, 0 */
+};
+
+#define SKIFF_OP_SOCKETS 'S'   /* request sockets; reply follows */
+#define SKIFF_OP_FLUSH   'F'   /* counter flush / event; no reply */
+
+/* offset: 0 op, 1 count|reason, 2..3 pad (0), 4 replaced, 8 fallback.
+ * replaced/fallback: counts accumulated by the sender since its previous message. */
+struct skiff_msg {
+	uint8_t  op;
+	uint8_t  arg;       /* 'S': number of sockets wanted, 1..SKIFF_MAX_BATCH; 'F': reason */
+	uint16_t pad;
+	uint32_t replaced;
+	uint32_t fallback;
+};
+
+/* 'F' reasons */
+enum skiff_reason {
+	SKIFF_R_FLUSH       = 0,  /* periodic / exit flush, nothing happened */
+	SKIFF_R_UNAVAILABLE = 1,  /* broker unreachable or returned no socket: real socket() used */
+	SKIFF_R_DEST        = 2,  /* connect: destination not in cluster CIDR / not AF_INET */
+	SKIFF_R_CONNECT     = 3,  /* connect: kernel refused the fast path (EPERM, ENETUNREACH, ...) */
+	SKIFF_R_BIND        = 4,  /* bind: address not fast-path-able or refused */
+	SKIFF_R_LISTEN      = 5,  /* listen: implicit bind refused */
+	SKIFF_R_SOCKOPT     = 6,  /* setsockopt refused (EPERM) on the host socket */
+	SKIFF_R_MAX
+};
+
+/* offset 0: n (number of fds in the SCM_RIGHTS message, 0..requested) */
+struct skiff_reply {
+	uint32_t n;
+};
+
+/* Stats file (--stats FILE): SKIFF_STATS_SIZE bytes, mmap'd MAP_SHARED by the
+ * broker and updated in place; array of uint64_t, host-endian, 8-byte aligned.
+ * Each slot is written with a single aligned 64-bit store (readers never see torn values).
+ *   [0] SKIFF_STATS_MAGIC (low 32 bits "SKST", high 32 bits layout version)
+ *   [1] handed_out     sockets sent to shims
+ *   [2] replaced       connect/listen done on host sockets (reported by shims)
+ *   [3] fallback       swaps to container sockets + "unavailable" (reported by shims)
+ *   [4] clients_total  shim connections accepted
+ *   [5] clients_now    shim connections open
+ *   [6] errors         socket()/sendmsg/protocol errors in the broker
+ *   [7] pid            broker pid
+ */
+#define SKIFF_STATS_MAGIC    (0x54534b53ull | (1ull << 32))   /* "SKST", layout v1 */
+enum {
+	SKIFF_ST_MAGIC = 0, SKIFF_ST_HANDED_OUT, SKIFF_ST_REPLACED, SKIFF_ST_FALLBACK,
+	SKIFF_ST_CLIENTS_TOTAL, SKIFF_ST_CLIENTS_NOW, SKIFF_ST_ERRORS, SKIFF_ST_PID,
+	SKIFF_ST_NSLOTS
+};
+#define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
+
+_Static_assert(sizeof(struct skiff_hello) == 24, "hello layout");
+_Static_assert(sizeof(struct skiff_msg) == 12, "msg layout");
+_Static_assert(sizeof(struct skiff_reply) == 4, "reply layout");
+
+#endif

@@ -1,0 +1,502 @@
+/* sockcheck: socket-semantics checks for libskiff.so (run it with and without
+ * LD_PRELOAD; it must behave the same).
+ *
+ *   sockcheck server IP PORT [--count N] [--expect-net CIDR]
+ *       forking echo server; each connection first receives a 64-byte header
+ *       "SKCK peer=IP:PORT local=IP:PORT" (what the server saw), then echo.
+ *   sockcheck client IP PORT [--expect-net CIDR] [--server-peer IP] [--host yes|no] [--quick]
+ *       all checks (or one echo with --quick); one line per check, exit 1 on failure.
+ *   sockcheck loop IP PORT N          N sequential connect/echo/close; fd leak check
+ *   sockcheck threads IP PORT T N     T threads x N connections each
+ *
+ * --server-peer: the peer address the server must report (proves which netns
+ * the client socket lives in).  --host yes|no: the connected socket must (not)
+ * be in a different netns than a plain UDP socket of this process.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
+#define HDR 64
+
+static int g_fail;
+static struct sockaddr_in g_dst;
+static uint32_t g_net, g_mask;
+static int g_have_net;
+static const char *g_server_peer;
+static const char *g_host;
+
+static void ok(const char *name) { printf("ok   %s\n", name); fflush(stdout); }
+static void fail(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(const char *name, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	printf("FAIL %s: ", name);
+	vprintf(fmt, ap);
+	printf("\n");
+	fflush(stdout);
+	va_end(ap);
+	g_fail = 1;
+}
+
+static const char *fmt_sa(const struct sockaddr_in *a, char *buf, size_t n)
+{
+	char ip[INET_ADDRSTRLEN];
+	inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+	snprintf(buf, n, "%s:%d", ip, ntohs(a->sin_port));
+	return buf;
+}
+
+static int parse_cidr(const char *s)
+{
+	char b[64];
+	const char *sl = strchr(s, '/');
+	if (!sl || sl - s >= 64) return -1;
+	memcpy(b, s, sl - s);
+	b[sl - s] = 0;
+	int len = atoi(sl + 1);
+	struct in_addr a;
+	if (inet_pton(AF_INET, b, &a) != 1 || len < 0 || len > 32) return -1;
+	g_mask = len ? htonl(~0u << (32 - len)) : 0;
+	g_net = a.s_addr & g_mask;
+	g_have_net = 1;
+	return 0;
+}
+
+/* getsockname/getpeername must be AF_INET and, with --expect-net, inside it */
+static int check_names(const char *name, int s, char *out, size_t outn)
+{
+	struct sockaddr_in a, b;
+	socklen_t la = sizeof a, lb = sizeof b;
+	char x[64], y[64];
+	if (getsockname(s, (struct sockaddr *)&a, &la) || getpeername(s, (struct sockaddr *)&b, &lb)) {
+		fail(name, "getsockname/getpeername: %s", strerror(errno));
+		return -1;
+	}
+	if (a.sin_family != AF_INET || b.sin_family != AF_INET) {
+		fail(name, "family %d/%d", a.sin_family, b.sin_family);
+		return -1;
+	}
+	fmt_sa(&a, x, sizeof x);
+	fmt_sa(&b, y, sizeof y);
+	if (out) snprintf(out, outn, "local=%s peer=%s", x, y);
+	if (g_have_net && ((a.sin_addr.s_addr & g_mask) != g_net || (b.sin_addr.s_addr & g_mask) != g_net)) {
+		fail(name, "address outside expected net: local=%s peer=%s", x, y);
+		return -1;
+	}
+	return 0;
+}
+
+static int read_full(int s, void *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = read(s, (char *)buf + got, n - got);
+		if (r < 0 && errno == EINTR) continue;
+		if (r <= 0) return -1;
+		got += r;
+	}
+	return 0;
+}
+
+static int write_full(int s, const void *buf, size_t n)
+{
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = write(s, (const char *)buf + done, n - done);
+		if (r < 0 && errno == EINTR) continue;
+		if (r <= 0) return -1;
+		done += r;
+	}
+	return 0;
+}
+
+/* ---------------- server ---------------- */
+static void serve_one(int c)
+{
+	char hdr[HDR], a[64], b[64];
+	struct sockaddr_in pa, la;
+	socklen_t pl = sizeof pa, ll = sizeof la;
+	memset(hdr, ' ', sizeof hdr);
+	getpeername(c, (struct sockaddr *)&pa, &pl);
+	getsockname(c, (struct sockaddr *)&la, &ll);
+	int n = snprintf(hdr, sizeof hdr, "SKCK peer=%s local=%s", fmt_sa(&pa, a, sizeof a), fmt_sa(&la, b, sizeof b));
+	if (n < HDR) hdr[n] = ' ';
+	hdr[HDR - 1] = '\n';
+	if (write_full(c, hdr, HDR)) _exit(1);
+	char buf[16384];
+	for (;;) {
+		ssize_t r = read(c, buf, sizeof buf);
+		if (r < 0 && errno == EINTR) continue;
+		if (r <= 0) break;
+		if (write_full(c, buf, r)) break;
+	}
+	_exit(0);
+}
+
+static int do_server(int count)
+{
+	int one = 1;
+	int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (ls < 0) { perror("socket"); return 2; }
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(ls, (struct sockaddr *)&g_dst, sizeof g_dst) || listen(ls, 512)) { perror("bind/listen"); return 2; }
+	struct sockaddr_in la;
+	socklen_t ll = sizeof la;
+	char b[64];
+	getsockname(ls, (struct sockaddr *)&la, &ll);
+	printf("listening %s pid %d\n", fmt_sa(&la, b, sizeof b), (int)getpid());
+	fflush(stdout);
+	signal(SIGCHLD, SIG_IGN);   /* auto-reap */
+	int flagged = 0;
+	for (int i = 0; count <= 0 || i < count; i++) {
+		int c = accept4(ls, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (c < 0) { if (errno == EINTR) { i--; continue; } perror("accept4"); return 2; }
+		int fl = fcntl(c, F_GETFL), fdf = fcntl(c, F_GETFD);
+		if (!(fl & O_NONBLOCK) || !(fdf & FD_CLOEXEC)) {
+			fail("accept4-flags", "F_GETFL=%#x F_GETFD=%#x", fl, fdf);
+		} else if (!flagged) {
+			ok("accept4-flags");
+			flagged = 1;
+		}
+		if (g_have_net) check_names("server-names", c, NULL, 0);
+		fcntl(c, F_SETFL, fl & ~O_NONBLOCK);
+		pid_t p = fork();
+		if (p == 0) { close(ls); serve_one(c); }
+		close(c);
+	}
+	/* let the last children finish their echo */
+	signal(SIGCHLD, SIG_DFL);
+	while (wait(NULL) > 0 || errno == EINTR) {}
+	return g_fail;
+}
+
+/* ---------------- client ---------------- */
+static int conn_blocking(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0) return -1;
+	if (connect(s, (struct sockaddr *)&g_dst, sizeof g_dst)) { int e = errno; close(s); errno = e; return -1; }
+	return s;
+}
+
+/* read the server header; returns the peer the server saw in peer (IP only) */
+static int read_hdr(int s, char *peer, size_t n)
+{
+	char h[HDR + 1];
+	if (read_full(s, h, HDR)) return -1;
+	h[HDR] = 0;
+	if (strncmp(h, "SKCK peer=", 10)) return -1;
+	char *p = h + 10, *c = strchr(p, ':');
+	if (!c) return -1;
+	*c = 0;
+	snprintf(peer, n, "%s", p);
+	return 0;
+}
+
+static int echo_check(int s, size_t n)
+{
+	char *out = malloc(n), *in = malloc(n);
+	int r = -1;
+	if (!out || !in) goto done;
+	for (size_t i = 0; i < n; i++) out[i] = (char)(i * 7 + (i >> 8) + 1);
+	if (write_full(s, out, n) || read_full(s, in, n)) goto done;
+	r = memcmp(in, out, n) ? -2 : 0;
+done:
+	free(out);
+	free(in);
+	return r;
+}
+
+static uint64_t cookie(int s)
+{
+	uint64_t c = 0;
+	socklen_t l = sizeof c;
+	if (getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &c, &l)) return 0;
+	return c;
+}
+
+static void check_blocking(int quick)
+{
+	const char *name = "blocking-connect-echo";
+	int s = conn_blocking();
+	if (s < 0) { fail(name, "connect: %s", strerror(errno)); return; }
+	char peer[64], names[160];
+	if (read_hdr(s, peer, sizeof peer)) { fail(name, "bad server header"); close(s); return; }
+	int r = echo_check(s, 8192);
+	if (r) fail(name, "echo of 8192 bytes %s", r == -2 ? "corrupted" : "failed");
+	else ok(name);
+	if (quick) { close(s); return; }
+	if (check_names("client-names", s, names, sizeof names) == 0) ok("client-names");
+	printf("info client %s server-saw-peer=%s\n", names, peer);
+	if (g_server_peer) {
+		if (strcmp(peer, g_server_peer)) fail("server-peer", "server saw %s, want %s", peer, g_server_peer);
+		else ok("server-peer");
+	}
+	if (g_host) {
+		int u = socket(AF_INET, SOCK_DGRAM, 0);
+		uint64_t cs = cookie(s), cu = cookie(u);
+		close(u);
+		int is_host = cs && cu && cs != cu;
+		if (is_host != !strcmp(g_host, "yes"))
+			fail("netns", "socket netns cookie %llu, process netns cookie %llu, want host=%s",
+			     (unsigned long long)cs, (unsigned long long)cu, g_host);
+		else
+			ok("netns");
+	}
+	close(s);
+}
+
+static void check_nonblocking_epoll(void)
+{
+	const char *name = "nonblock-connect-epoll";
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s < 0) { fail(name, "socket: %s", strerror(errno)); return; }
+	int fl = fcntl(s, F_GETFL), fdf = fcntl(s, F_GETFD);
+	if (!(fl & O_NONBLOCK) || !(fdf & FD_CLOEXEC)) fail("socket-flags", "F_GETFL=%#x F_GETFD=%#x", fl, fdf);
+	else ok("socket-flags");
+	int r = connect(s, (struct sockaddr *)&g_dst, sizeof g_dst);
+	if (r < 0 && errno != EINPROGRESS) { fail(name, "connect: %s", strerror(errno)); close(s); return; }
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = { .events = EPOLLOUT, .data.fd = s };
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	int n = epoll_wait(ep, &ev, 1, 5000);
+	int err = -1;
+	socklen_t el = sizeof err;
+	getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el);
+	if (n != 1 || !(ev.events & EPOLLOUT) || err != 0) {
+		fail(name, "epoll n=%d events=%#x SO_ERROR=%d (%s) connect-ret=%d", n, ev.events, err, strerror(err), r);
+		close(ep); close(s); return;
+	}
+	/* wait for the header with epoll, then echo */
+	ev.events = EPOLLIN;
+	epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev);
+	if (epoll_wait(ep, &ev, 1, 5000) != 1) { fail(name, "no EPOLLIN"); close(ep); close(s); return; }
+	fcntl(s, F_SETFL, fl & ~O_NONBLOCK);
+	char peer[64];
+	if (read_hdr(s, peer, sizeof peer) || echo_check(s, 1000)) fail(name, "echo");
+	else ok(name);
+	close(ep);
+	close(s);
+}
+
+static void check_select_poll(void)
+{
+	const char *name = "select-poll";
+	int s = conn_blocking();
+	char peer[64];
+	if (s < 0 || read_hdr(s, peer, sizeof peer)) { fail(name, "connect: %s", strerror(errno)); if (s >= 0) close(s); return; }
+	char b[16];
+	if (write_full(s, "ping", 4)) { fail(name, "write"); close(s); return; }
+	fd_set rf;
+	FD_ZERO(&rf);
+	FD_SET(s, &rf);
+	struct timeval tv = { 5, 0 };
+	int r = select(s + 1, &rf, NULL, NULL, &tv);
+	if (r != 1 || !FD_ISSET(s, &rf) || read_full(s, b, 4) || memcmp(b, "ping", 4)) { fail(name, "select r=%d", r); close(s); return; }
+	if (write_full(s, "pong", 4)) { fail(name, "write"); close(s); return; }
+	struct pollfd p = { .fd = s, .events = POLLIN };
+	r = poll(&p, 1, 5000);
+	if (r != 1 || !(p.revents & POLLIN) || read_full(s, b, 4) || memcmp(b, "pong", 4)) { fail(name, "poll r=%d", r); close(s); return; }
+	/* writable too */
+	p.events = POLLOUT;
+	if (poll(&p, 1, 1000) != 1 || !(p.revents & POLLOUT)) { fail(name, "not writable"); close(s); return; }
+	ok(name);
+	close(s);
+}
+
+static void check_fork(void)
+{
+	const char *name = "fork-after-connect";
+	int s = conn_blocking();
+	char peer[64];
+	if (s < 0 || read_hdr(s, peer, sizeof peer)) { fail(name, "connect: %s", strerror(errno)); if (s >= 0) close(s); return; }
+	fflush(stdout);
+	pid_t p = fork();
+	if (p == 0) {
+		_exit(write_full(s, "from-child", 10) ? 1 : 0);
+	}
+	int st = 0;
+	waitpid(p, &st, 0);
+	char b[16];
+	if (!WIFEXITED(st) || WEXITSTATUS(st) || read_full(s, b, 10) || memcmp(b, "from-child", 10))
+		fail(name, "child status %#x / echo mismatch", st);
+	else
+		ok(name);
+	close(s);
+	/* the child of a fork gets sockets of its own (own pool / broker connection) */
+	p = fork();
+	if (p == 0) {
+		int c = conn_blocking();
+		_exit(c >= 0 && read_hdr(c, peer, sizeof peer) == 0 && echo_check(c, 100) == 0 ? 0 : 1);
+	}
+	waitpid(p, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st)) fail("fork-child-connect", "child status %#x", st);
+	else ok("fork-child-connect");
+}
+
+static void check_dup2(void)
+{
+	const char *name = "dup2-to-100";
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0) { fail(name, "socket"); return; }
+	/* dup2 BEFORE connect: the shim must follow the socket to fd 100 */
+	if (dup2(s, 100) != 100) { fail(name, "dup2: %s", strerror(errno)); close(s); return; }
+	close(s);
+	if (connect(100, (struct sockaddr *)&g_dst, sizeof g_dst)) { fail(name, "connect(100): %s", strerror(errno)); close(100); return; }
+	char peer[64];
+	if (read_hdr(100, peer, sizeof peer) || echo_check(100, 3000)) fail(name, "echo");
+	else ok(name);
+	/* and after connect */
+	int c = conn_blocking();
+	if (c < 0 || dup2(c, 100) != 100) { fail("dup2-after-connect", "%s", strerror(errno)); return; }
+	close(c);
+	if (read_hdr(100, peer, sizeof peer) || echo_check(100, 3000)) fail("dup2-after-connect", "echo");
+	else ok("dup2-after-connect");
+	close(100);
+}
+
+static void check_errors(void)
+{
+	/* errno semantics kept: EBADF, ENOTSOCK, EISCONN */
+	errno = 0;
+	if (connect(12345, (struct sockaddr *)&g_dst, sizeof g_dst) == 0 || errno != EBADF) fail("errno-ebadf", "errno=%d", errno);
+	else ok("errno-ebadf");
+	int s = conn_blocking();
+	if (s < 0) { fail("errno-eisconn", "connect"); return; }
+	errno = 0;
+	if (connect(s, (struct sockaddr *)&g_dst, sizeof g_dst) == 0 || errno != EISCONN) fail("errno-eisconn", "errno=%d", errno);
+	else ok("errno-eisconn");
+	close(s);
+	/* socket fd numbering: lowest free fd, like socket() */
+	int a = socket(AF_INET, SOCK_STREAM, 0), b = socket(AF_INET, SOCK_STREAM, 0);
+	close(a);
+	int c = socket(AF_INET, SOCK_STREAM, 0);
+	if (c != a) fail("lowest-fd", "got %d after closing %d", c, a);
+	else ok("lowest-fd");
+	close(b);
+	close(c);
+}
+
+static int count_fds(int below)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+	if (!d) return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.' && atoi(e->d_name) < below && atoi(e->d_name) != dirfd(d)) n++;
+	closedir(d);
+	return n;
+}
+
+static int do_loop(int n)
+{
+	int before = -1, fails = 0;
+	for (int i = 0; i < n; i++) {
+		int s = conn_blocking();
+		char peer[64];
+		if (s < 0 || read_hdr(s, peer, sizeof peer) || echo_check(s, 16)) {
+			if (fails++ < 3) fprintf(stderr, "loop %d: %s\n", i, strerror(errno));
+		}
+		if (s >= 0) close(s);
+		if (i == 0) before = count_fds(600);   /* after the shim set up its pool */
+	}
+	int after = count_fds(600), all = count_fds(1 << 30);
+	printf("info loop n=%d failed=%d fds(<600) before=%d after=%d total=%d\n", n, fails, before, after, all);
+	if (fails) fail("loop", "%d of %d connections failed", fails, n);
+	else if (after != before || all > before + 80) fail("loop-fds", "fd leak: before=%d after=%d total=%d", before, after, all);
+	else ok("loop");
+	return g_fail;
+}
+
+struct targ { int n, bad; };
+static void *thr(void *p)
+{
+	struct targ *t = p;
+	for (int i = 0; i < t->n; i++) {
+		int s = conn_blocking();
+		char peer[64];
+		if (s < 0 || read_hdr(s, peer, sizeof peer) || echo_check(s, 64)) t->bad++;
+		if (s >= 0) close(s);
+	}
+	return NULL;
+}
+
+static int do_threads(int nt, int n)
+{
+	pthread_t th[256];
+	struct targ a[256];
+	if (nt > 256) nt = 256;
+	for (int i = 0; i < nt; i++) { a[i].n = n; a[i].bad = 0; pthread_create(&th[i], NULL, thr, &a[i]); }
+	int bad = 0;
+	for (int i = 0; i < nt; i++) { pthread_join(th[i], NULL); bad += a[i].bad; }
+	if (bad) fail("threads", "%d of %d connections failed", bad, nt * n);
+	else ok("threads");
+	return g_fail;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: sockcheck server IP PORT [--count N] [--expect-net CIDR]\n"
+		"       sockcheck client IP PORT [--expect-net CIDR] [--server-peer IP] [--host yes|no] [--quick]\n"
+		"       sockcheck loop IP PORT N\n"
+		"       sockcheck threads IP PORT NTHREADS NCONN\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4) usage();
+	const char *mode = argv[1];
+	g_dst.sin_family = AF_INET;
+	g_dst.sin_port = htons(atoi(argv[3]));
+	if (inet_pton(AF_INET, argv[2], &g_dst.sin_addr) != 1) usage();
+	int count = 0, quick = 0, i = 4;
+	int pos[2] = { 0, 0 }, npos = 0;
+	for (; i < argc; i++) {
+		if (!strcmp(argv[i], "--count") && i + 1 < argc) count = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--expect-net") && i + 1 < argc) { if (parse_cidr(argv[++i])) usage(); }
+		else if (!strcmp(argv[i], "--server-peer") && i + 1 < argc) g_server_peer = argv[++i];
+		else if (!strcmp(argv[i], "--host") && i + 1 < argc) g_host = argv[++i];
+		else if (!strcmp(argv[i], "--quick")) quick = 1;
+		else if (argv[i][0] != '-' && npos < 2) pos[npos++] = atoi(argv[i]);
+		else usage();
+	}
+	signal(SIGPIPE, SIG_IGN);
+	if (!strcmp(mode, "server")) return do_server(count);
+	if (!strcmp(mode, "loop")) return do_loop(npos ? pos[0] : 100);
+	if (!strcmp(mode, "threads")) return do_threads(npos > 0 ? pos[0] : 8, npos > 1 ? pos[1] : 50);
+	if (strcmp(mode, "client")) usage();
+	check_blocking(quick);
+	if (!quick) {
+		check_nonblocking_epoll();
+		check_select_poll();
+		check_fork();
+		check_dup2();
+		check_errors();
+	}
+	return g_fail;
+}

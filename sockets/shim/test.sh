@@ -1,0 +1,300 @@
+#!/bin/bash
+# End-to-end test of libskiff.so + skiff-broker WITHOUT the eBPF hooks.
+#
+# Topology (all created here, removed by the trap):
+#   skfshim-h  "host" netns     10.98.0.1/24  --veth--  10.98.0.2/24  skfshim-c "container" netns
+#   skfshim-x  "elsewhere"      10.98.9.1/24  --veth--  10.98.9.2/24  skfshim-c
+#              + 10.99.0.1 on lo (c routes 10.99.0.0/24 via 10.98.9.1)
+# The broker (in h, listening in c) is told the cluster is 10.98.0.0/16 and the
+# container IP is 10.98.0.2.  So from c, with the shim:
+#   10.98.0.1  in CIDR, reachable from h  -> host socket (fast path)
+#   10.98.9.1  in CIDR, NOT reachable from h (ENETUNREACH) -> "kernel refused" fallback
+#   10.99.0.1  outside CIDR -> destination fallback (container socket)
+# Without hooks a host socket reaching 10.98.0.1 is seen by the server with
+# source 10.98.0.1 (h's own address), a container socket with 10.98.0.2.
+set -u
+cd "$(dirname "$0")"
+DIR=$(pwd)
+SHIM=$DIR/libskiff.so
+H=skfshim-h C=skfshim-c X=skfshim-x
+PY=/usr/bin/python3
+[ -x $PY ] || PY=python3
+TMP=$(mktemp -d /tmp/skfshim.XXXXXX)
+PIDS=()
+FAILS=0
+CG=""
+
+cleanup() {
+	local p ns
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	# anything still running inside the namespaces created here was started here
+	for ns in $H $C $X; do for p in $(ip netns pids $ns 2>/dev/null); do kill "$p" 2>/dev/null; done; done
+	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+	ip netns del $H 2>/dev/null; ip netns del $C 2>/dev/null; ip netns del $X 2>/dev/null
+	[ -n "$CG" ] && rmdir "$CG" 2>/dev/null
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok()   { echo "ok   $*"; }
+fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
+check() { local name=$1; shift; if "$@" >"$TMP/out" 2>&1; then ok "$name"; else fail "$name"; sed 's/^/     | /' "$TMP/out" | tail -20; fi; }
+inh() { ip netns exec $H "$@"; }
+inc() { ip netns exec $C "$@"; }
+inx() { ip netns exec $X "$@"; }
+shim() { ip netns exec $C env LD_PRELOAD=$SHIM "$@"; }
+# for background jobs use these arrays, not the functions: "fn &" would fork a
+# subshell and $! would not be the PID of the program
+INH=(ip netns exec $H) INX=(ip netns exec $X) SHIMC=(ip netns exec $C env LD_PRELOAD=$SHIM)
+# expect the sockcheck output in $TMP/out to have no FAIL and at least one ok
+sc_ok() { "$@" >"$TMP/out" 2>&1; local rc=$?; grep -q '^ok' "$TMP/out" && ! grep -q '^FAIL' "$TMP/out" && [ $rc = 0 ]; }
+stat_slot() { $PY -c "import struct,sys; print(struct.unpack('8Q', open(sys.argv[1],'rb').read(64))[int(sys.argv[2])])" "$1" "$2"; }
+wait_port() { # ns ip:port
+	for _ in $(seq 100); do ip netns exec "$1" ss -ltnH "src $2" 2>/dev/null | grep -q LISTEN && return 0; sleep 0.05; done; return 1
+}
+start_broker() { # extra args
+	nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --stats "$TMP/stats" "$@" 2>>"$TMP/broker.log" &
+	BROKER=$!; PIDS+=($BROKER)
+	for _ in $(seq 100); do
+		[ -s "$TMP/stats" ] && [ "$(stat_slot "$TMP/stats" 0 2>/dev/null)" = $((0x154534b53)) ] && return 0
+		sleep 0.05
+	done
+	return 1
+}
+T0=$(date +%s)
+
+[ "$(id -u)" = 0 ] || { echo "test.sh must run as root"; exit 1; }
+for f in libskiff.so skiff-broker sockcheck; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
+for ns in $H $C $X; do ip netns del $ns 2>/dev/null; done
+
+# ---------------- topology ----------------
+set -e
+ip netns add $H; ip netns add $C; ip netns add $X
+ip link add skfh0 netns $H type veth peer name skfc0 netns $C
+ip link add skfx0 netns $X type veth peer name skfc1 netns $C
+inh ip addr add 10.98.0.1/24 dev skfh0; inh ip link set skfh0 up; inh ip link set lo up
+inc ip addr add 10.98.0.2/24 dev skfc0; inc ip link set skfc0 up; inc ip link set lo up
+inc ip addr add 10.98.9.2/24 dev skfc1; inc ip link set skfc1 up
+inc ip route add 10.99.0.0/24 via 10.98.9.1
+inx ip addr add 10.98.9.1/24 dev skfx0; inx ip link set skfx0 up; inx ip link set lo up
+inx ip addr add 10.99.0.1/32 dev lo
+set +e
+
+# ---------------- broker flags ----------------
+bad_flags() {
+	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --bogus 2>"$TMP/e" && grep -q "unknown flag --bogus" "$TMP/e" || return 1
+	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/33 --ip 10.98.0.2 2>"$TMP/e" && grep -q "bad --cidr" "$TMP/e" || return 1
+	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.97.0.2 2>"$TMP/e" && grep -q "not inside" "$TMP/e" || return 1
+	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip x 2>"$TMP/e" && grep -q "bad --ip" "$TMP/e" || return 1
+	! ./skiff-broker --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "missing --netns" "$TMP/e" || return 1
+	! ./skiff-broker --netns /run/netns/nonexistent-skf --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "open netns" "$TMP/e" || return 1
+	! ./skiff-broker --netns /etc/hostname --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "setns" "$TMP/e"
+}
+check broker-bad-flags bad_flags
+
+# ---------------- servers ----------------
+"${INH[@]}" ./sockcheck server 10.98.0.1 7001 >"$TMP/srv_h.log" 2>&1 & PIDS+=($!)
+"${INX[@]}" ./sockcheck server 10.98.9.1 7002 >"$TMP/srv_x.log" 2>&1 & PIDS+=($!)
+"${INX[@]}" ./sockcheck server 10.99.0.1 7003 >"$TMP/srv_x2.log" 2>&1 & PIDS+=($!)
+mkdir -p "$TMP/www"; echo skiff-hello >"$TMP/www/index.html"
+"${INH[@]}" $PY -m http.server 8080 --bind 10.98.0.1 --directory "$TMP/www" >"$TMP/http.log" 2>&1 & PIDS+=($!)
+wait_port $H 10.98.0.1:7001 && wait_port $X 10.98.9.1:7002 && wait_port $X 10.99.0.1:7003 && wait_port $H 10.98.0.1:8080 \
+	|| { fail "servers did not start"; exit 1; }
+
+# cgroup v2 (optional): broker moves itself into --cgroup
+CG2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
+CGARG=()
+if [ -n "$CG2" ] && mkdir "$CG2/skfshim-test" 2>/dev/null; then CG=$CG2/skfshim-test; CGARG=(--cgroup "$CG"); fi
+start_broker "${CGARG[@]}" || { fail "broker did not start"; cat "$TMP/broker.log"; exit 1; }
+if [ -n "$CG" ]; then
+	check broker-cgroup grep -qx "0::/skfshim-test" /proc/$BROKER/cgroup
+fi
+check broker-abstract-in-container sh -c "ip netns exec $C ss -xlH | grep -q '@skiff-broker' && ! ip netns exec $H ss -xlH | grep -q '@skiff-broker'"
+
+# ---------------- baseline (no shim): container sockets ----------------
+check baseline-no-shim sc_ok inc ./sockcheck client 10.98.0.1 7001 --expect-net 10.98.0.0/24 --server-peer 10.98.0.2 --host no
+
+# ---------------- fast path: host sockets ----------------
+check shim-sockcheck-host sc_ok shim ./sockcheck client 10.98.0.1 7001 --expect-net 10.98.0.0/24 --server-peer 10.98.0.1 --host yes
+grep -q '^FAIL' "$TMP/srv_h.log" && fail "server-side checks (accept4 flags)" || ok "server-side checks (accept4 flags)"
+
+# the replaced socket is visible in the HOST netns (ss in h), not in c
+"${SHIMC[@]}" $PY -c '
+import socket, time
+s = socket.create_connection(("10.98.0.1", 7001)); s.recv(64)
+print(s.getsockname()[1], flush=True); time.sleep(1.5)' >"$TMP/hs" 2>&1 & HP=$!; PIDS+=($HP)
+sleep 0.6
+ss_host() {
+	local p; p=$(head -1 "$TMP/hs"); echo "client port $p"; inh ss -tnH state established
+	[ -n "$p" ] && inh ss -tnH state established "( sport = :$p and dport = :7001 )" | grep -q . &&
+	! inc ss -tnH state established "( dport = :7001 )" | grep -q .
+}
+check ss-shows-host-socket ss_host
+wait $HP 2>/dev/null
+
+# curl / wget / python urllib through the shim: http.server logs the client address
+http_checks() {
+	shim curl -sf http://10.98.0.1:8080/index.html | grep -q skiff-hello || { echo curl failed; return 1; }
+	shim wget -q -O - http://10.98.0.1:8080/index.html | grep -q skiff-hello || { echo wget failed; return 1; }
+	shim $PY -c 'import urllib.request; assert b"skiff-hello" in urllib.request.urlopen("http://10.98.0.1:8080/index.html").read()' || return 1
+	cat "$TMP/http.log"
+	[ "$(grep -c '^10.98.0.1 .*GET /index.html' "$TMP/http.log")" = 3 ] && ! grep -q '^10.98.0.2 ' "$TMP/http.log"
+}
+check curl-wget-urllib-host http_checks
+
+# a server under the shim: bind(0.0.0.0:7200) lands in h (without hooks: not rewritten), accept4 flags etc.
+"${SHIMC[@]}" ./sockcheck server 0.0.0.0 7200 --count 8 >"$TMP/srv_c.log" 2>&1 & SP=$!; PIDS+=($SP)
+server_shim() {
+	wait_port $H 0.0.0.0:7200 || { echo "no listener in h"; return 1; }
+	inc ss -ltnH | grep -q ':7200 ' && { echo "listener in c"; return 1; }
+	sc_ok inh ./sockcheck client 10.98.0.1 7200 || { cat "$TMP/out"; return 1; }
+	wait $SP; local rc=$?; cat "$TMP/srv_c.log"; [ $rc = 0 ] && grep -q '^ok   accept4-flags' "$TMP/srv_c.log"
+}
+check shim-server-listener-in-host server_shim
+
+# bind rules: listen() without bind -> explicit bind 0.0.0.0:0 on the host socket;
+# bind(container ip) -> EADDRNOTAVAIL in h -> container socket; bind(127.0.0.1) -> container socket
+"${SHIMC[@]}" $PY -c '
+import socket, time
+a = socket.socket(); a.listen()                                   # fast path, implicit bind
+b = socket.socket(); b.bind(("10.98.0.2", 7301)); b.listen()      # refused in h -> swap
+c = socket.socket(); c.bind(("127.0.0.1", 7302)); c.listen()      # not overlay -> swap
+print(a.getsockname()[1], flush=True); time.sleep(2)' >"$TMP/lst" 2>&1 & LP=$!; PIDS+=($LP)
+sleep 0.7
+bind_rules() {
+	local port; port=$(head -1 "$TMP/lst"); cat "$TMP/lst"
+	[ -n "$port" ] && inh ss -ltnH | grep -q "0.0.0.0:$port " || { echo "implicit listener not in h"; return 1; }
+	inc ss -ltnH | grep -q "0.0.0.0:$port " && { echo "implicit listener in c"; return 1; }
+	inc ss -ltnH | grep -q "10.98.0.2:7301 " || { echo "10.98.0.2:7301 not in c"; return 1; }
+	inc ss -ltnH | grep -q "127.0.0.1:7302 " || { echo "127.0.0.1:7302 not in c"; return 1; }
+}
+check bind-listen-rules bind_rules
+wait $LP 2>/dev/null
+
+# ---------------- fallbacks ----------------
+check fallback-dest-outside-cidr sc_ok shim ./sockcheck client 10.99.0.1 7003 --server-peer 10.98.9.2 --host no
+check fallback-kernel-refused sc_ok shim ./sockcheck client 10.98.9.1 7002 --server-peer 10.98.9.2 --host no
+
+# option replay + fd number/flags preserved across the swap; non-TCP sockets untouched
+replay() {
+	shim $PY - <<'EOF'
+import socket, fcntl, os
+def ck(s): return s.getsockopt(socket.SOL_SOCKET, 71, 8)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); cont = ck(u)
+assert ck(socket.socket(socket.AF_INET6, socket.SOCK_STREAM)) == cont, "AF_INET6 replaced"
+assert ck(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) == cont, "AF_UNIX replaced"
+s = socket.socket(); s.setblocking(False)
+assert ck(s) != cont, "not a host socket"
+fd = s.fileno()
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+err = s.connect_ex(("10.99.0.1", 7003))
+assert err == 115, "want EINPROGRESS, got %d" % err      # non-blocking semantics kept
+assert s.fileno() == fd and ck(s) == cont, "not swapped to container socket"
+assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0") == b"reno"
+assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+s.setblocking(True); assert s.recv(4) == b"SKCK"
+print("replayed ok")
+EOF
+}
+check fallback-replays-options replay
+
+# ---------------- opt-out, fork+exec, threads, many connections ----------------
+ct_before=$(stat_slot "$TMP/stats" 4)
+check opt-out-SKIFF_SOCKETS=off sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_SOCKETS=off ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
+check opt-out-no-broker-contact test "$(stat_slot "$TMP/stats" 4)" = "$ct_before"
+check fork-exec-shell sc_ok shim sh -c "./sockcheck client 10.98.0.1 7001 --quick && exec ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.1 --host yes"
+noleak_exec() {
+	shim $PY -c '
+import socket, os
+s = socket.create_connection(("10.98.0.1", 7001))
+os.execv("/bin/sh", ["sh", "-c", "ls -l /proc/self/fd"])' >"$TMP/fds"
+	cat "$TMP/fds"; grep -q /proc/ "$TMP/fds" && ! grep -q "socket:" "$TMP/fds"
+}
+check exec-no-fd-leak noleak_exec
+check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
+check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
+grep '^info' "$TMP/out"
+
+# the app clobbers the shim's pool/broker fds (close_range, dup2 onto high fds): the shim must notice
+clobber() {
+	shim $PY - <<'EOF2'
+import socket, os
+def peer(s):
+    return s.recv(64).split(b"=")[1].split(b":")[0].decode()
+s = socket.create_connection(("10.98.0.1", 7001)); assert peer(s) == "10.98.0.1"; s.close()
+os.closerange(3, 65536)                       # close_range(2): bypasses the shim's close()
+s = socket.create_connection(("10.98.0.1", 7001)); assert peer(s) == "10.98.0.1"; s.close()
+fd = os.open("/dev/null", os.O_RDONLY)
+for n in range(600, 1024): os.dup2(fd, n)     # every pool/broker slot now holds /dev/null
+for i in range(40):
+    s = socket.create_connection(("10.98.0.1", 7001)); assert peer(s) == "10.98.0.1", i; s.close()
+for n in range(600, 1024): os.fstat(n)       # the shim never closed the app's fds
+print("clobber ok")
+EOF2
+}
+check app-clobbers-pool-fds clobber
+
+# second broker: --name / SKIFF_BROKER, tiny pool (replies come from on-demand top-ups), many clients at once
+nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+	--name skiff-b2 --pool 2 --stats "$TMP/stats2" 2>>"$TMP/broker2.log" & B2=$!; PIDS+=($B2)
+for _ in $(seq 100); do [ -s "$TMP/stats2" ] && [ "$(stat_slot "$TMP/stats2" 0)" = $((0x154534b53)) ] && break; sleep 0.05; done
+many_clients() {
+	local pids=() p rc=0
+	for i in 1 2 3 4 5 6 7 8; do
+		ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b2 ./sockcheck threads 10.98.0.1 7001 4 40 >"$TMP/mc$i" 2>&1 & pids+=($!)
+	done
+	for p in "${pids[@]}"; do wait $p || rc=1; done
+	# exit flushes are asynchronous: give the broker a moment to read them
+	for _ in $(seq 40); do [ "$(stat_slot "$TMP/stats2" 2)" = 1280 ] && [ "$(stat_slot "$TMP/stats2" 5)" = 0 ] && break; sleep 0.05; done
+	cat "$TMP"/mc*; echo "b2: handed_out=$(stat_slot "$TMP/stats2" 1) replaced=$(stat_slot "$TMP/stats2" 2) clients_total=$(stat_slot "$TMP/stats2" 4) clients_now=$(stat_slot "$TMP/stats2" 5) errors=$(stat_slot "$TMP/stats2" 6)"
+	[ $rc = 0 ] && [ "$(stat_slot "$TMP/stats2" 2)" = 1280 ] && [ "$(stat_slot "$TMP/stats2" 4)" = 8 ] &&
+	[ "$(stat_slot "$TMP/stats2" 5)" = 0 ] && [ "$(stat_slot "$TMP/stats2" 6)" = 0 ]
+}
+check broker-name-small-pool-8-procs many_clients
+kill -INT $B2; wait $B2; check broker-sigint-clean-exit test $? = 0
+
+# ---------------- stats ----------------
+stats_move() {
+	local names=(magic handed_out replaced fallback clients_total clients_now errors pid) i
+	for i in 0 1 2 3 4 5 6 7; do echo "${names[$i]}=$(stat_slot "$TMP/stats" $i)"; done
+	[ "$(stat_slot "$TMP/stats" 1)" -ge 2000 ] && [ "$(stat_slot "$TMP/stats" 2)" -ge 2000 ] &&
+	[ "$(stat_slot "$TMP/stats" 3)" -ge 4 ] && [ "$(stat_slot "$TMP/stats" 4)" -ge 5 ] &&
+	[ "$(stat_slot "$TMP/stats" 6)" = 0 ] && [ "$(stat_slot "$TMP/stats" 7)" = "$BROKER" ]
+}
+for _ in $(seq 40); do [ "$(stat_slot "$TMP/stats" 5)" = 0 ] && break; sleep 0.05; done
+check stats-counters-move stats_move
+
+# ---------------- broker gone ----------------
+# a long-running process keeps working while the broker is killed and restarted
+"${SHIMC[@]}" $PY - >"$TMP/long" 2>&1 <<'EOF' & LRP=$!; PIDS+=($LRP)
+import socket, time
+peers = []
+end = time.time() + 4.0
+while time.time() < end:
+    s = socket.create_connection(("10.98.0.1", 7001))
+    h = s.recv(64); s.sendall(b"x"); assert s.recv(1) == b"x"; s.close()
+    peers.append(h.split(b"=")[1].split(b":")[0].decode())
+    time.sleep(0.005)
+print(len(peers), "conns; host", peers.count("10.98.0.1"), "container", peers.count("10.98.0.2"), "last", peers[-1])
+assert peers[-1] == "10.98.0.1" and peers.count("10.98.0.2") > 0
+EOF
+sleep 0.7
+kill -TERM $BROKER; wait $BROKER; brc=$?
+check broker-sigterm-clean-exit test $brc = 0
+check broker-down-new-process sc_ok shim ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
+check broker-down-curl sh -c "ip netns exec $C env LD_PRELOAD=$SHIM curl -sf http://10.98.0.1:8080/index.html | grep -q skiff-hello"
+sleep 0.3
+start_broker || fail "broker restart"
+wait $LRP; lrc=$?; cat "$TMP/long"
+check broker-restart-long-running-recovers test $lrc = 0
+
+echo "--- broker log (tail) ---"; grep -c "fallback event" "$TMP/broker.log" | sed "s/^/fallback events logged: /"; tail -4 "$TMP/broker.log"
+echo "elapsed $(( $(date +%s) - T0 ))s"
+if [ $FAILS -gt 0 ]; then echo "$FAILS check(s) FAILED"; exit 1; fi
+echo "all checks passed"

@@ -1,0 +1,538 @@
+//go:build ignore
+
+// skiff's sockets layer: a container's TCP sockets are host sockets (Slim,
+// NSDI '19; SlimFast), so its connections cross the network stack once, with
+// no encapsulation, no veth and no user-space hop on connect or accept.
+//
+// The programs, by where they sit:
+//   sock_create   container cgroup: stamps host-namespace TCP sockets the
+//                 container's broker creates with the container's overlay
+//                 address (the socket's cgroup, fixed at creation, selects
+//                 every hook below — not the cgroup of whoever calls).
+//   connect4      container cgroup: an overlay destination whose listener is
+//                 replaced and that the policy allows becomes its host's
+//                 underlay address (same port); anything else is refused
+//                 (EPERM) and the shim falls back to a container socket.
+//   bind4         container cgroup: binds move to 127.0.0.1:<ephemeral>, so
+//                 a replaced listener is unreachable without the SYN option;
+//                 a second listener on the same overlay port gets EADDRINUSE.
+//   getsockname4/getpeername4: show overlay addresses, never host ones.
+//   setsockopt    secure mode: priority, TOS, mark, device binding and saved
+//                 SYNs are refused on host sockets.
+//   sockops       writes the overlay addresses into the SYN (option kind 253),
+//                 publishes listeners in a socket map, learns an accepted
+//                 connection's overlay peer.
+//   from_underlay tc ingress of the underlay device and of lo: records a SYN's
+//                 4-tuple with the option's overlay addresses (and drops SYNs
+//                 whose claimed source does not live on the sending host).
+//   lookup        sk_lookup in the host namespace: steers recorded SYNs — and
+//                 overlay-path SYNs routed locally — to the replaced listener.
+//                 It runs inside the listener lookup, so SYN retransmits,
+//                 TIME_WAIT recycling and syncookies (the entry stays until
+//                 the connection is established) all work.
+//   dump/destroy  iter/tcp: list replaced sockets; end the ones the agent
+//                 marks (policy changes) with bpf_sock_destroy.
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "sockets.h"
+
+char __license[] SEC("license") = "GPL";
+
+#define AF_INET 2
+#define SOCK_STREAM 1
+#define SOL_SOCKET 1
+#define SO_BINDTODEVICE 25
+#define SO_PRIORITY 12
+#define SO_MARK 36
+#define SO_BINDTOIFINDEX 62
+#define SOL_IP 0
+#define IP_TOS 1
+#define IP_TRANSPARENT 19
+#define SOL_TCP 6
+#define TCP_SAVE_SYN 27
+#define TCPHDR_SYN 0x02
+#define TCPHDR_ACK 0x10
+#define TCP_LISTEN 10
+#define TCP_CLOSE 7
+#define EADDRINUSE 98
+#define LOOPBACK_NET 0x7f000000 // 127.0.0.0/8, host order
+#define LOOPBACK_IP 0x7f000001
+
+// Configuration, set by the agent before load.
+volatile const __u64 cfg_host_netns;   // netns cookie of the host namespace
+volatile const __be32 cfg_cluster_net; // cluster CIDR
+volatile const __be32 cfg_cluster_mask;
+volatile const __be32 cfg_local_net;   // this host's subnet
+volatile const __be32 cfg_local_mask;
+volatile const __u32 cfg_secure;       // refuse what is not the fast path
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
+	__type(key, int);
+	__type(value, struct sks_info);
+} sks_storage SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); // cgroup id
+	__type(value, struct sks_container);
+} sks_containers SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sks_route);
+	__type(value, __be32); // the listener's host
+} sks_routes SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 16384);
+	__type(key, struct sks_key);
+	__type(value, __u64);
+} sks_listen SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sks_tuple);
+	__type(value, struct sks_pending);
+} sks_syns SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, struct sks_subnet);
+	__type(value, __be32); // the host owning the subnet
+} sks_subnets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); // socket cookie
+	__type(value, __u8);
+} sks_kill SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} sks_events SEC(".maps");
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SKS_REASONS);
+	__type(key, __u32);
+	__type(value, __u64);
+} sks_stats SEC(".maps");
+
+static __always_inline void count(__u32 reason)
+{
+	__u64 *n = bpf_map_lookup_elem(&sks_stats, &reason);
+	if (n)
+		*n += 1;
+}
+
+static __always_inline bool in_cluster(__be32 ip) { return (ip & cfg_cluster_mask) == cfg_cluster_net; }
+
+// The socket's own namespace (not the caller's) decides: container-netns
+// sockets of the same cgroup are the overlay's and are left alone.
+static __always_inline bool host_socket(void *ctx) { return bpf_get_netns_cookie(ctx) == cfg_host_netns; }
+
+static __always_inline struct sks_info *info_of(struct bpf_sock *sk)
+{
+	if (!sk)
+		return NULL;
+	return bpf_sk_storage_get(&sks_storage, sk, 0, 0);
+}
+
+SEC("cgroup/sock_create")
+int sks_sock_create(struct bpf_sock *sk)
+{
+	if (sk->family != AF_INET || sk->type != SOCK_STREAM || !host_socket(sk))
+		return 1;
+	__u64 cg = bpf_get_current_cgroup_id();
+	struct sks_container *c = bpf_map_lookup_elem(&sks_containers, &cg);
+	if (!c)
+		return 1;
+	struct sks_info *si = bpf_sk_storage_get(&sks_storage, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!si)
+		return 0; // a replaced socket without identity must not exist
+	si->local_ip = c->ip;
+	si->role = SKS_FRESH;
+	count(SKS_STAMPED);
+	return 1;
+}
+
+// Host sockets of a container cgroup that carry no overlay identity (none
+// should exist) get nothing in secure mode.
+static __always_inline int unstamped(void) { return cfg_secure ? 0 : 1; }
+
+SEC("cgroup/connect4")
+int sks_connect4(struct bpf_sock_addr *ctx)
+{
+	if (!host_socket(ctx))
+		return 1;
+	struct sks_info *si = info_of(ctx->sk);
+	if (!si)
+		return unstamped();
+	if (si->role != SKS_FRESH || ctx->type != SOCK_STREAM) {
+		count(SKS_CONNECT_REFUSED);
+		return 0;
+	}
+	__be32 dst = ctx->user_ip4, steer = dst;
+	// The container's own loopback reaches its own replaced listeners.
+	if ((bpf_ntohl(dst) & 0xff000000) == LOOPBACK_NET)
+		steer = si->local_ip;
+	struct sks_route r = {.src = si->local_ip, .dst = steer, .port = (__u16)ctx->user_port};
+	__be32 *host = bpf_map_lookup_elem(&sks_routes, &r);
+	if (!host) {
+		count(SKS_CONNECT_REFUSED);
+		return cfg_secure ? 0 : 1;
+	}
+	si->peer_ip = dst;
+	si->peer_port = r.port;
+	si->steer_ip = steer;
+	si->role = SKS_CLIENT;
+	ctx->user_ip4 = *host;
+	count(SKS_CONNECT_FAST);
+	return 1;
+}
+
+SEC("cgroup/bind4")
+int sks_bind4(struct bpf_sock_addr *ctx)
+{
+	if (!host_socket(ctx))
+		return 1;
+	struct sks_info *si = info_of(ctx->sk);
+	if (!si)
+		return unstamped();
+	if (si->role != SKS_FRESH || ctx->type != SOCK_STREAM ||
+	    (ctx->user_ip4 != 0 && ctx->user_ip4 != si->local_ip)) {
+		count(SKS_BIND_REFUSED);
+		return 0;
+	}
+	__be16 port = (__u16)ctx->user_port;
+	if (port) {
+		struct sks_key k = {.ip = si->local_ip, .port = port};
+		struct bpf_sock *other = bpf_map_lookup_elem(&sks_listen, &k);
+		if (other) {
+			bpf_sk_release(other);
+			bpf_set_retval(-EADDRINUSE);
+			count(SKS_BIND_INUSE);
+			return 0;
+		}
+	}
+	si->local_port = port;
+	si->role = SKS_LISTEN;
+	ctx->user_ip4 = bpf_htonl(LOOPBACK_IP);
+	ctx->user_port = 0;
+	count(SKS_BIND_REWRITTEN);
+	return 1;
+}
+
+SEC("cgroup/getsockname4")
+int sks_getsockname4(struct bpf_sock_addr *ctx)
+{
+	struct sks_info *si = info_of(ctx->sk);
+	if (!si || !host_socket(ctx))
+		return 1;
+	ctx->user_ip4 = si->local_ip;
+	if (si->local_port)
+		ctx->user_port = si->local_port;
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int sks_getpeername4(struct bpf_sock_addr *ctx)
+{
+	struct sks_info *si = info_of(ctx->sk);
+	if (!si || !host_socket(ctx))
+		return 1;
+	// An unknown peer shows as 0.0.0.0 rather than as a host address.
+	ctx->user_ip4 = si->peer_ip;
+	if (si->peer_port)
+		ctx->user_port = si->peer_port;
+	return 1;
+}
+
+SEC("cgroup/setsockopt")
+int sks_setsockopt(struct bpf_sockopt *ctx)
+{
+	if (!cfg_secure || !info_of(ctx->sk) || !host_socket(ctx))
+		return 1;
+	int level = ctx->level, name = ctx->optname;
+	if ((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
+				     name == SO_BINDTOIFINDEX)) ||
+	    (level == SOL_IP && (name == IP_TOS || name == IP_TRANSPARENT)) ||
+	    (level == SOL_TCP && name == TCP_SAVE_SYN)) {
+		count(SKS_SOCKOPT_REFUSED);
+		return 0;
+	}
+	return 1;
+}
+
+// Keeps the event type in BTF for the Go side.
+const struct sks_event *unused_sks_event __attribute__((unused));
+const struct sks_sock *unused_sks_sock __attribute__((unused));
+
+static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
+{
+	struct sks_event *ev = bpf_ringbuf_reserve(&sks_events, sizeof(*ev), 0);
+	if (!ev)
+		return; // the agent's periodic resync catches up
+	ev->kind = kind;
+	ev->ip = ip;
+	ev->port = port;
+	ev->pad = 0;
+	bpf_ringbuf_submit(ev, 0);
+}
+
+SEC("sockops")
+int sks_sockops(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct sks_info *si = info_of(sk);
+	if (!si)
+		return 1;
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		if (si->role == SKS_CLIENT)
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		if ((skops->skb_tcp_flags & (TCPHDR_SYN | TCPHDR_ACK)) == TCPHDR_SYN)
+			bpf_reserve_hdr_opt(skops, SKS_OPT_LEN, 0);
+		break;
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
+		if ((skops->skb_tcp_flags & (TCPHDR_SYN | TCPHDR_ACK)) != TCPHDR_SYN)
+			break;
+		struct sks_opt opt = {
+			.kind = SKS_OPT_KIND,
+			.len = SKS_OPT_LEN,
+			.magic = bpf_htons(SKS_OPT_MAGIC),
+			.dst_ip = si->steer_ip,
+			.dst_port = si->peer_port,
+			.src_ip = si->local_ip,
+		};
+		if (bpf_store_hdr_opt(skops, &opt, sizeof(opt), 0) == 0)
+			count(SKS_OPT_WRITTEN);
+		break;
+	}
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		// Only SYNs carry the option: stop the per-packet callbacks.
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		break;
+	case BPF_SOCK_OPS_TCP_LISTEN_CB: {
+		if (si->role != SKS_LISTEN)
+			break; // autobound by listen() without bind: the agent ends it
+		struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
+		if (!k.port)
+			k.port = bpf_htons((__u16)skops->local_port);
+		if (bpf_sock_hash_update(skops, &sks_listen, &k, BPF_NOEXIST) != 0) {
+			count(SKS_LISTENER_FAILED);
+			break;
+		}
+		si->local_port = k.port;
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		count(SKS_LISTENER_ADDED);
+		notify(SKS_EV_LISTEN, k.ip, k.port);
+		break;
+	}
+	case BPF_SOCK_OPS_STATE_CB:
+		if (si->role == SKS_LISTEN && skops->args[0] == TCP_LISTEN)
+			notify(SKS_EV_CLOSE, si->local_ip, si->local_port);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB: {
+		// The child inherited the listener's storage (BPF_F_CLONE) and
+		// state-callback flag.
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
+		si->role = SKS_CHILD;
+		si->peer_port = 0; // the real port is the peer's
+		struct sks_tuple t = {
+			.saddr = skops->remote_ip4,
+			.daddr = skops->local_ip4,
+			.sport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
+			.dport = bpf_htons((__u16)skops->local_port),
+		};
+		struct sks_pending *p = bpf_map_lookup_elem(&sks_syns, &t);
+		if (p) {
+			si->peer_ip = p->src_ip;
+			bpf_map_delete_elem(&sks_syns, &t);
+			count(SKS_ACCEPTED);
+		} else if (in_cluster(skops->remote_ip4)) {
+			si->peer_ip = skops->remote_ip4; // came over the overlay
+			count(SKS_ACCEPTED);
+		} else {
+			si->peer_ip = 0;
+			count(SKS_ACCEPTED_UNKNOWN);
+		}
+		break;
+	}
+	}
+	return 1;
+}
+
+// The stack puts options written by BPF after its own, 4-byte aligned: our
+// 14-byte option is followed by two bytes of padding and so always starts
+// 16 bytes before the end of the TCP header. A SYN with the option anywhere
+// else is treated as a plain SYN (it reaches no replaced listener).
+#define SKS_OPT_FROM_END 16
+
+SEC("tc")
+int sks_from_underlay(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5)
+		return TC_ACT_OK;
+	struct tcphdr *th = (void *)ip + ip->ihl * 4;
+	if ((void *)(th + 1) > data_end || !th->syn || th->ack || th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END)
+		return TC_ACT_OK;
+	struct sks_opt o;
+	__u32 off = sizeof(*eth) + ip->ihl * 4 + th->doff * 4 - SKS_OPT_FROM_END;
+	if (bpf_skb_load_bytes(skb, off, &o, sizeof(o)) != 0 || o.kind != SKS_OPT_KIND ||
+	    o.len != SKS_OPT_LEN || o.magic != bpf_htons(SKS_OPT_MAGIC))
+		return TC_ACT_OK;
+	__be32 src = o.src_ip, dst = o.dst_ip;
+	__be16 port = o.dst_port;
+	// The option is not authenticated: it may only claim a container of the
+	// host the SYN comes from, and only a container of this host.
+	struct sks_subnet k = {.prefixlen = 32, .ip = src};
+	__be32 *owner = bpf_map_lookup_elem(&sks_subnets, &k);
+	if (!owner || *owner != ip->saddr) {
+		count(SKS_SYN_SPOOFED);
+		return TC_ACT_SHOT;
+	}
+	if ((dst & cfg_local_mask) != cfg_local_net || !port) {
+		count(SKS_SYN_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	struct sks_tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest};
+	struct sks_pending p = {.dst_ip = dst, .src_ip = src, .dst_port = port};
+	bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY);
+	count(SKS_SYN_RECORDED);
+	return TC_ACT_OK;
+}
+
+SEC("sk_lookup")
+int sks_lookup(struct bpf_sk_lookup *ctx)
+{
+	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP)
+		return SK_PASS;
+	struct sks_tuple t = {
+		.saddr = ctx->remote_ip4,
+		.daddr = ctx->local_ip4,
+		.sport = (__u16)ctx->remote_port, // be16
+		.dport = bpf_htons((__u16)ctx->local_port),
+	};
+	struct sks_key k = {};
+	// The entry stays until the connection is established: a syncookie ACK
+	// or a retransmitted SYN is steered the same way.
+	struct sks_pending *p = bpf_map_lookup_elem(&sks_syns, &t);
+	if (p) {
+		k.ip = p->dst_ip;
+		k.port = p->dst_port;
+	} else if ((ctx->local_ip4 & cfg_local_mask) == cfg_local_net) {
+		k.ip = ctx->local_ip4; // overlay traffic routed to this host's stack
+		k.port = t.dport;
+	} else {
+		return SK_PASS;
+	}
+	struct bpf_sock *sk = bpf_map_lookup_elem(&sks_listen, &k);
+	if (!sk) {
+		if (p)
+			count(SKS_NO_LISTENER); // the kernel answers with a RST
+		return SK_PASS;
+	}
+	long err = bpf_sk_assign(ctx, sk, 0);
+	bpf_sk_release(sk);
+	if (!err)
+		count(p ? SKS_ASSIGNED : SKS_OVERLAY_ASSIGNED);
+	return SK_PASS;
+}
+
+// Kernel types the socket iterator reads (CO-RE: only the fields named).
+struct seq_file;
+struct bpf_iter_meta {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+struct sock_common {
+	unsigned short skc_family;
+	volatile unsigned char skc_state;
+} __attribute__((preserve_access_index));
+struct bpf_iter__tcp {
+	struct bpf_iter_meta *meta;
+	struct sock_common *sk_common;
+} __attribute__((preserve_access_index));
+struct tcp_sock;
+
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
+static __always_inline struct sks_info *iter_info(struct sock_common *skc, struct tcp_sock **tp)
+{
+	if (!skc || skc->skc_family != AF_INET)
+		return NULL;
+	*tp = bpf_skc_to_tcp_sock(skc);
+	if (!*tp)
+		return NULL;
+	return bpf_sk_storage_get(&sks_storage, *tp, 0, 0);
+}
+
+SEC("iter/tcp")
+int sks_dump(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	struct tcp_sock *tp;
+	struct sks_info *si = iter_info(skc, &tp);
+	if (!si)
+		return 0;
+	struct sks_sock s = {
+		.cookie = bpf_get_socket_cookie(skc),
+		.local_ip = si->local_ip,
+		.peer_ip = si->peer_ip,
+		.local_port = bpf_ntohs(si->local_port),
+		.peer_port = bpf_ntohs(si->peer_port),
+		.role = si->role,
+		.state = skc->skc_state,
+	};
+	bpf_seq_write(ctx->meta->seq, &s, sizeof(s));
+	return 0;
+}
+
+SEC("iter/tcp")
+int sks_destroy(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	__u64 cookie = bpf_get_socket_cookie(skc);
+	if (!bpf_map_lookup_elem(&sks_kill, &cookie))
+		return 0;
+	if (bpf_sock_destroy(skc) == 0)
+		count(SKS_DESTROYED);
+	return 0;
+}

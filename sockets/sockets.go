@@ -1,0 +1,185 @@
+// Package sockets is skiff's sockets layer: containers' TCP connections run
+// on host sockets (Slim, NSDI '19; SlimFast), so their packets cross one
+// network stack with no encapsulation, no veth and no bridge. Connection
+// setup stays in the kernel: eBPF cgroup hooks rewrite connect and bind,
+// sockops carries the overlay addresses in a SYN option, and sk_lookup
+// steers the SYN to the container's listener (sockets.c). A per-container
+// broker (shim/) hands host sockets to the container's processes, where the
+// LD_PRELOAD shim puts them in place of socket(); whatever the fast path
+// cannot carry falls back to the overlay.
+//
+// This file loads the programs; attach.go attaches them, sync.go keeps their
+// maps coherent with the cluster and iter.go lists and ends replaced
+// connections.
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/cluster"
+)
+
+// Config describes the host the layer runs on.
+type Config struct {
+	Cluster    cluster.Config
+	Host       cluster.Host
+	Underlay   string // underlay device
+	PinDir     string // bpffs directory for maps and links
+	Secure     bool   // refuse what the fast path does not carry (default on)
+	CgroupRoot string // cgroup v2 mount containers' cgroups are relative to
+	Broker     string // the skiff-broker binary
+	StateDir   string // brokers' statistics files
+}
+
+// Layer is the loaded sockets layer of one host.
+type Layer struct {
+	cfg      Config
+	objs     sksObjects
+	underlay netlink.Link
+	log      *slog.Logger
+	brokers  *brokers
+}
+
+// Load loads the programs with this host's configuration. Maps pinned by an
+// earlier run are reused, so replaced connections keep their overlay
+// identity across agent restarts.
+func Load(cfg Config, log *slog.Logger) (*Layer, error) {
+	under, err := netlink.LinkByName(cfg.Underlay)
+	if err != nil {
+		return nil, fmt.Errorf("underlay %q: %w", cfg.Underlay, err)
+	}
+	spec, err := loadSks()
+	if err != nil {
+		return nil, fmt.Errorf("read sockets programs: %w", err)
+	}
+	if err := configure(spec, cfg); err != nil {
+		return nil, err
+	}
+	if err := bpffs.Ensure(cfg.PinDir); err != nil {
+		return nil, err
+	}
+	l := &Layer{cfg: cfg, underlay: under, log: log}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
+	err = spec.LoadAndAssign(&l.objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		log.Warn("pinned sockets maps do not match this version; starting empty", "dir", cfg.PinDir, "err", err)
+		if err := bpffs.Unpin(cfg.PinDir, "sks_"); err != nil {
+			return nil, err
+		}
+		err = spec.LoadAndAssign(&l.objs, opts)
+	}
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load sockets programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("load sockets programs: %w", err)
+	}
+	l.brokers = newBrokers(cfg, log)
+	return l, nil
+}
+
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	cookie, err := NetnsCookie()
+	if err != nil {
+		return err
+	}
+	secure := uint32(0)
+	if cfg.Secure {
+		secure = 1
+	}
+	vars := map[string]any{
+		"cfg_host_netns":   cookie,
+		"cfg_cluster_net":  cfg.Cluster.CIDR.Masked().Addr().As4(),
+		"cfg_cluster_mask": mask(cfg.Cluster.CIDR),
+		"cfg_local_net":    cfg.Host.Subnet.Masked().Addr().As4(),
+		"cfg_local_mask":   mask(cfg.Host.Subnet),
+		"cfg_secure":       secure,
+	}
+	for name, v := range vars {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("sockets programs lack %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func mask(p netip.Prefix) [4]byte {
+	m := net.CIDRMask(p.Bits(), 32)
+	return [4]byte{m[0], m[1], m[2], m[3]}
+}
+
+// NetnsCookie returns the cookie of the calling thread's network namespace,
+// which tells the programs host sockets from container ones.
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	var cookie uint64
+	size := uint32(unsafe.Sizeof(cookie))
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE,
+		uintptr(unsafe.Pointer(&cookie)), uintptr(unsafe.Pointer(&size)), 0)
+	if errno != 0 {
+		return 0, fmt.Errorf("netns cookie: %w", errno)
+	}
+	return cookie, nil
+}
+
+// Pinned reports whether a sockets layer is pinned in dir.
+func Pinned(dir string) bool {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "sks_listen"), nil)
+	if err != nil {
+		return false
+	}
+	m.Close()
+	return true
+}
+
+// Close releases this process's handles and stops the broker supervisor;
+// pinned maps, attached programs and running brokers stay.
+func (l *Layer) Close() error {
+	l.brokers.close()
+	return l.objs.Close()
+}
+
+// Reasons names the counters, in the order of enum sks_reason.
+var Reasons = []string{
+	"stamped", "connect_fast", "connect_refused", "bind_rewritten", "bind_refused", "bind_inuse",
+	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "syn_recorded",
+	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "accepted",
+	"accepted_unknown", "destroyed",
+}
+
+// Stats returns the counters summed over CPUs, by reason.
+func (l *Layer) Stats() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(Reasons))
+	for i, name := range Reasons {
+		var per []uint64
+		if err := l.objs.SksStats.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}

@@ -1,0 +1,129 @@
+// Types shared by sockets.c and the Go loader (bpf2go -type).
+#pragma once
+
+// The SYN option that carries overlay addresses (RFC 6994 experimental
+// option, kind 253, ExID 0x5352 "SR"): 14 bytes, padded to 16 by the stack.
+// Linux's own SYN options take 20 of the 40 bytes, so this fits beside them.
+#define SKS_OPT_KIND 253
+#define SKS_OPT_LEN 14
+#define SKS_OPT_MAGIC 0x5352
+
+struct sks_opt {
+	__u8 kind;
+	__u8 len;
+	__be16 magic;
+	__be32 dst_ip;   // overlay destination
+	__be16 dst_port;
+	__be32 src_ip;   // overlay source
+} __attribute__((packed));
+
+// An overlay endpoint: a listener's overlay address and port.
+struct sks_key {
+	__be32 ip;
+	__be16 port;
+	__u16 pad;
+};
+
+// A connection the fast path may carry: from a local container to an
+// overlay listener the policy allows. The value is the listener's host.
+struct sks_route {
+	__be32 src;
+	__be32 dst;
+	__be16 port;
+	__u16 pad;
+};
+
+// Host-side 4-tuple of a SYN, as seen on the server host.
+struct sks_tuple {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+};
+
+// What the server host learned from a SYN's option.
+struct sks_pending {
+	__be32 dst_ip;
+	__be32 src_ip;
+	__be16 dst_port;
+	__u16 pad;
+};
+
+enum sks_role {
+	SKS_FRESH = 1,  // a host socket handed to a container, not used yet
+	SKS_CLIENT = 2, // connected through the fast path
+	SKS_LISTEN = 3, // bound to an overlay address (really on loopback)
+	SKS_CHILD = 4,  // accepted from a replaced listener
+};
+
+// Per-socket overlay identity (socket storage, cloned into accepted children).
+struct sks_info {
+	__be32 local_ip;  // the container's overlay address
+	__be32 peer_ip;   // what getpeername shows
+	__be32 steer_ip;  // overlay destination written into the SYN option
+	__be16 local_port; // overlay port of a listener (0: the real port)
+	__be16 peer_port;
+	__u8 role;
+	__u8 pad[3];
+};
+
+// A container the layer serves, by cgroup id.
+struct sks_container {
+	__be32 ip;
+	__u32 flags;
+};
+
+// Longest-prefix key of host subnets (anti-spoofing).
+struct sks_subnet {
+	__u32 prefixlen;
+	__be32 ip;
+};
+
+enum sks_event_kind {
+	SKS_EV_LISTEN = 1,
+	SKS_EV_CLOSE = 2,
+};
+
+// Ring-buffer event: a replaced listener appeared or went away.
+struct sks_event {
+	__u32 kind;
+	__be32 ip;
+	__be16 port;
+	__u16 pad;
+};
+
+// One replaced socket, as the socket iterator reports it.
+struct sks_sock {
+	__u64 cookie;
+	__be32 local_ip;
+	__be32 peer_ip;
+	__be16 local_port; // host order
+	__be16 peer_port;  // host order
+	__u8 role;
+	__u8 state;
+	__u16 pad;
+};
+
+// Counters (per-CPU array). Keep Reasons in sockets.go in this order.
+enum sks_reason {
+	SKS_STAMPED,          // host socket created in a container's cgroup
+	SKS_CONNECT_FAST,     // connect rewritten to the listener's host
+	SKS_CONNECT_REFUSED,  // connect to a destination the fast path may not carry
+	SKS_BIND_REWRITTEN,   // bind moved to loopback
+	SKS_BIND_REFUSED,     // bind to a non-overlay address
+	SKS_BIND_INUSE,       // overlay address and port already taken
+	SKS_SOCKOPT_REFUSED,  // secure mode refused a socket option
+	SKS_OPT_WRITTEN,      // SYN option written
+	SKS_LISTENER_ADDED,   // listener published in the socket map
+	SKS_LISTENER_FAILED,  // could not be inserted
+	SKS_SYN_RECORDED,     // option SYN recorded on the server host
+	SKS_SYN_SPOOFED,      // option claims a source not on the sending host
+	SKS_SYN_MALFORMED,    // option present but unusable
+	SKS_ASSIGNED,         // sk_lookup steered a SYN to a replaced listener
+	SKS_NO_LISTENER,      // recorded SYN without a listener (RST)
+	SKS_OVERLAY_ASSIGNED, // overlay-path SYN steered to a replaced listener
+	SKS_ACCEPTED,         // child learned its peer's overlay address
+	SKS_ACCEPTED_UNKNOWN, // child whose peer is unknown (shows 0.0.0.0)
+	SKS_DESTROYED,        // connection ended by a policy change
+	SKS_REASONS,
+};

@@ -1,0 +1,145 @@
+package sockets
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/policy"
+)
+
+func ip32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func addrOf(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// port16 turns a host-order port into the network-order value the maps hold.
+func port16(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func portOf(v uint16) uint16 { return port16(v) } // the swap is its own inverse
+
+// LocalListeners lists this host's replaced listeners.
+func (l *Layer) LocalListeners() ([]cluster.Listener, error) {
+	var out []cluster.Listener
+	var k sksSksKey
+	it := l.objs.SksListen.Iterate()
+	var cookie uint64
+	for it.Next(&k, &cookie) {
+		out = append(out, cluster.Listener{Host: l.cfg.Host.Name, Addr: netip.AddrPortFrom(addrOf(k.Ip), portOf(k.Port))})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list listeners: %w", err)
+	}
+	slices.SortFunc(out, func(a, b cluster.Listener) int { return a.Addr.Compare(b.Addr) })
+	return out, nil
+}
+
+// Sync makes the maps match the cluster: which host owns which subnet
+// (anti-spoofing) and which connections local containers may make on the
+// fast path — to published listeners, where the policy allows them.
+func (l *Layer) Sync(hosts []cluster.Host, local []cluster.Endpoint, listeners []cluster.Listener, rules policy.Set) error {
+	subnets := map[sksSksSubnet]uint32{}
+	underlay := map[string]netip.Addr{}
+	for _, h := range hosts {
+		underlay[h.Name] = h.UnderlayIP
+		if h.Subnet.IsValid() {
+			subnets[sksSksSubnet{Prefixlen: uint32(h.Subnet.Bits()), Ip: ip32(h.Subnet.Masked().Addr())}] = ip32(h.UnderlayIP)
+		}
+	}
+	routes := map[sksSksRoute]uint32{}
+	for _, e := range local {
+		if !Replaced(e) {
+			continue
+		}
+		src := e.IP.Addr()
+		for _, li := range listeners {
+			host, ok := underlay[li.Host]
+			if !ok {
+				continue
+			}
+			flow := policy.Flow{Src: src, Dst: li.Addr.Addr(), Proto: policy.TCP, Port: li.Addr.Port()}
+			if !rules.Allowed(flow) {
+				continue
+			}
+			routes[sksSksRoute{Src: ip32(src), Dst: ip32(li.Addr.Addr()), Port: port16(li.Addr.Port())}] = ip32(host)
+		}
+	}
+	return errors.Join(syncMap(l.objs.SksSubnets, subnets), syncMap(l.objs.SksRoutes, routes))
+}
+
+// syncMap makes m hold exactly want.
+func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
+	var errs []error
+	var k K
+	var v uint32
+	var stale []K
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if w, ok := want[k]; !ok {
+			stale = append(stale, k)
+		} else if w == v {
+			delete(want, k) // already right
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", m, err)
+	}
+	for _, k := range stale {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete from %s: %w", m, err))
+		}
+	}
+	for k, v := range want {
+		if err := m.Put(k, v); err != nil {
+			errs = append(errs, fmt.Errorf("update %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WatchListeners signals on the returned channel whenever a replaced
+// listener appears or goes away on this host, until ctx ends.
+func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
+	rd, err := ringbuf.NewReader(l.objs.SksEvents)
+	if err != nil {
+		return nil, fmt.Errorf("listener events: %w", err)
+	}
+	out := make(chan struct{}, 1)
+	go func() {
+		<-ctx.Done()
+		rd.Close()
+	}()
+	go func() {
+		defer close(out)
+		for {
+			if _, err := rd.Read(); err != nil {
+				if !errors.Is(err, ringbuf.ErrClosed) {
+					l.log.Warn("listener events", "err", err)
+				}
+				return
+			}
+			select {
+			case out <- struct{}{}:
+			default: // one pending signal is enough
+			}
+		}
+	}()
+	return out, nil
+}

@@ -1,0 +1,57 @@
+// Package tc attaches skiff's eBPF programs to the tc (clsact) hooks of
+// network devices. Each layer tags its filters with its own name, so layers
+// never remove each other's programs.
+package tc
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Hooks of a device.
+const (
+	Ingress = netlink.HANDLE_MIN_INGRESS
+	Egress  = netlink.HANDLE_MIN_EGRESS
+)
+
+// Attach puts prog, named name, on link's hook (clsact, direct action) at
+// priority prio. Replacing the filter is atomic, so re-attaching after an
+// agent restart swaps programs without a gap.
+func Attach(h *netlink.Handle, link netlink.Link, hook uint32, prio uint16, name string, prog *ebpf.Program) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := h.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("clsact on %s: %w", link.Attrs().Name, err)
+	}
+	f := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: link.Attrs().Index, Parent: hook, Handle: 1,
+			Protocol: unix.ETH_P_ALL, Priority: prio},
+		Fd: prog.FD(), Name: name, DirectAction: true,
+	}
+	if err := h.FilterReplace(f); err != nil {
+		return fmt.Errorf("attach %s to %s: %w", name, link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// Detach removes the filters named name from link's hook; none is fine.
+func Detach(h *netlink.Handle, link netlink.Link, hook uint32, name string) error {
+	filters, err := h.FilterList(link, hook)
+	if err != nil {
+		return fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == name {
+			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("detach %s from %s: %w", name, link.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
+}
