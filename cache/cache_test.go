@@ -15,6 +15,7 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/tc/tctest"
 )
 
 const (
@@ -55,16 +56,6 @@ func newTestCache(t *testing.T, capacity Capacity) *Cache {
 	return c
 }
 
-func run(t *testing.T, prog *ebpf.Program, in []byte) (uint32, []byte) {
-	t.Helper()
-	opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}
-	ret, err := prog.Run(opts)
-	if err != nil {
-		t.Fatalf("BPF_PROG_RUN: %v", err)
-	}
-	return ret, opts.DataOut
-}
-
 // delta runs f and returns how the counters changed.
 func delta(t *testing.T, c *Cache, f func()) map[string]uint64 {
 	t.Helper()
@@ -97,7 +88,7 @@ func ipAt(t *testing.T, pkt []byte, off int) (tos, ttl byte) {
 		t.Fatalf("packet of %d bytes has no IPv4 header at %d", len(pkt), off)
 	}
 	h := pkt[off : off+int(pkt[off]&0xf)*4]
-	if csum(h) != 0 {
+	if tctest.Csum(h) != 0 {
 		t.Errorf("IPv4 header checksum at %d is wrong: % x", off, h)
 	}
 	return h[1], h[8]
@@ -107,7 +98,7 @@ func ipAt(t *testing.T, pkt []byte, off int) (tos, ttl byte) {
 // ingressTCP hits on both paths.
 func fill(t *testing.T, c *Cache, filter, egressIP, egressHost, ingress bool) {
 	t.Helper()
-	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: protoTCP}
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
 	put := func(m *ebpf.Map, key, val any) {
 		if err := m.Put(key, val); err != nil {
 			t.Fatal(err)
@@ -121,7 +112,7 @@ func fill(t *testing.T, c *Cache, filter, egressIP, egressHost, ingress bool) {
 	}
 	if egressHost {
 		var eh skcEgressHost
-		copy(eh.Hdr[:], encapsulatedTCP(ipOpts{})[:64])
+		copy(eh.Hdr[:], encapsulatedTCP(tctest.IPOpts{})[:64])
 		eh.Ifindex = 7
 		put(c.objs.SkcEgressHost, be32(ulPeer), eh)
 	}
@@ -148,33 +139,33 @@ func TestReasonsMatchProgram(t *testing.T) {
 func TestFromContainerPassesUntouched(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, true, true, true, true) // even with warm caches
-	ipv6 := eth(macBridge, macContainer, 0x86dd, make([]byte, 60))
-	arp := eth(macBridge, macContainer, 0x0806, make([]byte, 28))
+	ipv6 := tctest.Eth(macBridge, macContainer, 0x86dd, make([]byte, 60))
+	arp := tctest.Eth(macBridge, macContainer, 0x0806, make([]byte, 28))
 	for _, tc := range []struct {
 		name, reason string
 		pkt          []byte
 	}{
 		{"IPv6", "from_container/pass_not_ipv4", ipv6},
 		{"ARP", "from_container/pass_not_ipv4", arp},
-		{"IPv4 header only", "from_container/pass_unsupported", egressTCP(ipOpts{}, tcpACK)[:14+20]},
-		{"truncated TCP", "from_container/pass_unsupported", egressTCP(ipOpts{}, tcpACK)[:14+20+10]},
-		{"IP options", "from_container/pass_unsupported", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{options: []byte{1, 1, 1, 0}}, protoTCP, ipLocal, ipRemote, tcp(40000, 80, tcpACK, payload)))},
-		{"first fragment", "from_container/pass_unsupported", egressTCP(ipOpts{frag: 0x2000}, tcpACK)},
-		{"later fragment", "from_container/pass_unsupported", egressTCP(ipOpts{frag: 0x0010}, tcpACK)},
-		{"SCTP", "from_container/pass_unsupported", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, 132, ipLocal, ipRemote, payload))},
-		{"ICMP unreachable", "from_container/pass_unsupported", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoICMP, ipLocal, ipRemote, icmp(3, payload)))},
-		{"same host", "from_container/pass_not_remote", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoTCP, ipLocal, ipLocal2, tcp(40000, 80, tcpACK, payload)))},
-		{"to the host's underlay", "from_container/pass_not_remote", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoTCP, ipLocal, ulPeer, tcp(40000, 80, tcpACK, payload)))},
-		{"outside the cluster", "from_container/pass_not_remote", eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoUDP, ipLocal, netip.MustParseAddr("192.0.2.1"), udp(5000, 53, payload)))},
-		{"SYN", "from_container/pass_syn_fin_rst", egressTCP(ipOpts{}, tcpSYN)},
-		{"FIN", "from_container/pass_syn_fin_rst", egressTCP(ipOpts{}, tcpFIN|tcpACK)},
-		{"RST", "from_container/pass_syn_fin_rst", egressTCP(ipOpts{}, tcpRST)},
-		{"TTL 1", "from_container/pass_ttl", egressTCP(ipOpts{ttl: 1}, tcpACK)},
+		{"IPv4 header only", "from_container/pass_unsupported", egressTCP(tctest.IPOpts{}, tctest.ACK)[:14+20]},
+		{"truncated TCP", "from_container/pass_unsupported", egressTCP(tctest.IPOpts{}, tctest.ACK)[:14+20+10]},
+		{"IP options", "from_container/pass_unsupported", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{Options: []byte{1, 1, 1, 0}}, tctest.ProtoTCP, ipLocal, ipRemote, tctest.TCP(40000, 80, tctest.ACK, payload)))},
+		{"first fragment", "from_container/pass_unsupported", egressTCP(tctest.IPOpts{Frag: 0x2000}, tctest.ACK)},
+		{"later fragment", "from_container/pass_unsupported", egressTCP(tctest.IPOpts{Frag: 0x0010}, tctest.ACK)},
+		{"SCTP", "from_container/pass_unsupported", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, 132, ipLocal, ipRemote, payload))},
+		{"ICMP unreachable", "from_container/pass_unsupported", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoICMP, ipLocal, ipRemote, tctest.ICMP(3, payload)))},
+		{"same host", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ipLocal2, tctest.TCP(40000, 80, tctest.ACK, payload)))},
+		{"to the host's underlay", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ulPeer, tctest.TCP(40000, 80, tctest.ACK, payload)))},
+		{"outside the cluster", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoUDP, ipLocal, netip.MustParseAddr("192.0.2.1"), tctest.UDP(5000, 53, payload)))},
+		{"SYN", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.SYN)},
+		{"FIN", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.FIN|tctest.ACK)},
+		{"RST", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.RST)},
+		{"TTL 1", "from_container/pass_ttl", egressTCP(tctest.IPOpts{TTL: 1}, tctest.ACK)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ret uint32
 			var out []byte
-			d := delta(t, c, func() { ret, out = run(t, c.objs.FromContainer, tc.pkt) })
+			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, tc.pkt) })
 			if ret != tcActOK || !bytes.Equal(out, tc.pkt) {
 				t.Errorf("ret %d, packet changed: %v", ret, !bytes.Equal(out, tc.pkt))
 			}
@@ -198,10 +189,10 @@ func TestFromContainerMisses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newTestCache(t, Capacity{})
 			fill(t, c, tc.filter, tc.egressIP, tc.egressHost, tc.ingress)
-			in := egressTCP(ipOpts{tos: 0x20}, tcpACK) // the container's own DSCP must survive
+			in := egressTCP(tctest.IPOpts{TOS: 0x20}, tctest.ACK) // the container's own DSCP must survive
 			var ret uint32
 			var out []byte
-			d := delta(t, c, func() { ret, out = run(t, c.objs.FromContainer, in) })
+			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, in) })
 			expectCount(t, d, tc.reason)
 			if ret != tcActOK || len(out) != len(in) {
 				t.Fatalf("ret %d, len %d", ret, len(out))
@@ -224,10 +215,10 @@ func TestFromContainerMisses(t *testing.T) {
 func TestFromContainerHit(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, true, true, true, true)
-	in := egressTCP(ipOpts{tos: 0x20}, tcpACK|tcpPSH)
+	in := egressTCP(tctest.IPOpts{TOS: 0x20}, tctest.ACK|tctest.PSH)
 	var ret uint32
 	var out []byte
-	d := delta(t, c, func() { ret, out = run(t, c.objs.FromContainer, in) })
+	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, in) })
 	expectCount(t, d, "from_container/hit")
 	if ret != tcActRedir {
 		t.Fatalf("ret %d, want redirect", ret)
@@ -235,7 +226,7 @@ func TestFromContainerHit(t *testing.T) {
 	if len(out) != len(in)+50 {
 		t.Fatalf("encapsulated length %d, want %d", len(out), len(in)+50)
 	}
-	want := encapsulatedTCP(ipOpts{})
+	want := encapsulatedTCP(tctest.IPOpts{})
 	// Outer Ethernet, VXLAN header and inner Ethernet come from the cache.
 	if !bytes.Equal(out[:14], want[:14]) || !bytes.Equal(out[42:64], want[42:64]) {
 		t.Errorf("cached headers not copied:\n got % x\nwant % x", out[:64], want[:64])
@@ -244,7 +235,7 @@ func TestFromContainerHit(t *testing.T) {
 	if got := binary.BigEndian.Uint16(out[16:]); int(got) != len(out)-14 {
 		t.Errorf("outer total length %d, want %d", got, len(out)-14)
 	}
-	if out[14+8] != 64 || out[14+9] != protoUDP || !bytes.Equal(out[26:34], want[26:34]) {
+	if out[14+8] != 64 || out[14+9] != tctest.ProtoUDP || !bytes.Equal(out[26:34], want[26:34]) {
 		t.Errorf("outer TTL/protocol/addresses wrong: % x", out[14:34])
 	}
 	sport, dport := binary.BigEndian.Uint16(out[34:]), binary.BigEndian.Uint16(out[36:])
@@ -262,7 +253,7 @@ func TestFromContainerHit(t *testing.T) {
 		t.Error("inner transport header or payload changed")
 	}
 	// The same flow hashes to the same source port every time.
-	_, again := run(t, c.objs.FromContainer, in)
+	_, again := tctest.Run(t, c.objs.FromContainer, in)
 	if binary.BigEndian.Uint16(again[34:]) != sport {
 		t.Error("UDP source port is not stable for a flow")
 	}
@@ -271,12 +262,12 @@ func TestFromContainerHit(t *testing.T) {
 func TestFromContainerICMPEchoHit(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, false, true, true, true)
-	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Proto: protoICMP}
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Proto: tctest.ProtoICMP}
 	if err := c.objs.SkcFilter.Put(k, skcFilterVal{Egress: 1, Ingress: 1}); err != nil {
 		t.Fatal(err)
 	}
-	in := eth(macBridge, macContainer, 0x0800, ipv4(ipOpts{}, protoICMP, ipLocal, ipRemote, icmp(8, payload)))
-	if ret, out := run(t, c.objs.FromContainer, in); ret != tcActRedir || len(out) != len(in)+50 {
+	in := tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoICMP, ipLocal, ipRemote, tctest.ICMP(8, payload)))
+	if ret, out := tctest.Run(t, c.objs.FromContainer, in); ret != tcActRedir || len(out) != len(in)+50 {
 		t.Errorf("echo request: ret %d len %d", ret, len(out))
 	}
 }
@@ -289,29 +280,29 @@ func TestFromUnderlay(t *testing.T) {
 		reason                                string
 		innerMarked, unchanged                bool
 	}{
-		{name: "not VXLAN", pkt: eth(macUnderlay, macPeer, 0x0800, ipv4(ipOpts{}, protoUDP, ulPeer, ulLocal, udp(5000, 53, payload))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
-		{name: "IPv6 underlay", pkt: eth(macUnderlay, macPeer, 0x86dd, make([]byte, 80)), reason: "from_underlay/pass_not_vxlan", unchanged: true},
-		{name: "wrong VNI", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI+1, 4789, eth(macVTEP, macPeerVTEP, 0x0800, ipv4(ipOpts{}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK, payload)))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
-		{name: "inner IPv6", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, eth(macVTEP, macPeerVTEP, 0x86dd, make([]byte, 60))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
-		{name: "truncated inner", pkt: ingressTCP(ipOpts{}, tcpACK)[:64+10], reason: "from_underlay/pass_not_vxlan", unchanged: true},
-		{name: "outer IP options", pkt: eth(macUnderlay, macPeer, 0x0800, ipv4(ipOpts{options: []byte{1, 1, 1, 0}}, protoUDP, ulPeer, ulLocal, ingressTCP(ipOpts{}, tcpACK)[34:])), reason: "from_underlay/pass_not_vxlan", unchanged: true},
-		{name: "wrong destination MAC", pkt: vxlan(ipOpts{}, macPeer, macPeer, ulPeer, ulLocal, testVNI, 4789, ingressTCP(ipOpts{}, tcpACK)[64-14:]), reason: "from_underlay/pass_not_mine", unchanged: true},
-		{name: "wrong destination IP", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulOther, testVNI, 4789, ingressTCP(ipOpts{}, tcpACK)[64-14:]), reason: "from_underlay/pass_not_mine", unchanged: true},
-		{name: "inner IP options", pkt: vxlan(ipOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, eth(macVTEP, macPeerVTEP, 0x0800, ipv4(ipOpts{options: []byte{1, 1, 1, 0}}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK, payload)))), reason: "from_underlay/pass_unsupported", unchanged: true},
-		{name: "inner fragment", pkt: ingressTCP(ipOpts{frag: 0x2000}, tcpACK), reason: "from_underlay/pass_unsupported", unchanged: true},
-		{name: "inner SYN", pkt: ingressTCP(ipOpts{}, tcpSYN|tcpACK), reason: "from_underlay/pass_syn_fin_rst", unchanged: true, filter: true, egressIP: true, ingress: true},
-		{name: "inner FIN", pkt: ingressTCP(ipOpts{}, tcpFIN|tcpACK), reason: "from_underlay/pass_syn_fin_rst", unchanged: true, filter: true, egressIP: true, ingress: true},
-		{name: "inner TTL 1", pkt: ingressTCP(ipOpts{ttl: 1}, tcpACK), reason: "from_underlay/pass_ttl", unchanged: true, filter: true, egressIP: true, ingress: true},
-		{name: "cold", pkt: ingressTCP(ipOpts{}, tcpACK), reason: "from_underlay/miss_filter", innerMarked: true},
-		{name: "no ingress entry", pkt: ingressTCP(ipOpts{}, tcpACK), filter: true, egressIP: true, reason: "from_underlay/miss_ingress", innerMarked: true},
-		{name: "reverse check", pkt: ingressTCP(ipOpts{}, tcpACK), filter: true, ingress: true, reason: "from_underlay/pass_reverse_check", unchanged: true},
+		{name: "not VXLAN", pkt: tctest.Eth(macUnderlay, macPeer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoUDP, ulPeer, ulLocal, tctest.UDP(5000, 53, payload))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "IPv6 underlay", pkt: tctest.Eth(macUnderlay, macPeer, 0x86dd, make([]byte, 80)), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "wrong VNI", pkt: tctest.VXLAN(tctest.IPOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI+1, 4789, tctest.Eth(macVTEP, macPeerVTEP, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.ACK, payload)))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "inner IPv6", pkt: tctest.VXLAN(tctest.IPOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, tctest.Eth(macVTEP, macPeerVTEP, 0x86dd, make([]byte, 60))), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "truncated inner", pkt: ingressTCP(tctest.IPOpts{}, tctest.ACK)[:64+10], reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "outer IP options", pkt: tctest.Eth(macUnderlay, macPeer, 0x0800, tctest.IPv4(tctest.IPOpts{Options: []byte{1, 1, 1, 0}}, tctest.ProtoUDP, ulPeer, ulLocal, ingressTCP(tctest.IPOpts{}, tctest.ACK)[34:])), reason: "from_underlay/pass_not_vxlan", unchanged: true},
+		{name: "wrong destination MAC", pkt: tctest.VXLAN(tctest.IPOpts{}, macPeer, macPeer, ulPeer, ulLocal, testVNI, 4789, ingressTCP(tctest.IPOpts{}, tctest.ACK)[64-14:]), reason: "from_underlay/pass_not_mine", unchanged: true},
+		{name: "wrong destination IP", pkt: tctest.VXLAN(tctest.IPOpts{}, macPeer, macUnderlay, ulPeer, ulOther, testVNI, 4789, ingressTCP(tctest.IPOpts{}, tctest.ACK)[64-14:]), reason: "from_underlay/pass_not_mine", unchanged: true},
+		{name: "inner IP options", pkt: tctest.VXLAN(tctest.IPOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, tctest.Eth(macVTEP, macPeerVTEP, 0x0800, tctest.IPv4(tctest.IPOpts{Options: []byte{1, 1, 1, 0}}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.ACK, payload)))), reason: "from_underlay/pass_unsupported", unchanged: true},
+		{name: "inner fragment", pkt: ingressTCP(tctest.IPOpts{Frag: 0x2000}, tctest.ACK), reason: "from_underlay/pass_unsupported", unchanged: true},
+		{name: "inner SYN", pkt: ingressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK), reason: "from_underlay/pass_syn_fin_rst", unchanged: true, filter: true, egressIP: true, ingress: true},
+		{name: "inner FIN", pkt: ingressTCP(tctest.IPOpts{}, tctest.FIN|tctest.ACK), reason: "from_underlay/pass_syn_fin_rst", unchanged: true, filter: true, egressIP: true, ingress: true},
+		{name: "inner TTL 1", pkt: ingressTCP(tctest.IPOpts{TTL: 1}, tctest.ACK), reason: "from_underlay/pass_ttl", unchanged: true, filter: true, egressIP: true, ingress: true},
+		{name: "cold", pkt: ingressTCP(tctest.IPOpts{}, tctest.ACK), reason: "from_underlay/miss_filter", innerMarked: true},
+		{name: "no ingress entry", pkt: ingressTCP(tctest.IPOpts{}, tctest.ACK), filter: true, egressIP: true, reason: "from_underlay/miss_ingress", innerMarked: true},
+		{name: "reverse check", pkt: ingressTCP(tctest.IPOpts{}, tctest.ACK), filter: true, ingress: true, reason: "from_underlay/pass_reverse_check", unchanged: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newTestCache(t, Capacity{})
 			fill(t, c, tc.filter, tc.egressIP, tc.egressHost, tc.ingress)
 			var ret uint32
 			var out []byte
-			d := delta(t, c, func() { ret, out = run(t, c.objs.FromUnderlay, tc.pkt) })
+			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, tc.pkt) })
 			expectCount(t, d, tc.reason)
 			if ret != tcActOK {
 				t.Fatalf("ret %d, want TC_ACT_OK", ret)
@@ -338,10 +329,10 @@ func TestFromUnderlayAntiSpoof(t *testing.T) {
 	if err := c.objs.SkcEgressIp.Put(be32(ipRemote), be32(ulOther)); err != nil {
 		t.Fatal(err)
 	}
-	in := ingressTCP(ipOpts{}, tcpACK)
+	in := ingressTCP(tctest.IPOpts{}, tctest.ACK)
 	var ret uint32
 	var out []byte
-	d := delta(t, c, func() { ret, out = run(t, c.objs.FromUnderlay, in) })
+	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, in) })
 	expectCount(t, d, "from_underlay/pass_reverse_check")
 	if ret != tcActOK || !bytes.Equal(out, in) {
 		t.Error("a spoofed packet was not left to the overlay untouched")
@@ -351,15 +342,15 @@ func TestFromUnderlayAntiSpoof(t *testing.T) {
 func TestFromUnderlayHit(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, true, true, false, true)
-	in := ingressTCP(ipOpts{tos: 0x20}, tcpACK|tcpPSH)
+	in := ingressTCP(tctest.IPOpts{TOS: 0x20}, tctest.ACK|tctest.PSH)
 	var ret uint32
 	var out []byte
-	d := delta(t, c, func() { ret, out = run(t, c.objs.FromUnderlay, in) })
+	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, in) })
 	expectCount(t, d, "from_underlay/hit")
 	if ret != tcActRedir {
 		t.Fatalf("ret %d, want redirect", ret)
 	}
-	want := eth(macContainer, macBridge, 0x0800, ipv4(ipOpts{tos: 0x20, ttl: 63}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK|tcpPSH, payload)))
+	want := tctest.Eth(macContainer, macBridge, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: 0x20, TTL: 63}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.ACK|tctest.PSH, payload)))
 	if !bytes.Equal(out, want) {
 		t.Errorf("decapsulated packet\n got % x\nwant % x", out, want)
 	}
@@ -367,10 +358,10 @@ func TestFromUnderlayHit(t *testing.T) {
 
 func TestToUnderlayLearns(t *testing.T) {
 	c := newTestCache(t, Capacity{})
-	in := encapsulatedTCP(ipOpts{tos: 0x20 | markMiss | markEst})
+	in := encapsulatedTCP(tctest.IPOpts{TOS: 0x20 | markMiss | markEst})
 	var ret uint32
 	var out []byte
-	d := delta(t, c, func() { ret, out = run(t, c.objs.ToUnderlay, in) })
+	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.ToUnderlay, in) })
 	expectCount(t, d, "to_underlay/learn")
 	if ret != tcActOK || len(out) != len(in) {
 		t.Fatalf("ret %d len %d", ret, len(out))
@@ -387,7 +378,7 @@ func TestToUnderlayLearns(t *testing.T) {
 		t.Errorf("egress host entry: %v ifindex %d, headers match: %v", err, eh.Ifindex, bytes.Equal(eh.Hdr[:], in[:64]))
 	}
 	var f skcFilterVal
-	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: protoTCP}
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
 	if err := c.objs.SkcFilter.Lookup(k, &f); err != nil || f.Egress != 1 || f.Ingress != 0 {
 		t.Errorf("filter entry %+v %v, want egress only", f, err)
 	}
@@ -410,9 +401,9 @@ func TestToUnderlayDoesNotLearn(t *testing.T) {
 			if err := c.SetPaused(tc.pause); err != nil {
 				t.Fatal(err)
 			}
-			in := encapsulatedTCP(ipOpts{tos: tc.tos})
+			in := encapsulatedTCP(tctest.IPOpts{TOS: tc.tos})
 			var out []byte
-			d := delta(t, c, func() { _, out = run(t, c.objs.ToUnderlay, in) })
+			d := delta(t, c, func() { _, out = tctest.Run(t, c.objs.ToUnderlay, in) })
 			expectCount(t, d, tc.reason)
 			if tos, _ := ipAt(t, out, 64); tos&(markMiss|markEst) != 0 {
 				t.Errorf("marks left on: %#x", tos)
@@ -443,7 +434,7 @@ func count(t *testing.T, m *ebpf.Map) int {
 
 func TestToContainer(t *testing.T) {
 	deliver := func(tos byte) []byte {
-		return eth(macContainer, macBridge, 0x0800, ipv4(ipOpts{tos: tos, ttl: 62}, protoTCP, ipRemote, ipLocal, tcp(80, 40000, tcpACK, payload)))
+		return tctest.Eth(macContainer, macBridge, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: tos, TTL: 62}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.ACK, payload)))
 	}
 	t.Run("learns", func(t *testing.T) {
 		c := newTestCache(t, Capacity{})
@@ -451,7 +442,7 @@ func TestToContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out []byte
-		d := delta(t, c, func() { _, out = run(t, c.objs.ToContainer, deliver(0x20|markMiss|markEst)) })
+		d := delta(t, c, func() { _, out = tctest.Run(t, c.objs.ToContainer, deliver(0x20|markMiss|markEst)) })
 		expectCount(t, d, "to_container/learn")
 		if tos, _ := ipAt(t, out, 14); tos != 0x20 {
 			t.Errorf("TOS %#x after learning", tos)
@@ -462,7 +453,7 @@ func TestToContainer(t *testing.T) {
 			t.Errorf("ingress entry %+v %v", ep, err)
 		}
 		var f skcFilterVal
-		k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: protoTCP}
+		k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
 		if err := c.objs.SkcFilter.Lookup(k, &f); err != nil || f.Ingress != 1 || f.Egress != 0 {
 			t.Errorf("filter entry %+v %v, want ingress only", f, err)
 		}
@@ -483,7 +474,7 @@ func TestToContainer(t *testing.T) {
 			}
 			in := deliver(tc.tos)
 			var out []byte
-			d := delta(t, c, func() { _, out = run(t, c.objs.ToContainer, in) })
+			d := delta(t, c, func() { _, out = tctest.Run(t, c.objs.ToContainer, in) })
 			expectCount(t, d, tc.reason)
 			if tos, _ := ipAt(t, out, 14); tos != 0 {
 				t.Errorf("TOS %#x", tos)
@@ -501,11 +492,11 @@ func TestToContainer(t *testing.T) {
 func TestFullCaches(t *testing.T) {
 	c := newTestCache(t, Capacity{EgressIPs: 4, EgressHosts: 2, Ingress: 2, Filter: 4})
 	for i := range 20 {
-		in := encapsulatedTCP(ipOpts{tos: markMiss | markEst})
+		in := encapsulatedTCP(tctest.IPOpts{TOS: markMiss | markEst})
 		in[64+19] = byte(i) // a new remote container each time
 		binary.BigEndian.PutUint16(in[64+10:], 0)
-		binary.BigEndian.PutUint16(in[64+10:], csum(in[64:84]))
-		if ret, _ := run(t, c.objs.ToUnderlay, in); ret != tcActOK {
+		binary.BigEndian.PutUint16(in[64+10:], tctest.Csum(in[64:84]))
+		if ret, _ := tctest.Run(t, c.objs.ToUnderlay, in); ret != tcActOK {
 			t.Fatalf("learning #%d at capacity: ret %d", i, ret)
 		}
 	}
@@ -517,7 +508,7 @@ func TestFullCaches(t *testing.T) {
 func TestPurgeDeniedAndSync(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, true, true, true, true)
-	other := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40001), Rport: ntohs(443), Proto: protoTCP}
+	other := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40001), Rport: ntohs(443), Proto: tctest.ProtoTCP}
 	c.objs.SkcFilter.Put(other, skcFilterVal{Egress: 1, Ingress: 1})
 	set, _ := policy.NewSet([]policy.Rule{{ID: "web", Action: policy.Deny, Dst: netip.PrefixFrom(ipRemote, 32), Proto: policy.TCP, Port: 80}})
 	n, err := c.PurgeDenied(set)

@@ -76,6 +76,15 @@ func VTEPMAC(underlay netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x0e, 0x5f, b[0], b[1], b[2], b[3]}
 }
 
+// BridgeMAC is the bridge's address on a host. Fixed (a bridge otherwise
+// takes its lowest port's address, which changes as containers come and
+// go), so that frames the sockets layer readdresses to the host stack stay
+// addressed right.
+func BridgeMAC(underlay netip.Addr) net.HardwareAddr {
+	b := underlay.As4()
+	return net.HardwareAddr{0x0e, 0x5e, b[0], b[1], b[2], b[3]}
+}
+
 // VethName is the host-side veth name of a container interface: stable, short
 // enough for IFNAMSIZ, and recognisably skiff's.
 func VethName(containerID, ifName string) string {
@@ -135,6 +144,11 @@ func (o *Overlay) setupBridge() error {
 	})
 	if err != nil {
 		return err
+	}
+	if mac := BridgeMAC(o.cfg.Host.UnderlayIP); br.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+			return fmt.Errorf("set %s address: %w", BridgeName, err)
+		}
 	}
 	gw := netip.PrefixFrom(ipam.Gateway(o.cfg.Host.Subnet), o.cfg.Host.Subnet.Bits())
 	if err := ensureOnlyAddr(br, gw); err != nil {

@@ -71,6 +71,22 @@ func (o *Overlay) setupChains() error {
 	)
 }
 
+// inputRule judges overlay packets that a data-plane layer delivers to the
+// host stack (marked with mark) by the overlay's policy, as if forwarded.
+func inputRule(mark uint32) []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
+}
+
+// JudgeInput applies the overlay's policy to packets carrying mark that
+// reach the host's INPUT chain.
+func JudgeInput(mark uint32) error { return ensureRule("filter", "INPUT", inputRule(mark)...) }
+
+// UnjudgeInput removes what JudgeInput added; none is fine.
+func UnjudgeInput(mark uint32) {
+	for iptables(append([]string{"-t", "filter", "-D", "INPUT"}, inputRule(mark)...)...) == nil {
+	}
+}
+
 // restore applies rules with iptables-restore --noflush: every chain declared
 // in rules is replaced atomically, nothing else is touched.
 func restore(rules string) error {

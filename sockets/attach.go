@@ -3,6 +3,8 @@ package sockets
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,9 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
 )
 
@@ -41,6 +45,19 @@ func (l *Layer) Setup() error {
 			return err
 		}
 	}
+	vx, err := netlink.LinkByName(overlay.VXLANName)
+	if err != nil {
+		return fmt.Errorf("%s: %w", overlay.VXLANName, err)
+	}
+	if err := tc.Attach(h, vx, tc.Ingress, 2, filterName, l.objs.SksFromOverlay); err != nil {
+		return err
+	}
+	if err := hostStackRoute(lo); err != nil {
+		return err
+	}
+	if err := overlay.JudgeInput(Mark); err != nil {
+		return err
+	}
 	ns, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
 		return fmt.Errorf("host namespace: %w", err)
@@ -49,6 +66,42 @@ func (l *Layer) Setup() error {
 	return l.pinnedLink("lookup", l.objs.SksLookup, func() (link.Link, error) {
 		return link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
 	})
+}
+
+// routeTable makes every destination local for marked packets.
+const routeTable = 2571
+
+func hostStackRule() *netlink.Rule {
+	r := netlink.NewRule()
+	r.Family, r.Mark, r.Mask, r.Table, r.Priority = unix.AF_INET, Mark, func() *uint32 { m := uint32(0xfffff); return &m }(), routeTable, 90
+	return r
+}
+
+func hostStackRoute(lo netlink.Link) error {
+	all := netip.MustParsePrefix("0.0.0.0/0")
+	rt := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixNet(all), Table: routeTable,
+		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
+	if err := netlink.RouteReplace(rt); err != nil {
+		return fmt.Errorf("local route table %d: %w", routeTable, err)
+	}
+	if err := netlink.RuleAdd(hostStackRule()); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("rule for mark %#x: %w", Mark, err)
+	}
+	return nil
+}
+
+func removeHostStackRoute() {
+	for netlink.RuleDel(hostStackRule()) == nil {
+	}
+	if routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: routeTable}, netlink.RT_FILTER_TABLE); err == nil {
+		for _, r := range routes {
+			netlink.RouteDel(&r)
+		}
+	}
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // pinnedLink makes the link pinned as name run prog: an existing pin (an
@@ -104,6 +157,15 @@ func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
 // on its cgroup, its overlay address keyed by the cgroup, and its broker.
 // It is idempotent. Containers without a cgroup stay on the overlay.
 func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
+	// Every local container, replaced or not, reaches replaced listeners
+	// through the overlay as well.
+	veth, err := netlink.LinkByName(e.Veth)
+	if err != nil {
+		return fmt.Errorf("host veth %s: %w", e.Veth, err)
+	}
+	if err := tc.Attach(&netlink.Handle{}, veth, tc.Ingress, 2, filterName, l.objs.SksFromContainer); err != nil {
+		return err
+	}
 	if !Replaced(e) {
 		return nil
 	}
@@ -205,6 +267,8 @@ func Teardown(pinDir, stateDir string) error {
 	for _, lk := range links {
 		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName))
 	}
+	removeHostStackRoute()
+	overlay.UnjudgeInput(Mark)
 	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))
 	return errors.Join(errs...)
 }

@@ -78,7 +78,7 @@ func (b *brokers) start(s brokerSpec) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(b.cfg.Broker, "--netns", s.e.Netns, "--cidr", b.cfg.Cluster.CIDR.String(),
-		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id))
+		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own session: the broker must survive the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -91,34 +91,38 @@ type sksSksTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sksMapSksContainers    = "sks_containers"
-	sksMapSksEvents        = "sks_events"
-	sksMapSksKill          = "sks_kill"
-	sksMapSksListen        = "sks_listen"
-	sksMapSksRoutes        = "sks_routes"
-	sksMapSksStats         = "sks_stats"
-	sksMapSksStorage       = "sks_storage"
-	sksMapSksSubnets       = "sks_subnets"
-	sksMapSksSyns          = "sks_syns"
-	sksProgSksBind4        = "sks_bind4"
-	sksProgSksConnect4     = "sks_connect4"
-	sksProgSksDestroy      = "sks_destroy"
-	sksProgSksDump         = "sks_dump"
-	sksProgSksFromUnderlay = "sks_from_underlay"
-	sksProgSksGetpeername4 = "sks_getpeername4"
-	sksProgSksGetsockname4 = "sks_getsockname4"
-	sksProgSksLookup       = "sks_lookup"
-	sksProgSksSetsockopt   = "sks_setsockopt"
-	sksProgSksSockCreate   = "sks_sock_create"
-	sksProgSksSockops      = "sks_sockops"
-	sksVarCfgClusterMask   = "cfg_cluster_mask"
-	sksVarCfgClusterNet    = "cfg_cluster_net"
-	sksVarCfgHostNetns     = "cfg_host_netns"
-	sksVarCfgLocalMask     = "cfg_local_mask"
-	sksVarCfgLocalNet      = "cfg_local_net"
-	sksVarCfgSecure        = "cfg_secure"
-	sksVarUnusedSksEvent   = "unused_sks_event"
-	sksVarUnusedSksSock    = "unused_sks_sock"
+	sksMapSksContainers     = "sks_containers"
+	sksMapSksEvents         = "sks_events"
+	sksMapSksKill           = "sks_kill"
+	sksMapSksListen         = "sks_listen"
+	sksMapSksRoutes         = "sks_routes"
+	sksMapSksStats          = "sks_stats"
+	sksMapSksStorage        = "sks_storage"
+	sksMapSksSubnets        = "sks_subnets"
+	sksMapSksSyns           = "sks_syns"
+	sksProgSksBind4         = "sks_bind4"
+	sksProgSksConnect4      = "sks_connect4"
+	sksProgSksDestroy       = "sks_destroy"
+	sksProgSksDump          = "sks_dump"
+	sksProgSksFromContainer = "sks_from_container"
+	sksProgSksFromOverlay   = "sks_from_overlay"
+	sksProgSksFromUnderlay  = "sks_from_underlay"
+	sksProgSksGetpeername4  = "sks_getpeername4"
+	sksProgSksGetsockname4  = "sks_getsockname4"
+	sksProgSksLookup        = "sks_lookup"
+	sksProgSksSetsockopt    = "sks_setsockopt"
+	sksProgSksSockCreate    = "sks_sock_create"
+	sksProgSksSockops       = "sks_sockops"
+	sksVarCfgBridgeMac      = "cfg_bridge_mac"
+	sksVarCfgClusterMask    = "cfg_cluster_mask"
+	sksVarCfgClusterNet     = "cfg_cluster_net"
+	sksVarCfgHostNetns      = "cfg_host_netns"
+	sksVarCfgLocalMask      = "cfg_local_mask"
+	sksVarCfgLocalNet       = "cfg_local_net"
+	sksVarCfgMark           = "cfg_mark"
+	sksVarCfgSecure         = "cfg_secure"
+	sksVarUnusedSksEvent    = "unused_sks_event"
+	sksVarUnusedSksSock     = "unused_sks_sock"
 )
 
 // loadSks returns the embedded CollectionSpec for sks.
@@ -163,17 +167,19 @@ type sksSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sksProgramSpecs struct {
-	SksBind4        *ebpf.ProgramSpec `ebpf:"sks_bind4"`
-	SksConnect4     *ebpf.ProgramSpec `ebpf:"sks_connect4"`
-	SksDestroy      *ebpf.ProgramSpec `ebpf:"sks_destroy"`
-	SksDump         *ebpf.ProgramSpec `ebpf:"sks_dump"`
-	SksFromUnderlay *ebpf.ProgramSpec `ebpf:"sks_from_underlay"`
-	SksGetpeername4 *ebpf.ProgramSpec `ebpf:"sks_getpeername4"`
-	SksGetsockname4 *ebpf.ProgramSpec `ebpf:"sks_getsockname4"`
-	SksLookup       *ebpf.ProgramSpec `ebpf:"sks_lookup"`
-	SksSetsockopt   *ebpf.ProgramSpec `ebpf:"sks_setsockopt"`
-	SksSockCreate   *ebpf.ProgramSpec `ebpf:"sks_sock_create"`
-	SksSockops      *ebpf.ProgramSpec `ebpf:"sks_sockops"`
+	SksBind4         *ebpf.ProgramSpec `ebpf:"sks_bind4"`
+	SksConnect4      *ebpf.ProgramSpec `ebpf:"sks_connect4"`
+	SksDestroy       *ebpf.ProgramSpec `ebpf:"sks_destroy"`
+	SksDump          *ebpf.ProgramSpec `ebpf:"sks_dump"`
+	SksFromContainer *ebpf.ProgramSpec `ebpf:"sks_from_container"`
+	SksFromOverlay   *ebpf.ProgramSpec `ebpf:"sks_from_overlay"`
+	SksFromUnderlay  *ebpf.ProgramSpec `ebpf:"sks_from_underlay"`
+	SksGetpeername4  *ebpf.ProgramSpec `ebpf:"sks_getpeername4"`
+	SksGetsockname4  *ebpf.ProgramSpec `ebpf:"sks_getsockname4"`
+	SksLookup        *ebpf.ProgramSpec `ebpf:"sks_lookup"`
+	SksSetsockopt    *ebpf.ProgramSpec `ebpf:"sks_setsockopt"`
+	SksSockCreate    *ebpf.ProgramSpec `ebpf:"sks_sock_create"`
+	SksSockops       *ebpf.ProgramSpec `ebpf:"sks_sockops"`
 }
 
 // sksMapSpecs contains maps before they are loaded into the kernel.
@@ -195,11 +201,13 @@ type sksMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sksVariableSpecs struct {
+	CfgBridgeMac   *ebpf.VariableSpec `ebpf:"cfg_bridge_mac"`
 	CfgClusterMask *ebpf.VariableSpec `ebpf:"cfg_cluster_mask"`
 	CfgClusterNet  *ebpf.VariableSpec `ebpf:"cfg_cluster_net"`
 	CfgHostNetns   *ebpf.VariableSpec `ebpf:"cfg_host_netns"`
 	CfgLocalMask   *ebpf.VariableSpec `ebpf:"cfg_local_mask"`
 	CfgLocalNet    *ebpf.VariableSpec `ebpf:"cfg_local_net"`
+	CfgMark        *ebpf.VariableSpec `ebpf:"cfg_mark"`
 	CfgSecure      *ebpf.VariableSpec `ebpf:"cfg_secure"`
 	UnusedSksEvent *ebpf.VariableSpec `ebpf:"unused_sks_event"`
 	UnusedSksSock  *ebpf.VariableSpec `ebpf:"unused_sks_sock"`
@@ -254,11 +262,13 @@ func (m *sksMaps) Close() error {
 //
 // It can be passed to loadSksObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sksVariables struct {
+	CfgBridgeMac   *ebpf.Variable `ebpf:"cfg_bridge_mac"`
 	CfgClusterMask *ebpf.Variable `ebpf:"cfg_cluster_mask"`
 	CfgClusterNet  *ebpf.Variable `ebpf:"cfg_cluster_net"`
 	CfgHostNetns   *ebpf.Variable `ebpf:"cfg_host_netns"`
 	CfgLocalMask   *ebpf.Variable `ebpf:"cfg_local_mask"`
 	CfgLocalNet    *ebpf.Variable `ebpf:"cfg_local_net"`
+	CfgMark        *ebpf.Variable `ebpf:"cfg_mark"`
 	CfgSecure      *ebpf.Variable `ebpf:"cfg_secure"`
 	UnusedSksEvent *ebpf.Variable `ebpf:"unused_sks_event"`
 	UnusedSksSock  *ebpf.Variable `ebpf:"unused_sks_sock"`
@@ -268,17 +278,19 @@ type sksVariables struct {
 //
 // It can be passed to loadSksObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sksPrograms struct {
-	SksBind4        *ebpf.Program `ebpf:"sks_bind4"`
-	SksConnect4     *ebpf.Program `ebpf:"sks_connect4"`
-	SksDestroy      *ebpf.Program `ebpf:"sks_destroy"`
-	SksDump         *ebpf.Program `ebpf:"sks_dump"`
-	SksFromUnderlay *ebpf.Program `ebpf:"sks_from_underlay"`
-	SksGetpeername4 *ebpf.Program `ebpf:"sks_getpeername4"`
-	SksGetsockname4 *ebpf.Program `ebpf:"sks_getsockname4"`
-	SksLookup       *ebpf.Program `ebpf:"sks_lookup"`
-	SksSetsockopt   *ebpf.Program `ebpf:"sks_setsockopt"`
-	SksSockCreate   *ebpf.Program `ebpf:"sks_sock_create"`
-	SksSockops      *ebpf.Program `ebpf:"sks_sockops"`
+	SksBind4         *ebpf.Program `ebpf:"sks_bind4"`
+	SksConnect4      *ebpf.Program `ebpf:"sks_connect4"`
+	SksDestroy       *ebpf.Program `ebpf:"sks_destroy"`
+	SksDump          *ebpf.Program `ebpf:"sks_dump"`
+	SksFromContainer *ebpf.Program `ebpf:"sks_from_container"`
+	SksFromOverlay   *ebpf.Program `ebpf:"sks_from_overlay"`
+	SksFromUnderlay  *ebpf.Program `ebpf:"sks_from_underlay"`
+	SksGetpeername4  *ebpf.Program `ebpf:"sks_getpeername4"`
+	SksGetsockname4  *ebpf.Program `ebpf:"sks_getsockname4"`
+	SksLookup        *ebpf.Program `ebpf:"sks_lookup"`
+	SksSetsockopt    *ebpf.Program `ebpf:"sks_setsockopt"`
+	SksSockCreate    *ebpf.Program `ebpf:"sks_sock_create"`
+	SksSockops       *ebpf.Program `ebpf:"sks_sockops"`
 }
 
 func (p *sksPrograms) Close() error {
@@ -287,6 +299,8 @@ func (p *sksPrograms) Close() error {
 		p.SksConnect4,
 		p.SksDestroy,
 		p.SksDump,
+		p.SksFromContainer,
+		p.SksFromOverlay,
 		p.SksFromUnderlay,
 		p.SksGetpeername4,
 		p.SksGetsockname4,

@@ -57,7 +57,6 @@ char __license[] SEC("license") = "GPL";
 #define SO_BINDTOIFINDEX 62
 #define SOL_IP 0
 #define IP_TOS 1
-#define IP_TRANSPARENT 19
 #define SOL_TCP 6
 #define TCP_SAVE_SYN 27
 #define TCPHDR_SYN 0x02
@@ -75,6 +74,8 @@ volatile const __be32 cfg_cluster_mask;
 volatile const __be32 cfg_local_net;   // this host's subnet
 volatile const __be32 cfg_local_mask;
 volatile const __u32 cfg_secure;       // refuse what is not the fast path
+volatile const __u32 cfg_mark;         // routes overlay packets to the host stack
+volatile const __u8 cfg_bridge_mac[ETH_ALEN];
 
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -284,7 +285,7 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	int level = ctx->level, name = ctx->optname;
 	if ((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
 				     name == SO_BINDTOIFINDEX)) ||
-	    (level == SOL_IP && (name == IP_TOS || name == IP_TRANSPARENT)) ||
+	    (level == SOL_IP && name == IP_TOS) ||
 	    (level == SOL_TCP && name == TCP_SAVE_SYN)) {
 		count(SKS_SOCKOPT_REFUSED);
 		return 0;
@@ -474,6 +475,54 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 		count(p ? SKS_ASSIGNED : SKS_OVERLAY_ASSIGNED);
 	return SK_PASS;
 }
+
+// Overlay packets for a replaced listener, or for a connection accepted
+// from one, are delivered to the host stack instead of the container: the
+// mark selects a routing table that makes every destination local, where
+// sk_lookup (above) finds the listener and the established lookup the
+// connection. So a container on the overlay — a fallback socket, no shim,
+// another mode — reaches a replaced listener as it would a plain one.
+static __always_inline int to_host_stack(struct __sk_buff *skb, bool from_container)
+{
+	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5 ||
+	    (ip->daddr & cfg_local_mask) != cfg_local_net)
+		return TC_ACT_OK;
+	struct tcphdr *th = (void *)ip + ip->ihl * 4;
+	if ((void *)(th + 1) > data_end)
+		return TC_ACT_OK;
+	struct sks_key k = {.ip = ip->daddr, .port = th->dest};
+	struct bpf_sock *sk = bpf_map_lookup_elem(&sks_listen, &k);
+	if (!sk && !th->syn) {
+		struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr,
+						    .sport = th->source, .dport = th->dest}};
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	}
+	if (!sk)
+		return TC_ACT_OK;
+	bpf_sk_release(sk);
+	skb->mark = cfg_mark;
+	if (from_container) {
+		// Bridged frames reach the host stack only when addressed to the
+		// bridge itself.
+		// Byte by byte: a memcpy would drop the volatile and let the
+		// compiler fold the (zero) build-time value.
+		for (int i = 0; i < ETH_ALEN; i++)
+			eth->h_dest[i] = cfg_bridge_mac[i];
+	}
+	count(SKS_OVERLAY_STEERED);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int sks_from_overlay(struct __sk_buff *skb) { return to_host_stack(skb, false); }
+
+SEC("tc")
+int sks_from_container(struct __sk_buff *skb) { return to_host_stack(skb, true); }
 
 // Kernel types the socket iterator reads (CO-RE: only the fields named).
 struct seq_file;

@@ -28,6 +28,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/overlay"
 )
 
 // Config describes the host the layer runs on.
@@ -106,6 +107,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"cfg_local_net":    cfg.Host.Subnet.Masked().Addr().As4(),
 		"cfg_local_mask":   mask(cfg.Host.Subnet),
 		"cfg_secure":       secure,
+		"cfg_mark":         uint32(Mark),
+		"cfg_bridge_mac":   [6]byte(overlay.BridgeMAC(cfg.Host.UnderlayIP)),
 	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
@@ -123,6 +126,10 @@ func mask(p netip.Prefix) [4]byte {
 	m := net.CIDRMask(p.Bits(), 32)
 	return [4]byte{m[0], m[1], m[2], m[3]}
 }
+
+// Mark routes overlay packets for replaced listeners to the host stack
+// (skb->mark, matched by an ip rule).
+const Mark = 0x5c1ff
 
 // NetnsCookie returns the cookie of the calling thread's network namespace,
 // which tells the programs host sockets from container ones.
@@ -163,7 +170,7 @@ func (l *Layer) Close() error {
 var Reasons = []string{
 	"stamped", "connect_fast", "connect_refused", "bind_rewritten", "bind_refused", "bind_inuse",
 	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "syn_recorded",
-	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "accepted",
+	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed",
 }
 

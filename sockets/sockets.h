@@ -122,6 +122,7 @@ enum sks_reason {
 	SKS_ASSIGNED,         // sk_lookup steered a SYN to a replaced listener
 	SKS_NO_LISTENER,      // recorded SYN without a listener (RST)
 	SKS_OVERLAY_ASSIGNED, // overlay-path SYN steered to a replaced listener
+	SKS_OVERLAY_STEERED,  // overlay packet sent to the host stack
 	SKS_ACCEPTED,         // child learned its peer's overlay address
 	SKS_ACCEPTED_UNKNOWN, // child whose peer is unknown (shows 0.0.0.0)
 	SKS_DESTROYED,        // connection ended by a policy change

@@ -36,6 +36,10 @@ static uint64_t g_dummy_stats[SKIFF_ST_NSLOTS];
 static volatile uint64_t *g_st = g_dummy_stats;
 
 static int *g_pool, g_npool, g_pool_target = 64;
+/* --transparent: IP_TRANSPARENT on every socket. A replaced listener then
+ * answers overlay-path SYNs the agent routes to the host stack: its replies
+ * carry the container's overlay address, which is not a host address. */
+static int g_transparent;
 
 static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
 static int g_nclients, g_capclients;
@@ -62,7 +66,7 @@ static void die_usage(const char *msg)
 {
 	fprintf(stderr, "skiff-broker: %s\n"
 		"usage: skiff-broker --netns PATH --cidr NET/LEN --ip IP [--cgroup DIR] "
-		"[--stats FILE] [--pool N] [--name NAME]\n", msg);
+		"[--stats FILE] [--pool N] [--name NAME] [--transparent]\n", msg);
 	exit(2);
 }
 
@@ -83,6 +87,13 @@ static void pool_fill(void)
 			return;
 		}
 		failing = 0;
+		int one = 1;
+		if (g_transparent && setsockopt(s, SOL_IP, IP_TRANSPARENT, &one, sizeof one) < 0) {
+			st_add(SKIFF_ST_ERRORS, 1);
+			LOG("IP_TRANSPARENT: %s", strerror(errno));
+			close(s);
+			return;
+		}
 		g_pool[g_npool++] = s;
 	}
 }
@@ -226,7 +237,8 @@ int main(int argc, char **argv)
 		{ "netns", required_argument, 0, 'n' }, { "cidr", required_argument, 0, 'c' },
 		{ "ip", required_argument, 0, 'i' }, { "cgroup", required_argument, 0, 'g' },
 		{ "stats", required_argument, 0, 's' }, { "pool", required_argument, 0, 'p' },
-		{ "name", required_argument, 0, 'N' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
+		{ "name", required_argument, 0, 'N' }, { "transparent", no_argument, 0, 'T' },
+		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
 	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
 	char msg[600];
 	int o;
@@ -239,6 +251,7 @@ int main(int argc, char **argv)
 		case 'g': cgroup = optarg; break;
 		case 's': stats = optarg; break;
 		case 'N': g_name = optarg; break;
+		case 'T': g_transparent = 1; break;
 		case 'p': {
 			char *e; long v = strtol(optarg, &e, 10);
 			if (*e || e == optarg || v < 0 || v > MAX_POOL) die_usage("bad --pool (0..4096)");

@@ -94,7 +94,7 @@ bad_flags() {
 check broker-bad-flags bad_flags
 
 # ---------------- servers ----------------
-"${INH[@]}" ./sockcheck server 10.98.0.1 7001 >"$TMP/srv_h.log" 2>&1 & PIDS+=($!)
+"${INH[@]}" ./sockcheck server 10.98.0.1 7001 --expect-net 10.98.0.0/24 >"$TMP/srv_h.log" 2>&1 & PIDS+=($!)
 "${INX[@]}" ./sockcheck server 10.98.9.1 7002 >"$TMP/srv_x.log" 2>&1 & PIDS+=($!)
 "${INX[@]}" ./sockcheck server 10.99.0.1 7003 >"$TMP/srv_x2.log" 2>&1 & PIDS+=($!)
 mkdir -p "$TMP/www"; echo skiff-hello >"$TMP/www/index.html"
