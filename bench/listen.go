@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -51,8 +52,27 @@ func waitListening(ctx context.Context, lab Lab, target string, want []listenPor
 	}
 }
 
-// openPorts lists the listening TCP and bound UDP ports in target's namespace.
+// ListenerLab is a Lab whose servers may listen outside the target's own
+// namespace: in sockets mode a container's listeners are host sockets.
+type ListenerLab interface {
+	Lab
+	// Listening returns the addresses target listens on elsewhere.
+	Listening(ctx context.Context, target string) ([]netip.AddrPort, error)
+}
+
+// openPorts lists the listening TCP and bound UDP ports in target's namespace
+// (and, on a ListenerLab, its listeners elsewhere).
 func openPorts(ctx context.Context, lab Lab, target string) (map[listenPort]bool, error) {
+	open := map[listenPort]bool{}
+	if ll, ok := lab.(ListenerLab); ok {
+		aps, err := ll.Listening(ctx, target)
+		if err != nil {
+			return nil, fmt.Errorf("listeners of %s: %w", target, err)
+		}
+		for _, ap := range aps {
+			open[listenPort{Proto: "tcp", Port: int(ap.Port())}] = true
+		}
+	}
 	// grep -H prefixes each line with its file; a missing tcp6/udp6 (IPv6
 	// disabled) only makes grep exit non-zero, so the exit code is ignored.
 	cmd, err := lab.Command(ctx, target, "grep", append([]string{"-H", ""}, procNetFiles...)...)
@@ -63,7 +83,10 @@ func openPorts(ctx context.Context, lab Lab, target string) (map[listenPort]bool
 	if err != nil {
 		return nil, fmt.Errorf("probe sockets in %s: %w", target, err)
 	}
-	return parseProcNet(res.Stdout), nil
+	for p := range parseProcNet(res.Stdout) {
+		open[p] = true
+	}
+	return open, nil
 }
 
 // parseProcNet reads `grep -H "" /proc/net/{tcp,udp}*` output: lines of

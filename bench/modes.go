@@ -75,6 +75,14 @@ var Modes = map[string]Mode{
 		Placement:   ContainerPlacement,
 		Description: "containers on the overlay with the ONCache eBPF fast path",
 	},
+	// The lab runs a sockets-mode container's commands with the shim
+	// preloaded (lab.Command), so the mode needs no Wrap of its own.
+	"sockets": {
+		Name:        "sockets",
+		LabMode:     "sockets",
+		Placement:   ContainerPlacement,
+		Description: "containers' TCP on host sockets (Slim-style shim, eBPF connection setup)",
+	},
 }
 
 // Endpoints returns the server and client targets for the placement asked for.

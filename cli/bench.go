@@ -147,6 +147,11 @@ func (s *labSet) Command(ctx context.Context, target, name string, args ...strin
 	return l.Command(ctx, t, name, args...)
 }
 
+func (s *labSet) Listening(ctx context.Context, target string) ([]netip.AddrPort, error) {
+	l, t := s.pick(target)
+	return l.Listening(ctx, t)
+}
+
 func (s *labSet) Healthy(ctx context.Context) error {
 	var errs []error
 	for _, m := range s.order {

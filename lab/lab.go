@@ -331,6 +331,33 @@ func (l *Lab) Command(ctx context.Context, target, name string, args ...string) 
 	return cmd, nil
 }
 
+// Listening returns the replaced listeners (sockets mode) of a container:
+// they live in its host's namespace, not the container's.
+func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, error) {
+	if l.Config.Mode != "sockets" || !strings.Contains(target, "/") {
+		return nil, nil
+	}
+	c, err := l.Container(target)
+	if err != nil {
+		return nil, err
+	}
+	h, err := l.Host(c.Host)
+	if err != nil {
+		return nil, err
+	}
+	st, err := api.NewClient(h.Socket).Status(ctx)
+	if err != nil || st.Sockets == nil {
+		return nil, err
+	}
+	var out []netip.AddrPort
+	for _, s := range st.Sockets.Listeners {
+		if ap, err := netip.ParseAddrPort(s); err == nil && ap.Addr() == c.IP {
+			out = append(out, ap)
+		}
+	}
+	return out, nil
+}
+
 // Shim is the socket shim containers preload in sockets mode.
 func (l *Lab) Shim() string { return filepath.Join(l.Config.BinDir, "libskiff.so") }
 
