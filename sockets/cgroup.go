@@ -22,20 +22,33 @@ func isCgroup2(dir string) bool {
 	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
-// CgroupRoot returns a cgroup v2 mount: /sys/fs/cgroup when it is one,
-// otherwise DefaultCgroupRoot, mounted if needed. The layer's hooks attach
-// to cgroup v2 only; mounting it beside v1 controllers is fine (it needs no
-// controller).
+// cgroup2Mounts are where distributions mount cgroup v2: the unified
+// layout, and systemd's hybrid layout (v1 controllers beside it).
+var cgroup2Mounts = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
+
+// CgroupRoot returns a cgroup v2 mount: the system's, or DefaultCgroupRoot,
+// mounted if needed. The layer's hooks attach to cgroup v2 only; there is
+// one v2 hierarchy however often it is mounted, and it needs no controller,
+// so mounting it on a v1 host is fine.
 func CgroupRoot() (string, error) {
-	if isCgroup2("/sys/fs/cgroup") {
-		return "/sys/fs/cgroup", nil
+	for _, dir := range cgroup2Mounts {
+		if isCgroup2(dir) {
+			return dir, nil
+		}
 	}
 	return DefaultCgroupRoot, MountCgroup2(DefaultCgroupRoot)
 }
 
 // CgroupMounted reports whether a cgroup v2 mount CgroupRoot would use is
 // there (without mounting one).
-func CgroupMounted() bool { return isCgroup2("/sys/fs/cgroup") || isCgroup2(DefaultCgroupRoot) }
+func CgroupMounted() bool {
+	for _, dir := range append(cgroup2Mounts, DefaultCgroupRoot) {
+		if isCgroup2(dir) {
+			return true
+		}
+	}
+	return false
+}
 
 // MountCgroup2 mounts cgroup v2 at dir unless it is mounted there.
 func MountCgroup2(dir string) error {
@@ -45,7 +58,9 @@ func MountCgroup2(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil {
+	// Two agents starting at once may both mount; stacked mounts of the one
+	// hierarchy are harmless.
+	if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil && !isCgroup2(dir) {
 		return fmt.Errorf("mount cgroup2 at %s: %w", dir, err)
 	}
 	return nil

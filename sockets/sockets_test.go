@@ -1,15 +1,21 @@
 package sockets
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/policy"
 )
 
 var testHost = cluster.Host{
@@ -52,5 +58,105 @@ func TestLoad(t *testing.T) {
 	}
 	if len(st) != len(Reasons) {
 		t.Fatalf("%d counters, want %d", len(st), len(Reasons))
+	}
+}
+
+func TestSyncRoutes(t *testing.T) {
+	l := loadTest(t)
+	peer := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
+	hosts := []cluster.Host{testHost, peer}
+	a := cluster.Endpoint{ContainerID: "a", IP: netip.MustParsePrefix("10.244.1.5/24"), Cgroup: "/a"}
+	b := cluster.Endpoint{ContainerID: "b", IP: netip.MustParsePrefix("10.244.1.6/24"), Cgroup: "/b"}
+	plain := cluster.Endpoint{ContainerID: "c", IP: netip.MustParsePrefix("10.244.1.7/24")} // no cgroup: overlay only
+	remote := cluster.Listener{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}
+	local := cluster.Listener{Host: "h1", Addr: netip.MustParseAddrPort("10.244.1.6:8080")}
+	gone := cluster.Listener{Host: "h9", Addr: netip.MustParseAddrPort("10.244.9.9:80")} // host left
+	deny := policy.Rule{ID: "x", Action: policy.Deny, Src: netip.MustParsePrefix("10.244.1.5/32"),
+		Dst: netip.MustParsePrefix("10.244.2.9/32"), Proto: policy.TCP, Port: 80}
+	rules, err := policy.NewSet([]policy.Rule{deny})
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := func() map[string]netip.Addr {
+		out := map[string]netip.Addr{}
+		var k sksSksRoute
+		var v uint32
+		it := l.objs.SksRoutes.Iterate()
+		for it.Next(&k, &v) {
+			out[fmt.Sprintf("%s>%s:%d", addrOf(k.Src), addrOf(k.Dst), portOf(k.Port))] = addrOf(v)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if err := l.Sync(hosts, []cluster.Endpoint{a, b, plain}, []cluster.Listener{remote, local, gone}, rules); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]netip.Addr{
+		// a → remote is denied; nothing for the container without a cgroup
+		// or to a listener whose host is gone.
+		"10.244.1.5>10.244.1.6:8080": testHost.UnderlayIP,
+		"10.244.1.6>10.244.2.9:80":   peer.UnderlayIP,
+		"10.244.1.6>10.244.1.6:8080": testHost.UnderlayIP,
+	}
+	if got := routes(); !maps.Equal(got, want) {
+		t.Fatalf("routes %v, want %v", got, want)
+	}
+	var owner uint32
+	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: ip32(netip.MustParseAddr("10.244.2.200"))}, &owner); err != nil || addrOf(owner) != peer.UnderlayIP {
+		t.Fatalf("subnet owner of 10.244.2.200: %v %v", addrOf(owner), err)
+	}
+	// The rule goes, the host goes: routes follow.
+	if err := l.Sync([]cluster.Host{testHost}, []cluster.Endpoint{a}, []cluster.Listener{remote, local}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes(); !maps.Equal(got, map[string]netip.Addr{"10.244.1.5>10.244.1.6:8080": testHost.UnderlayIP}) {
+		t.Fatalf("after the change: %v", got)
+	}
+	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: ip32(netip.MustParseAddr("10.244.2.200"))}, &owner); err == nil {
+		t.Fatal("the departed host still owns its subnet")
+	}
+}
+
+func TestConnFlow(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	cases := []struct {
+		c    Conn
+		want policy.Flow
+	}{
+		{Conn{Role: Client, Local: ap("10.244.1.5:0"), Peer: ap("10.244.2.9:80")},
+			policy.Flow{Src: ap("10.244.1.5:0").Addr(), Dst: ap("10.244.2.9:0").Addr(), Proto: policy.TCP, Port: 80}},
+		{Conn{Role: Child, Local: ap("10.244.1.5:8080"), Peer: ap("10.244.2.9:0")},
+			policy.Flow{Src: ap("10.244.2.9:0").Addr(), Dst: ap("10.244.1.5:0").Addr(), Proto: policy.TCP, Port: 8080}},
+		{Conn{Role: Client, Local: ap("10.244.1.5:0"), Peer: ap("127.0.0.1:8080")}, // the container's own loopback
+			policy.Flow{Src: ap("10.244.1.5:0").Addr(), Dst: ap("10.244.1.5:0").Addr(), Proto: policy.TCP, Port: 8080}},
+	}
+	for _, c := range cases {
+		if got := c.c.Flow(); got != c.want {
+			t.Errorf("%+v: flow %+v, want %+v", c.c, got, c.want)
+		}
+	}
+}
+
+// TestReasonsMatchProgram: Reasons names every counter of enum sks_reason,
+// in order.
+func TestReasonsMatchProgram(t *testing.T) {
+	h, err := os.ReadFile("sockets.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := regexp.MustCompile(`(?s)enum sks_reason \{(.*?)\};`).FindSubmatch(h)
+	if enum == nil {
+		t.Fatal("no enum sks_reason in sockets.h")
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*SKS_([A-Z_]+),`).FindAllSubmatch(enum[1], -1) {
+		if n := strings.ToLower(string(m[1])); n != "reasons" {
+			names = append(names, n)
+		}
+	}
+	if !slices.Equal(names, Reasons) {
+		t.Fatalf("sockets.h: %v\nReasons:   %v", names, Reasons)
 	}
 }

@@ -110,3 +110,46 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("took %v to notice", time.Since(start))
 	}
 }
+
+func TestListeners(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	l := func(host, addr string) cluster.Listener {
+		return cluster.Listener{Host: host, Addr: netip.MustParseAddrPort(addr)}
+	}
+	a, b, c := l("h1", "10.244.1.2:80"), l("h1", "10.244.1.3:8080"), l("h2", "10.244.2.2:80")
+	if err := s.SetListeners(ctx, "h1", []cluster.Listener{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetListeners(ctx, "h2", []cluster.Listener{c}); err != nil {
+		t.Fatal(err)
+	}
+	// An unchanged set writes nothing (no watcher wakes up).
+	rev := func() int64 {
+		resp, err := s.Client.Get(ctx, "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	before := rev()
+	if err := s.SetListeners(ctx, "h1", []cluster.Listener{b, a}); err != nil {
+		t.Fatal(err)
+	}
+	if rev() != before {
+		t.Error("setting the same listeners wrote to the store")
+	}
+	if err := s.SetListeners(ctx, "h1", []cluster.Listener{b}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Listeners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != b || got[1] != c {
+		t.Fatalf("listeners %v, want [%v %v]", got, b, c)
+	}
+	if err := s.SetListeners(ctx, "h1", []cluster.Listener{c}); err == nil {
+		t.Error("h1 published h2's listener")
+	}
+}

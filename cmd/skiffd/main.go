@@ -50,7 +50,7 @@ func run(args []string) error {
 	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (cache and sockets modes)")
 	secure := fs.Bool("sockets-secure", true, "sockets mode: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
 	broker := fs.String("broker", "", "sockets mode: the skiff-broker binary (default: next to skiffd)")
-	cgroupRoot := fs.String("cgroup-root", "", "sockets mode: cgroup v2 mount containers' cgroups are under (default: /sys/fs/cgroup if v2, else mounted at "+sockets.DefaultCgroupRoot+")")
+	cgroupRoot := fs.String("cgroup-root", "", "sockets mode: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
 	capacity := cache.DefaultCapacity
 	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
 		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
