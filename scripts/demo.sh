@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make run: a 2-host lab with 2 containers each, cross-host traffic over the
-# overlay, then the quick benchmark table (host, overlay and cache).
+# overlay, then the quick benchmark table (host, overlay, cache and sockets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 skiff=./bin/skiff
@@ -27,5 +27,5 @@ sock=$($skiff lab status --name $name --json | python3 -c 'import json,sys; prin
 $skiff hosts --socket "$sock"
 $skiff endpoints --all --socket "$sock"
 echo
-echo "== quick benchmark: host network vs overlay vs cache, one interleaved run (skiff bench --quick)"
-$skiff bench --quick --modes host,overlay,cache --lab $name
+echo "== quick benchmark: host network vs overlay vs cache vs sockets, one interleaved run (skiff bench --quick)"
+$skiff bench --quick --modes host,overlay,cache,sockets --lab $name
