@@ -82,6 +82,8 @@ out["local"], out["peer"] = s.getsockname()[0], s.getpeername()[0]
 for name, (lvl, opt, val) in {"SO_PRIORITY": (socket.SOL_SOCKET, socket.SO_PRIORITY, 6),
                               "IP_TOS": (socket.IPPROTO_IP, socket.IP_TOS, 0x10),
                               "SO_MARK": (socket.SOL_SOCKET, 36, 1),
+                              "SO_BINDTODEVICE": (socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo"),
+                              "TCP_SAVE_SYN": (socket.IPPROTO_TCP, 27, 1),
                               "TCP_NODELAY": (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)}.items():
     try:
         s.setsockopt(lvl, opt, val)
@@ -262,7 +264,8 @@ func TestSocketsSecurity(t *testing.T) {
 	cliIP, _ := l.IP("h2/c1")
 	want := map[string]string{
 		"local": cliIP.String(), "peer": srvIP.String(),
-		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "TCP_NODELAY": "ok",
+		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "SO_BINDTODEVICE": "EPERM",
+		"TCP_SAVE_SYN": "EPERM", "TCP_NODELAY": "ok",
 		"raw_connect_underlay": "EPERM", "raw_connect_outside": "EPERM",
 	}
 	for k, v := range want {
