@@ -17,6 +17,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/sockets"
 )
 
 // Env is what a command sees of the world.
@@ -199,7 +200,33 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintln(w, "cache fast path (packets):")
 		printCounters(env, st.Cache)
 	}
+	if st.Sockets != nil {
+		printSockets(env, st.Sockets)
+	}
 	return nil
+}
+
+// printSockets shows the sockets layer: listeners, containers, counters.
+func printSockets(env Env, s *api.SocketsStatus) {
+	w := env.Stdout
+	fmt.Fprintf(w, "replaced listeners: %s\n", strings.Join(s.Listeners, " "))
+	var rows [][]string
+	for _, c := range s.Containers {
+		broker := "running"
+		if !c.Broker {
+			broker = "DOWN"
+		}
+		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced), fmt.Sprint(c.Fallback)})
+	}
+	table(w, "  CONTAINER\tIP\tBROKER\tHANDED OUT\tREPLACED\tFALLBACK", rows)
+	rows = nil
+	for _, name := range sockets.Reasons {
+		if n := s.Counters[name]; n > 0 {
+			rows = append(rows, []string{"  " + name, fmt.Sprint(n)})
+		}
+	}
+	fmt.Fprintln(w, "sockets layer (events):")
+	table(w, "  COUNTER\tCOUNT", rows)
 }
 
 func cmdEndpoints(ctx context.Context, env Env, args []string) error {
