@@ -87,7 +87,7 @@ func TestResolveModes(t *testing.T) {
 		{"default on two labs", nil, "overlay+cache", []string{"host", "cache", "overlay"}, ""},
 		{"host moved first, dedup", []string{"overlay", "host", "overlay"}, "overlay", []string{"host", "overlay"}, ""},
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, cache, overlay)`},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, cache, overlay, sockets)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {

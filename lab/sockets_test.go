@@ -338,6 +338,7 @@ func TestSocketsPolicy(t *testing.T) {
 	srv := netip.AddrPortFrom(srvIP, 7000)
 	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
 	waitListener(t, l, "h1", srv, p)
+	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
 
 	fast := counter(t, l, "h2", "connect_fast")
 	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
@@ -420,6 +421,7 @@ func TestSocketsFaults(t *testing.T) {
 	srv := netip.AddrPortFrom(srvIP, 7000)
 	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
 	waitListener(t, l, "h1", srv, p)
+	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
 	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
 	hold.line(t, 10*time.Second)
 
@@ -491,6 +493,7 @@ func TestSocketsFaults(t *testing.T) {
 	}
 	t.Cleanup(func() { srvCmd.Process.Kill(); srvCmd.Wait() })
 	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7101), &proc{cmd: srvCmd, out: &bytes.Buffer{}})
+	appWaitRoute(t, l, "h2/c1", netip.AddrPortFrom(srvIP, 7101), 5*time.Second)
 	fast = counter(t, l, "h2", "connect_fast")
 	cli, err := l.Command(ctx, "h2/c1", perf, "client", "--host", srvIP.String(), "--port", "7100", "--test", "connect", "--count", "10000")
 	if err != nil {

@@ -138,14 +138,15 @@ func writeSysctl(key, val string) error {
 }
 
 func (o *Overlay) setupBridge() error {
-	br, err := ensureLink(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: BridgeName, MTU: o.mtu}}, func(l netlink.Link) bool {
+	mac := BridgeMAC(o.cfg.Host.UnderlayIP)
+	br, err := ensureLink(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: BridgeName, MTU: o.mtu, HardwareAddr: mac}}, func(l netlink.Link) bool {
 		_, ok := l.(*netlink.Bridge)
 		return ok
 	})
 	if err != nil {
 		return err
 	}
-	if mac := BridgeMAC(o.cfg.Host.UnderlayIP); br.Attrs().HardwareAddr.String() != mac.String() {
+	if br.Attrs().HardwareAddr.String() != mac.String() { // made by an older skiff
 		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
 			return fmt.Errorf("set %s address: %w", BridgeName, err)
 		}

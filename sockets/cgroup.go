@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -71,11 +70,11 @@ func MountCgroup2(dir string) error {
 // as CNI cgroupPath).
 func (l *Layer) cgroupDir(e cluster.Endpoint) (string, error) {
 	dir := e.Cgroup
-	if !filepath.IsAbs(dir) || !strings.HasPrefix(dir, l.cfg.CgroupRoot+"/") {
-		dir = filepath.Join(l.cfg.CgroupRoot, strings.TrimPrefix(dir, "/"))
+	if !filepath.IsAbs(dir) || !isCgroup2(dir) {
+		dir = filepath.Join(l.cfg.CgroupRoot, dir)
 	}
 	if !isCgroup2(dir) {
-		return "", fmt.Errorf("cgroup %s of container %s is not a cgroup v2 directory", dir, e.ContainerID)
+		return "", fmt.Errorf("cgroup %s of container %s is not a cgroup v2 directory", e.Cgroup, e.ContainerID)
 	}
 	return dir, nil
 }
