@@ -392,8 +392,10 @@ http {
 }
 `
 
-// writeNginxFiles writes nginx.conf and a 1 KiB www/index.html into dir.
-func writeNginxFiles(dir, listen string) error {
+// WriteNginxFiles writes a self-contained nginx.conf serving dir/www on
+// listen, and a 1 KiB www/index.html, into dir (also for other packages'
+// tests that need a real web server).
+func WriteNginxFiles(dir, listen string) error {
 	conf := strings.NewReplacer("{{DIR}}", dir, "{{LISTEN}}", listen).Replace(nginxConf)
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
 		return err
@@ -410,7 +412,7 @@ func nginxServer(env cellEnv) (serverSpec, error) {
 	if err != nil {
 		return serverSpec{}, fmt.Errorf("nginx temp dir: %w", err)
 	}
-	if err := writeNginxFiles(dir, hostPort(env.ServerIP, env.Port)); err != nil {
+	if err := WriteNginxFiles(dir, hostPort(env.ServerIP, env.Port)); err != nil {
 		os.RemoveAll(dir)
 		return serverSpec{}, fmt.Errorf("write nginx config: %w", err)
 	}

@@ -3,11 +3,14 @@
 package bpffs
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,4 +67,28 @@ func Unpin(dir, prefix string) error {
 		}
 	}
 	return nil
+}
+
+// Load loads spec into objs (a bpf2go objects struct) with its maps pinned
+// in dir, reusing maps an earlier run pinned there. Pinned maps whose
+// definition changed (a new skiff version) are unpinned — every pin whose
+// name starts with prefix — and replaced by empty ones.
+func Load(spec *ebpf.CollectionSpec, objs any, dir, prefix string, log *slog.Logger) error {
+	if err := Ensure(dir); err != nil {
+		return err
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
+	err := spec.LoadAndAssign(objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		log.Warn("pinned maps do not match this version; starting with empty ones", "dir", dir, "err", err)
+		if err := Unpin(dir, prefix); err != nil {
+			return err
+		}
+		err = spec.LoadAndAssign(objs, opts)
+	}
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%+v", ve)
+	}
+	return err
 }

@@ -74,24 +74,8 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 	if err := configure(spec, cfg, under); err != nil {
 		return nil, err
 	}
-	if err := bpffs.Ensure(cfg.PinDir); err != nil {
-		return nil, err
-	}
 	c := &Cache{cfg: cfg, underlay: under, log: log}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
-	err = spec.LoadAndAssign(&c.objs, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		log.Warn("pinned cache maps do not match this version; starting with empty caches", "dir", cfg.PinDir, "err", err)
-		if err := bpffs.Unpin(cfg.PinDir, "skc_"); err != nil {
-			return nil, err
-		}
-		err = spec.LoadAndAssign(&c.objs, opts)
-	}
-	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load cache programs: %+v", ve)
-		}
+	if err := bpffs.Load(spec, &c.objs, cfg.PinDir, "skc_", log); err != nil {
 		return nil, fmt.Errorf("load cache programs: %w", err)
 	}
 	return c, nil

@@ -24,6 +24,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/bench"
 )
 
 // The real applications below run unchanged in sockets mode: servers in
@@ -493,33 +494,10 @@ func TestSocketsApps(t *testing.T) {
 		curl := appTool(t, "curl")
 		wget, _ := exec.LookPath("wget")
 		dir := appTempDir(t, "skapp-nginx-")
-		www := filepath.Join(dir, "www")
-		if err := os.Mkdir(www, 0o755); err != nil {
+		if err := bench.WriteNginxFiles(dir, netip.AddrPortFrom(sip, 8080).String()); err != nil {
 			t.Fatal(err)
 		}
-		want := appRandomFile(t, filepath.Join(www, "blob.bin"), 100*1024)
-		conf := strings.NewReplacer("{{DIR}}", dir, "{{LISTEN}}", netip.AddrPortFrom(sip, 8080).String()).Replace(`daemon off;
-master_process off;
-worker_processes 1;
-pid {{DIR}}/nginx.pid;
-error_log stderr;
-events { worker_connections 256; }
-http {
-    access_log off;
-    client_body_temp_path {{DIR}}/client_body;
-    proxy_temp_path {{DIR}}/proxy;
-    fastcgi_temp_path {{DIR}}/fastcgi;
-    uwsgi_temp_path {{DIR}}/uwsgi;
-    scgi_temp_path {{DIR}}/scgi;
-    server {
-        listen {{LISTEN}};
-        root {{DIR}}/www;
-    }
-}
-`)
-		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		want := appRandomFile(t, filepath.Join(dir, "www", "blob.bin"), 100*1024)
 		appServer(t, l, server, 8080, clients, nginx, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", "stderr")
 		url := fmt.Sprintf("http://%s:8080/blob.bin", sip)
 		appBoth(t, l, server, client, func(t *testing.T, off bool) string {

@@ -14,7 +14,6 @@
 package sockets
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -67,24 +66,8 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	if err := bpffs.Ensure(cfg.PinDir); err != nil {
-		return nil, err
-	}
 	l := &Layer{cfg: cfg, underlay: under, log: log}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
-	err = spec.LoadAndAssign(&l.objs, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		log.Warn("pinned sockets maps do not match this version; starting empty", "dir", cfg.PinDir, "err", err)
-		if err := bpffs.Unpin(cfg.PinDir, "sks_"); err != nil {
-			return nil, err
-		}
-		err = spec.LoadAndAssign(&l.objs, opts)
-	}
-	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load sockets programs: %+v", ve)
-		}
+	if err := bpffs.Load(spec, &l.objs, cfg.PinDir, "sks_", log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
 	l.brokers = newBrokers(cfg, log)
