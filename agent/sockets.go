@@ -70,6 +70,13 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
+		ls, err := l.LocalListeners()
+		if err == nil {
+			err = a.store.SetListeners(ctx, a.host.Name, ls)
+		}
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn("publish listeners", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -78,13 +85,6 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 				return
 			}
 		case <-t.C:
-		}
-		ls, err := l.LocalListeners()
-		if err == nil {
-			err = a.store.SetListeners(ctx, a.host.Name, ls)
-		}
-		if err != nil && ctx.Err() == nil {
-			a.log.Warn("publish listeners", "err", err)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -28,9 +27,10 @@ const filterName = "skiff-sockets"
 // container's cgroup links, so programs stay attached without the agent.
 func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
 
-// Setup attaches the host-wide programs: the SYN recorder on the underlay
-// device and on lo (same-host connections), and sk_lookup on the host
-// namespace.
+// Setup attaches the host-wide programs — the SYN recorder on the underlay
+// device and on lo (same-host connections), the overlay steering on the
+// VXLAN device, sk_lookup on the host namespace — and routes marked overlay
+// packets to the host stack, through the overlay's policy.
 func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
@@ -72,14 +72,18 @@ func (l *Layer) Setup() error {
 const routeTable = 2571
 
 func hostStackRule() *netlink.Rule {
+	mask := uint32(0xfffff)
 	r := netlink.NewRule()
-	r.Family, r.Mark, r.Mask, r.Table, r.Priority = unix.AF_INET, Mark, func() *uint32 { m := uint32(0xfffff); return &m }(), routeTable, 90
+	r.Family = unix.AF_INET
+	r.Mark, r.Mask = Mark, &mask
+	r.Table = routeTable
+	r.Priority = 90 // after the local table, before main
 	return r
 }
 
 func hostStackRoute(lo netlink.Link) error {
-	all := netip.MustParsePrefix("0.0.0.0/0")
-	rt := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixNet(all), Table: routeTable,
+	all := &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	rt := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: all, Table: routeTable,
 		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
 	if err := netlink.RouteReplace(rt); err != nil {
 		return fmt.Errorf("local route table %d: %w", routeTable, err)
@@ -98,10 +102,6 @@ func removeHostStackRoute() {
 			netlink.RouteDel(&r)
 		}
 	}
-}
-
-func prefixNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // pinnedLink makes the link pinned as name run prog: an existing pin (an
