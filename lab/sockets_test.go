@@ -526,3 +526,55 @@ func TestSocketsFaults(t *testing.T) {
 	}
 	t.Logf("10000 connections: p50 %.0f µs, p99 %.0f µs, max %.0f µs", res.P50, res.P99, res.Max)
 }
+
+// TestSocketsModeSwitchBack: an agent restarted in overlay mode removes the
+// layer (programs, route rule, brokers, pins); a connection already on host
+// sockets runs on until it closes, and the overlay carries new traffic.
+func TestSocketsModeSwitchBack(t *testing.T) {
+	l := newLab(t, Config{Name: "tskback", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
+	ctx := context.Background()
+	srvIP, _ := l.IP("h1/c1")
+	srv := netip.AddrPortFrom(srvIP, 7000)
+	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
+	waitListener(t, l, "h1", srv, p)
+	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
+	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
+	hold.line(t, 10*time.Second)
+	brokers := []int{brokerPID(t, l, "h1/c1"), brokerPID(t, l, "h2/c1")}
+
+	l.Config.Mode = "overlay"
+	for _, h := range []string{"h1", "h2"} {
+		if err := l.StopAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.StartAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; done; ip rule")
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") {
+			t.Errorf("%s still has the sockets layer (%v):\n%s", h, err, out)
+		}
+		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "sockets", "sks_listen")); err == nil {
+			t.Errorf("%s still has pinned sockets maps", h)
+		}
+	}
+	for _, pid := range brokers {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("broker %d still runs", pid)
+		}
+	}
+	st, err := api.NewClient(l.Hosts[0].Socket).Status(ctx)
+	if err != nil || st.Mode != "overlay" || st.Sockets != nil {
+		t.Fatalf("status after switching back: %+v %v", st, err)
+	}
+	select {
+	case s := <-hold.lines:
+		t.Fatalf("the host-socket connection broke: %q %s", s, hold.out.String())
+	case <-time.After(time.Second):
+	}
+	echoServer(t, l, "h1/c1", echoPort+1)
+	if err := exchange(l, "h2/c1", "tcp4", netip.AddrPortFrom(srvIP, echoPort+1)); err != nil {
+		t.Fatalf("overlay after switching back: %v", err)
+	}
+}
