@@ -137,11 +137,14 @@ func (a *Agent) socketsStatus(local []cluster.Endpoint) *api.SocketsStatus {
 	return s
 }
 
-// readBrokerStats reads a broker's counters file (layout in
-// sockets/shim/skiff_broker.h).
+// brokerStatsMagic opens a ready broker's counters file: "SKST", layout 1
+// (sockets/shim/skiff_broker.h).
+const brokerStatsMagic = 0x154534b53
+
+// readBrokerStats reads a broker's counters file.
 func readBrokerStats(path string) (handedOut, replaced, fallback uint64) {
 	data, err := os.ReadFile(path)
-	if err != nil || len(data) < 32 {
+	if err != nil || len(data) < 32 || binary.NativeEndian.Uint64(data) != brokerStatsMagic {
 		return 0, 0, 0
 	}
 	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }

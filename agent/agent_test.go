@@ -1,0 +1,77 @@
+package agent
+
+import (
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/skiffnet/skiff/cluster"
+)
+
+var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := Config{Name: "h1", Underlay: "lo", EtcdEndpoints: []string{"http://127.0.0.1:1"}, Cluster: testCluster}
+	cases := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"no name", func(c *Config) { c.Name = "" }, "host name is empty"},
+		{"unknown mode", func(c *Config) { c.Mode = "warp" }, `mode "warp" is not one of`},
+		{"sockets without a broker", func(c *Config) {
+			c.Mode, c.Broker = "sockets", filepath.Join(t.TempDir(), "skiff-broker")
+		}, "sockets mode needs the socket broker"},
+		{"bad CIDR", func(c *Config) { c.Cluster.CIDR = netip.MustParsePrefix("10.244.1.0/16") }, "cluster CIDR"},
+		{"CIDR overlaps the underlay", func(c *Config) { c.Cluster.CIDR = netip.MustParsePrefix("127.0.0.0/16") }, "overlaps the underlay"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := base
+			c.edit(&cfg)
+			_, err := New(cfg, log)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want it to contain %q", err, c.want)
+			}
+		})
+	}
+	broker := filepath.Join(t.TempDir(), "skiff-broker")
+	if err := os.WriteFile(broker, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := base
+	cfg.Mode, cfg.Broker = "sockets", broker
+	if _, err := New(cfg, log); err != nil {
+		t.Fatalf("valid sockets config: %v", err)
+	}
+}
+
+func TestReadBrokerStats(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.stats")
+	if h, r, f := readBrokerStats(path); h+r+f != 0 {
+		t.Fatal("counters from a missing file")
+	}
+	data := make([]byte, 64)
+	for i, v := range []uint64{0x154534b53, 16, 3, 1, 2, 1, 0, 4242} {
+		binary.NativeEndian.PutUint64(data[8*i:], v)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if h, r, f := readBrokerStats(path); h != 16 || r != 3 || f != 1 {
+		t.Fatalf("handed out %d, replaced %d, fallback %d; want 16, 3, 1", h, r, f)
+	}
+	data[0] = 0 // a broker still starting up
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if h, r, f := readBrokerStats(path); h+r+f != 0 {
+		t.Fatal("counters from a file without the magic")
+	}
+}
