@@ -2,7 +2,7 @@
 # Where does the time go? Runs one skiff-perf workload between two containers
 # on a fresh lab in MODE and reports the cost per run of every skiff eBPF
 # program (kernel.bpf_stats_enabled) and a system-wide perf profile.
-#   usage: scripts/profile.sh MODE [tcp_rr|udp_rr|tcp_crr] [SECONDS]
+#   usage: scripts/profile.sh MODE [tcp_rr|udp_rr|tcp_crr|connect] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/profile.sh MODE [WORKLOAD] [SECONDS]}
@@ -29,7 +29,7 @@ client=("$bin/skiff" lab exec --name $name h1/c1 -- "$bin/skiff-perf" client --h
 sysctl -q kernel.bpf_stats_enabled=1
 perf record -q -e cpu-clock -a -g -o "$out/perf.data" -- "${client[@]}" --duration "$secs"
 echo "== eBPF programs (both hosts), average cost per run"
-bpftool prog show 2>/dev/null | grep -A1 -E "name (from|to)_(container|underlay)" |
+bpftool prog show 2>/dev/null | grep -A1 -E "name (sks_[a-z0-9_]+|(from|to)_(container|underlay))" |
 	grep -oE "name [a-z_]+|run_time_ns [0-9]+ run_cnt [0-9]+" | paste - - |
 	awk '$6 > 0 {printf "  %-15s %6.0f ns/run  (%d runs)\n", $2, $4/$6, $6}'
 echo "== perf: top kernel symbols (profile in $out/perf.data)"
