@@ -101,6 +101,17 @@ for name, (ip, port) in {"raw_connect_underlay": (sys.argv[3], 22), "raw_connect
 print(json.dumps(out))
 `
 
+// pyExposed listens on a replaced socket without binding it, bypassing the
+// shim (raw listen syscall), prints the port and waits.
+const pyExposed = `
+import ctypes, socket, time
+t = socket.socket()
+if ctypes.CDLL(None, use_errno=True).syscall(50, t.fileno(), 16) != 0:  # SYS_listen
+    raise OSError(ctypes.get_errno(), "listen")
+print(t.getsockname()[1], flush=True)
+time.sleep(60)
+`
+
 // pyForgedSYN sends SYNs carrying skiff's option from a host namespace, with
 // no socket behind them: argv = dst host, dst overlay ip, port, claimed
 // overlay source.
@@ -300,6 +311,28 @@ func TestSocketsSecurity(t *testing.T) {
 			t.Errorf("a plain connection from h2 to h1:%s reached the container's listener", port)
 		}
 	}
+
+	// A listener opened without bind (shim bypassed) lands on a host
+	// address; the agent ends it as soon as sockops reports it.
+	exposed := startPy(t, l, "h2/c1", pyExposed, nil)
+	port, err := strconv.Atoi(exposed.line(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	took, err := eventually(2*time.Second, func() error {
+		if c, err := dial(l, "h1", "tcp4", netip.AddrPortFrom(l.Hosts[1].UnderlayIP, uint16(port)), 200*time.Millisecond); err == nil {
+			c.Close()
+			return fmt.Errorf("h2:%d (a container's listener without bind) is reachable from h1", port)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	if counter(t, l, "h2", "listener_exposed") == 0 {
+		t.Error("the exposed listener was not reported")
+	}
+	t.Logf("exposed listener gone after %v", took)
 
 	// Forged options, from h2's host namespace: claiming h1's own container
 	// (not on h2) is dropped; claiming h2's container is recorded.

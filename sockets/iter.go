@@ -123,25 +123,42 @@ func (l *Layer) Destroy(cookies []uint64) error {
 	return err
 }
 
-// Enforce ends replaced connections rules no longer allow, and listeners a
-// container made without binding (listen() autobinds them to a host port
-// where no hook can move them to loopback; the shim never does this).
-// It returns how many it ended.
+// evExposed is SKS_EV_EXPOSED: sockops saw a listener that was never bound.
+const evExposed = 3
+
+// exposed reports a listener a container made without binding: listen()
+// autobinds it to a host port, where no hook can move it to loopback (the
+// shim never does this; a program bypassing it can).
+func (c Conn) exposed() bool { return c.Role == Fresh && c.State == tcpListen }
+
+// endExposed ends exposed listeners.
+func (l *Layer) endExposed() (int, error) {
+	return l.end(func(c Conn) bool { return c.exposed() })
+}
+
+// Enforce ends replaced connections rules no longer allow, and exposed
+// listeners. It returns how many it ended.
 func (l *Layer) Enforce(rules policy.Set) (int, error) {
+	return l.end(func(c Conn) bool {
+		if c.exposed() {
+			return true
+		}
+		known := c.Peer.Addr().IsValid() && !c.Peer.Addr().IsUnspecified()
+		return (c.Role == Client || c.Role == Child) && known && !rules.Allowed(c.Flow())
+	})
+}
+
+// end destroys the replaced sockets kill selects.
+func (l *Layer) end(kill func(Conn) bool) (int, error) {
 	conns, err := l.Conns()
 	if err != nil {
 		return 0, err
 	}
-	var kill []uint64
+	var cookies []uint64
 	for _, c := range conns {
-		switch {
-		case c.Role == Fresh && c.State == tcpListen:
-			kill = append(kill, c.Cookie)
-		case (c.Role == Client || c.Role == Child) && c.Peer.Addr().IsValid() && !c.Peer.Addr().IsUnspecified():
-			if !rules.Allowed(c.Flow()) {
-				kill = append(kill, c.Cookie)
-			}
+		if kill(c) {
+			cookies = append(cookies, c.Cookie)
 		}
 	}
-	return len(kill), l.Destroy(kill)
+	return len(cookies), l.Destroy(cookies)
 }

@@ -345,8 +345,13 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		break;
 	case BPF_SOCK_OPS_TCP_LISTEN_CB: {
-		if (si->role != SKS_LISTEN)
-			break; // autobound by listen() without bind: the agent ends it
+		if (si->role != SKS_LISTEN) {
+			// Autobound by listen() without bind (the shim never does
+			// that): on 0.0.0.0 of the host. The agent ends it at once.
+			count(SKS_LISTENER_EXPOSED);
+			notify(SKS_EV_EXPOSED, si->local_ip, bpf_htons((__u16)skops->local_port));
+			break;
+		}
 		struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
 		if (!k.port)
 			k.port = bpf_htons((__u16)skops->local_port);

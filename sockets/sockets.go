@@ -152,7 +152,7 @@ func (l *Layer) Close() error {
 // Reasons names the counters, in the order of enum sks_reason.
 var Reasons = []string{
 	"stamped", "connect_fast", "connect_refused", "bind_rewritten", "bind_refused", "bind_inuse",
-	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "syn_recorded",
+	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "listener_exposed", "syn_recorded",
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed",
 }

@@ -82,6 +82,7 @@ struct sks_subnet {
 enum sks_event_kind {
 	SKS_EV_LISTEN = 1,
 	SKS_EV_CLOSE = 2,
+	SKS_EV_EXPOSED = 3, // a listener on a host address: to be ended
 };
 
 // Ring-buffer event: a replaced listener appeared or went away.
@@ -116,6 +117,7 @@ enum sks_reason {
 	SKS_OPT_WRITTEN,      // SYN option written
 	SKS_LISTENER_ADDED,   // listener published in the socket map
 	SKS_LISTENER_FAILED,  // could not be inserted
+	SKS_LISTENER_EXPOSED, // listen() without bind, on a host address
 	SKS_SYN_RECORDED,     // option SYN recorded on the server host
 	SKS_SYN_SPOOFED,      // option claims a source not on the sending host
 	SKS_SYN_MALFORMED,    // option present but unusable

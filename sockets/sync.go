@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -115,7 +116,8 @@ func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
 }
 
 // WatchListeners signals on the returned channel whenever a replaced
-// listener appears or goes away on this host, until ctx ends.
+// listener appears or goes away on this host, until ctx ends. Listeners
+// exposed on host addresses are ended as soon as they are reported.
 func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 	rd, err := ringbuf.NewReader(l.objs.SksEvents)
 	if err != nil {
@@ -129,11 +131,21 @@ func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 	go func() {
 		defer close(out)
 		for {
-			if _, err := rd.Read(); err != nil {
+			rec, err := rd.Read()
+			if err != nil {
 				if !errors.Is(err, ringbuf.ErrClosed) {
 					l.log.Warn("listener events", "err", err)
 				}
 				return
+			}
+			var ev sksSksEvent
+			if binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev) == nil && ev.Kind == evExposed {
+				if n, err := l.endExposed(); err != nil {
+					l.log.Warn("end exposed listeners", "err", err)
+				} else if n > 0 {
+					l.log.Warn("ended listeners a container opened on a host address (listen without bind)", "listeners", n)
+				}
+				continue
 			}
 			select {
 			case out <- struct{}{}:
