@@ -593,7 +593,7 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 		}
 	}
 	for _, pid := range brokers {
-		if syscall.Kill(pid, 0) == nil {
+		if alive(pid) {
 			t.Errorf("broker %d still runs", pid)
 		}
 	}
