@@ -259,11 +259,13 @@ func (a *Agent) converge(ctx context.Context) {
 		if a.cache != nil {
 			endpoints = store.EndpointPrefix // every host's caches name every endpoint
 		}
-		prefixes := []string{store.HostsPrefix, store.PolicyPrefix, endpoints}
+		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, endpoints)
+		// Listeners come and go with every server start: they only change
+		// the sockets layer's routes, not worth a full reconcile.
+		var listeners <-chan struct{}
 		if a.sockets != nil {
-			prefixes = append(prefixes, store.ListenerPrefix)
+			listeners = a.store.Watch(ctx, store.ListenerPrefix)
 		}
-		changed := a.store.Watch(ctx, prefixes...)
 		err := a.reconcile(ctx)
 		if err == nil {
 			delay = 250 * time.Millisecond
@@ -280,6 +282,13 @@ func (a *Agent) converge(ctx context.Context) {
 					break watch
 				}
 				a.reconcile(ctx)
+			case _, ok := <-listeners:
+				if !ok {
+					break watch
+				}
+				if err := a.syncRoutes(ctx); err != nil {
+					a.log.Warn("sync sockets routes", "err", err)
+				}
 			case <-ticker.C:
 				a.reconcile(ctx)
 			}

@@ -104,16 +104,44 @@ func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []clust
 			errs = append(errs, a.sockets.AddEndpoint(e))
 		}
 	}
-	n, err := a.sockets.Enforce(rules)
-	if n > 0 {
-		a.log.Info("ended replaced connections", "connections", n, "policyChanged", policyChanged)
+	// Walking every TCP socket of the host is for policy changes (and the
+	// first sync, which may follow one made while the agent was down).
+	if policyChanged || !a.socketsAttached {
+		n, err := a.sockets.Enforce(rules)
+		if n > 0 {
+			a.log.Info("ended replaced connections the policy denies", "connections", n)
+		}
+		errs = append(errs, err)
 	}
-	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	a.socketsAttached = true
 	return nil
+}
+
+// syncRoutes applies a change of the published listeners: only the
+// sockets layer's routes depend on them.
+func (a *Agent) syncRoutes(ctx context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	hosts, err := a.store.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	rules, err := a.store.Policies(ctx)
+	if err != nil {
+		return err
+	}
+	local, err := a.store.Endpoints(ctx, a.host.Name)
+	if err != nil {
+		return err
+	}
+	listeners, err := a.store.Listeners(ctx)
+	if err != nil {
+		return err
+	}
+	return a.sockets.Sync(hosts, local, listeners, rules)
 }
 
 // socketsStatus reports the layer's counters, listeners and containers.

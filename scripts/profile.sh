@@ -29,8 +29,11 @@ client=("$bin/skiff" lab exec --name $name h1/c1 -- "$bin/skiff-perf" client --h
 sysctl -q kernel.bpf_stats_enabled=1
 perf record -q -e cpu-clock -a -g -o "$out/perf.data" -- "${client[@]}" --duration "$secs"
 echo "== eBPF programs (both hosts), average cost per run"
-bpftool prog show 2>/dev/null | grep -A1 -E "name (sks_[a-z0-9_]+|(from|to)_(container|underlay))" |
-	grep -oE "name [a-z_]+|run_time_ns [0-9]+ run_cnt [0-9]+" | paste - - |
-	awk '$6 > 0 {printf "  %-15s %6.0f ns/run  (%d runs)\n", $2, $4/$6, $6}'
+bpftool -j prog show 2>/dev/null | python3 -c '
+import json, re, sys
+for p in json.load(sys.stdin):
+    name, runs = p.get("name", ""), p.get("run_cnt", 0)
+    if runs and re.match(r"(sks_|(from|to)_(container|underlay))", name):
+        print("  %-16s %7.0f ns/run  (%d runs)" % (name, p["run_time_ns"] / runs, runs))'
 echo "== perf: top kernel symbols (profile in $out/perf.data)"
 perf report -q -i "$out/perf.data" --no-children --sort symbol --stdio -g none 2>/dev/null | head -25
