@@ -425,6 +425,20 @@ func TestSocketsPolicy(t *testing.T) {
 	}
 }
 
+// heldConnection starts a replaced echo server in h1/c1, and in h2/c1 a
+// client that keeps a fast-path connection to it busy.
+func heldConnection(t *testing.T, l *Lab) (netip.AddrPort, *proc) {
+	t.Helper()
+	srvIP, _ := l.IP("h1/c1")
+	srv := netip.AddrPortFrom(srvIP, 7000)
+	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
+	waitListener(t, l, "h1", srv, p)
+	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
+	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
+	hold.line(t, 10*time.Second)
+	return srv, hold
+}
+
 // brokerPID returns the pid of a container's broker.
 func brokerPID(t *testing.T, l *Lab, target string) int {
 	t.Helper()
@@ -450,13 +464,8 @@ func brokerPID(t *testing.T, l *Lab, target string) int {
 func TestSocketsFaults(t *testing.T) {
 	l := newLab(t, Config{Name: "tskflt", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	ctx := context.Background()
-	srvIP, _ := l.IP("h1/c1")
-	srv := netip.AddrPortFrom(srvIP, 7000)
-	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p)
-	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
-	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
-	hold.line(t, 10*time.Second)
+	srv, hold := heldConnection(t, l)
+	srvIP := srv.Addr()
 
 	// A hung broker (stopped, so the agent sees it running): the shim gives
 	// up waiting and the connection goes over the overlay to the replaced
@@ -566,13 +575,8 @@ func TestSocketsFaults(t *testing.T) {
 func TestSocketsModeSwitchBack(t *testing.T) {
 	l := newLab(t, Config{Name: "tskback", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	ctx := context.Background()
-	srvIP, _ := l.IP("h1/c1")
-	srv := netip.AddrPortFrom(srvIP, 7000)
-	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p)
-	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
-	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
-	hold.line(t, 10*time.Second)
+	srv, hold := heldConnection(t, l)
+	srvIP := srv.Addr()
 	brokers := []int{brokerPID(t, l, "h1/c1"), brokerPID(t, l, "h2/c1")}
 
 	l.Config.Mode = "overlay"
