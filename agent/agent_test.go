@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -49,29 +48,5 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	cfg.Mode, cfg.Broker = "sockets", broker
 	if _, err := New(cfg, log); err != nil {
 		t.Fatalf("valid sockets config: %v", err)
-	}
-}
-
-func TestReadBrokerStats(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "c.stats")
-	if h, r, f := readBrokerStats(path); h+r+f != 0 {
-		t.Fatal("counters from a missing file")
-	}
-	data := make([]byte, 64)
-	for i, v := range []uint64{0x154534b53, 16, 3, 1, 2, 1, 0, 4242} {
-		binary.NativeEndian.PutUint64(data[8*i:], v)
-	}
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if h, r, f := readBrokerStats(path); h != 16 || r != 3 || f != 1 {
-		t.Fatalf("handed out %d, replaced %d, fallback %d; want 16, 3, 1", h, r, f)
-	}
-	data[0] = 0 // a broker still starting up
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if h, r, f := readBrokerStats(path); h+r+f != 0 {
-		t.Fatal("counters from a file without the magic")
 	}
 }

@@ -2,10 +2,8 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -158,23 +156,10 @@ func (a *Agent) socketsStatus(local []cluster.Endpoint) *api.SocketsStatus {
 			continue
 		}
 		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String()}
-		c.HandedOut, c.Replaced, c.Fallback = readBrokerStats(sockets.StatsFile(a.cfg.StateDir, e.ContainerID))
+		st := sockets.ReadBrokerStats(a.cfg.StateDir, e.ContainerID)
+		c.HandedOut, c.Replaced, c.Fallback = st.HandedOut, st.Replaced, st.Fallback
 		c.Broker = a.sockets.BrokerRunning(e.ContainerID)
 		s.Containers = append(s.Containers, c)
 	}
 	return s
-}
-
-// brokerStatsMagic opens a ready broker's counters file: "SKST", layout 1
-// (sockets/shim/skiff_broker.h).
-const brokerStatsMagic = 0x154534b53
-
-// readBrokerStats reads a broker's counters file.
-func readBrokerStats(path string) (handedOut, replaced, fallback uint64) {
-	data, err := os.ReadFile(path)
-	if err != nil || len(data) < 32 || binary.NativeEndian.Uint64(data) != brokerStatsMagic {
-		return 0, 0, 0
-	}
-	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }
-	return u(1), u(2), u(3)
 }

@@ -25,13 +25,15 @@ type Placement struct {
 
 // Mode is one data-plane configuration measured by the benchmark.
 //
-// Adding a mode is a local change: add an entry to Modes, e.g.
+// Adding a mode is a local change: add an entry to Modes, e.g. the
+// sockets lab's containers with the shim switched off (the overlay path to
+// replaced listeners):
 //
-//	Modes["sockets"] = Mode{
-//		Name:      "sockets",
+//	Modes["sockets-off"] = Mode{
+//		Name:      "sockets-off",
 //		LabMode:   "sockets",
 //		Placement: ContainerPlacement,
-//		Wrap:      func(cmd *exec.Cmd) { SetEnv(cmd, "LD_PRELOAD", "/usr/lib/skiff/libskiffsock.so") },
+//		Wrap:      func(cmd *exec.Cmd) { SetEnv(cmd, "SKIFF_SOCKETS", "off") },
 //	}
 type Mode struct {
 	Name string

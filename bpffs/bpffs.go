@@ -69,11 +69,21 @@ func Unpin(dir, prefix string) error {
 	return nil
 }
 
-// Load loads spec into objs (a bpf2go objects struct) with its maps pinned
-// in dir, reusing maps an earlier run pinned there. Pinned maps whose
+// Load sets spec's configuration constants (volatile const globals) to
+// vars and loads it into objs (a bpf2go objects struct) with its maps
+// pinned in dir, reusing maps an earlier run pinned there. Pinned maps whose
 // definition changed (a new skiff version) are unpinned — every pin whose
 // name starts with prefix — and replaced by empty ones.
-func Load(spec *ebpf.CollectionSpec, objs any, dir, prefix string, log *slog.Logger) error {
+func Load(spec *ebpf.CollectionSpec, vars map[string]any, objs any, dir, prefix string, log *slog.Logger) error {
+	for name, v := range vars {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("programs lack %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
 	if err := Ensure(dir); err != nil {
 		return err
 	}

@@ -71,17 +71,20 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read cache programs: %w", err)
 	}
-	if err := configure(spec, cfg, under); err != nil {
+	vars, err := configure(spec, cfg, under)
+	if err != nil {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, underlay: under, log: log}
-	if err := bpffs.Load(spec, &c.objs, cfg.PinDir, "skc_", log); err != nil {
+	if err := bpffs.Load(spec, vars, &c.objs, cfg.PinDir, "skc_", log); err != nil {
 		return nil, fmt.Errorf("load cache programs: %w", err)
 	}
 	return c, nil
 }
 
-func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) error {
+// configure sizes spec's caches and returns the programs' configuration
+// constants for this host.
+func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) (map[string]any, error) {
 	be32 := func(a netip.Addr) [4]byte { return a.As4() }
 	mask := func(p netip.Prefix) [4]byte {
 		m := net.CIDRMask(p.Bits(), 32)
@@ -91,7 +94,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) error 
 	copy(mac[:], under.Attrs().HardwareAddr)
 	lo, hi, err := localPortRange()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	port := uint16(cfg.Cluster.VXLANPort)
 	vars := map[string]any{
@@ -106,25 +109,16 @@ func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) error 
 		"cfg_port_min":     lo,
 		"cfg_port_max":     hi,
 	}
-	for name, v := range vars {
-		vs, ok := spec.Variables[name]
-		if !ok {
-			return fmt.Errorf("cache programs lack %s", name)
-		}
-		if err := vs.Set(v); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
-	}
 	for name, n := range map[string]uint32{
 		"skc_egress_ip": cfg.Capacity.EgressIPs, "skc_egress_host": cfg.Capacity.EgressHosts,
 		"skc_ingress": cfg.Capacity.Ingress, "skc_filter": cfg.Capacity.Filter,
 	} {
 		if n == 0 {
-			return fmt.Errorf("capacity of %s is 0", name)
+			return nil, fmt.Errorf("capacity of %s is 0", name)
 		}
 		spec.Maps[name].MaxEntries = n
 	}
-	return nil
+	return vars, nil
 }
 
 // localPortRange is the UDP source port range the overlay's VXLAN device

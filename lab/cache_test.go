@@ -294,14 +294,8 @@ func TestCacheModeSwitchBack(t *testing.T) {
 	if err := ping(ctx, l, "h1/c1", dst); err != nil {
 		t.Fatal(err)
 	}
-	l.Config.Mode = "overlay"
+	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		if err := l.StopAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.StartAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
 		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done")
 		out, err := cmd.CombinedOutput()
 		if err != nil || strings.Contains(string(out), "skiff-cache") {

@@ -67,6 +67,22 @@ func binDir(t *testing.T) string {
 	return dir
 }
 
+// restartAgents restarts every host's agent in mode, as an operator
+// switching the data plane would.
+func restartAgents(t *testing.T, l *Lab, mode string) {
+	t.Helper()
+	ctx := context.Background()
+	l.Config.Mode = mode
+	for _, h := range l.Hosts {
+		if err := l.StopAgent(ctx, h.Name); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.StartAgent(ctx, h.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // echoServer listens on TCP and UDP port in target and echoes until the test ends.
 func echoServer(t *testing.T, l *Lab, target string, port int) {
 	t.Helper()

@@ -23,7 +23,6 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/bench"
 )
 
@@ -157,49 +156,23 @@ func appServer(t *testing.T, l *Lab, target string, port uint16, clients []strin
 	})
 	ip, _ := l.IP(target)
 	ap := netip.AddrPortFrom(ip, port)
-	p.waitListener(t, l, target, ap, 10*time.Second)
+	c, err := l.Container(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListener(t, l, c.Host, ap, p.exitErr)
 	for _, c := range clients {
 		appWaitRoute(t, l, c, ap, 10*time.Second)
 	}
 	return p
 }
 
-// waitListener waits until target's host lists ap among its replaced
-// listeners (they are host sockets: the container's /proc/net/tcp does not
-// show them).
-func (p *appProc) waitListener(t *testing.T, l *Lab, target string, ap netip.AddrPort, timeout time.Duration) {
-	t.Helper()
-	c, err := l.Container(target)
-	if err != nil {
-		t.Fatal(err)
+// exitErr says why the server ended, or nil while it runs.
+func (p *appProc) exitErr() error {
+	if !p.exited() {
+		return nil
 	}
-	h, err := l.Host(c.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(timeout)
-	var last []string
-	for {
-		if p.exited() {
-			t.Fatalf("%s in %s exited before listening on %s: %v\n%s", p.name, target, ap, p.err, p.out.String())
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := api.NewClient(h.Socket).Status(ctx)
-		cancel()
-		if err == nil && st.Sockets != nil {
-			last = st.Sockets.Listeners
-			for _, s := range last {
-				if s == ap.String() {
-					return
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s in %s: no replaced listener %s on %s after %v (listeners %v, status error %v)\n%s",
-				p.name, target, ap, h.Name, timeout, last, err, p.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return fmt.Errorf("%s exited (%v): %s", p.name, p.err, p.out.String())
 }
 
 // appRouteReady reports whether client's host has a fast-path route from
@@ -278,20 +251,7 @@ func appModeName(off bool) string {
 // appCounters returns a host's sockets-layer counters.
 func appCounters(t *testing.T, l *Lab, host string) map[string]uint64 {
 	t.Helper()
-	h, err := l.Host(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := api.NewClient(h.Socket).Status(ctx)
-	if err != nil {
-		t.Fatalf("status of %s: %v", host, err)
-	}
-	if st.Sockets == nil {
-		t.Fatalf("%s reports no sockets layer (mode %q)", host, st.Mode)
-	}
-	return st.Sockets.Counters
+	return socketsStatus(t, l, host).Counters
 }
 
 func appDeltas(before, after map[string]uint64) map[string]uint64 {
@@ -665,25 +625,13 @@ func appWaitBroker(t *testing.T, l *Lab, target string, timeout time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := l.Host(c.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
 	_, err = eventually(timeout, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		st, err := api.NewClient(h.Socket).Status(ctx)
-		if err != nil {
-			return err
-		}
-		if st.Sockets != nil {
-			for _, sc := range st.Sockets.Containers {
-				if sc.IP == c.IP.String() && sc.Broker {
-					return nil
-				}
+		for _, sc := range socketsStatus(t, l, c.Host).Containers {
+			if sc.IP == c.IP.String() && sc.Broker {
+				return nil
 			}
 		}
-		return fmt.Errorf("no running broker for %s (%s) on %s", target, c.IP, h.Name)
+		return fmt.Errorf("no running broker for %s (%s) on %s", target, c.IP, c.Host)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package lab
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -137,11 +136,51 @@ for i in range(3):
     r.send(hdr[:16] + struct.pack("!H", c) + hdr[18:])
 `
 
-// proc is a program running in the lab; its output lines arrive on lines.
+// proc is a program running in the lab until the test ends: its output
+// lines arrive on lines, its error output collects in out.
 type proc struct {
-	cmd   *exec.Cmd
 	lines chan string
-	out   *bytes.Buffer
+	out   appBuf
+	done  chan struct{}
+	err   error
+}
+
+// startProc starts cmd and stops it (by its PID) when the test ends.
+func startProc(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{lines: make(chan string, 64), done: make(chan struct{})}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = &p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// exited says why p ended, or nil while it runs.
+func (p *proc) exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("exited (%v): %s", p.err, p.out.String())
+	default:
+		return nil
+	}
 }
 
 // startPy runs a Python program in target (with the shim in sockets mode,
@@ -156,24 +195,7 @@ func startPy(t *testing.T, l *Lab, target, prog string, env []string, args ...st
 		cmd.Env = os.Environ()
 	}
 	cmd.Env = append(cmd.Env, env...)
-	stdout, _ := cmd.StdoutPipe()
-	p := &proc{cmd: cmd, lines: make(chan string, 64), out: &bytes.Buffer{}}
-	cmd.Stderr = p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(p.lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return p
+	return startProc(t, cmd)
 }
 
 // line waits for p's next output line.
@@ -231,22 +253,23 @@ func socketsStatus(t *testing.T, l *Lab, host string) *api.SocketsStatus {
 	return st.Sockets
 }
 
-// waitListener waits until host publishes a replaced listener at addr.
-func waitListener(t *testing.T, l *Lab, host string, addr netip.AddrPort, p *proc) {
+// waitListener waits until host publishes a replaced listener at addr,
+// failing early when exited reports the server gone.
+func waitListener(t *testing.T, l *Lab, host string, addr netip.AddrPort, exited func() error) {
 	t.Helper()
-	_, err := eventually(5*time.Second, func() error {
+	_, err := eventually(10*time.Second, func() error {
 		for _, s := range socketsStatus(t, l, host).Listeners {
 			if s == addr.String() {
 				return nil
 			}
 		}
-		if p.cmd.ProcessState != nil {
-			return fmt.Errorf("server exited: %s", p.out.String())
+		if err := exited(); err != nil {
+			return fmt.Errorf("server %w", err)
 		}
 		return fmt.Errorf("%s has no replaced listener %s", host, addr)
 	})
 	if err != nil {
-		t.Fatalf("%v: %s", err, p.out.String())
+		t.Fatal(err)
 	}
 }
 
@@ -265,7 +288,7 @@ func TestSocketsSecurity(t *testing.T) {
 	srvIP, _ := l.IP("h1/c1")
 	srv := netip.AddrPortFrom(srvIP, 7000)
 	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p)
+	waitListener(t, l, "h1", srv, p.exited)
 
 	var got map[string]string
 	out := runPy(t, l, "h2/c1", pySecurity, nil, srvIP.String(), "7000", l.Hosts[0].UnderlayIP.String())
@@ -370,7 +393,7 @@ func TestSocketsPolicy(t *testing.T) {
 	cliIP, _ := l.IP("h2/c1")
 	srv := netip.AddrPortFrom(srvIP, 7000)
 	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p)
+	waitListener(t, l, "h1", srv, p.exited)
 	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
 
 	fast := counter(t, l, "h2", "connect_fast")
@@ -432,7 +455,7 @@ func heldConnection(t *testing.T, l *Lab) (netip.AddrPort, *proc) {
 	srvIP, _ := l.IP("h1/c1")
 	srv := netip.AddrPortFrom(srvIP, 7000)
 	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p)
+	waitListener(t, l, "h1", srv, p.exited)
 	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
 	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
 	hold.line(t, 10*time.Second)
@@ -510,14 +533,7 @@ func TestSocketsFaults(t *testing.T) {
 	}
 
 	// Agent restarts: the live connection carries on.
-	for _, h := range []string{"h1", "h2"} {
-		if err := l.StopAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.StartAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-	}
+	restartAgents(t, l, "sockets")
 	select {
 	case s := <-hold.lines:
 		t.Fatalf("the live connection broke across agent restarts: %q %s", s, hold.out.String())
@@ -530,11 +546,7 @@ func TestSocketsFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srvCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srvCmd.Process.Kill(); srvCmd.Wait() })
-	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7101), &proc{cmd: srvCmd, out: &bytes.Buffer{}})
+	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7101), startProc(t, srvCmd).exited)
 	appWaitRoute(t, l, "h2/c1", netip.AddrPortFrom(srvIP, 7101), 5*time.Second)
 	fast = counter(t, l, "h2", "connect_fast")
 	cli, err := l.Command(ctx, "h2/c1", perf, "client", "--host", srvIP.String(), "--port", "7100", "--test", "connect", "--count", "10000")
@@ -579,14 +591,8 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 	srvIP := srv.Addr()
 	brokers := []int{brokerPID(t, l, "h1/c1"), brokerPID(t, l, "h2/c1")}
 
-	l.Config.Mode = "overlay"
+	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		if err := l.StopAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.StartAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
 		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; done; ip rule")
 		out, err := cmd.CombinedOutput()
 		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") {

@@ -2,6 +2,7 @@ package sockets
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,29 @@ func (b *brokers) pidFile(id string) string {
 // StatsFile is where a container's broker keeps its counters.
 func StatsFile(stateDir, containerID string) string {
 	return filepath.Join(stateDir, "brokers", containerID+".stats")
+}
+
+// BrokerStats are a broker's counters. Replaced and fallback are what its
+// shims reported, flushed with their next request or at exit.
+type BrokerStats struct {
+	HandedOut uint64 // host sockets sent to the container's processes
+	Replaced  uint64 // connections and listeners on host sockets
+	Fallback  uint64 // sockets that fell back to the overlay
+}
+
+// brokerStatsMagic opens a ready broker's counters file: "SKST", layout 1
+// (shim/skiff_broker.h).
+const brokerStatsMagic = 0x154534b53
+
+// ReadBrokerStats reads a container's broker counters; zero while the
+// broker is not (or not yet) running.
+func ReadBrokerStats(stateDir, containerID string) BrokerStats {
+	data, err := os.ReadFile(StatsFile(stateDir, containerID))
+	if err != nil || len(data) < 32 || binary.NativeEndian.Uint64(data) != brokerStatsMagic {
+		return BrokerStats{}
+	}
+	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }
+	return BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3)}
 }
 
 // ensure starts e's broker unless it runs.

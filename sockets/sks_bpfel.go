@@ -27,6 +27,14 @@ type sksSksEvent struct {
 	Pad  uint16
 }
 
+type sksSksEventKind uint32
+
+const (
+	sksSksEventKindSKS_EV_LISTEN  sksSksEventKind = 1
+	sksSksEventKindSKS_EV_CLOSE   sksSksEventKind = 2
+	sksSksEventKindSKS_EV_EXPOSED sksSksEventKind = 3
+)
+
 type sksSksInfo struct {
 	_         structs.HostLayout
 	LocalIp   uint32
@@ -52,6 +60,15 @@ type sksSksPending struct {
 	DstPort uint16
 	Pad     uint16
 }
+
+type sksSksRole uint32
+
+const (
+	sksSksRoleSKS_FRESH  sksSksRole = 1
+	sksSksRoleSKS_CLIENT sksSksRole = 2
+	sksSksRoleSKS_LISTEN sksSksRole = 3
+	sksSksRoleSKS_CHILD  sksSksRole = 4
+)
 
 type sksSksRoute struct {
 	_    structs.HostLayout
@@ -91,38 +108,40 @@ type sksSksTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sksMapSksContainers     = "sks_containers"
-	sksMapSksEvents         = "sks_events"
-	sksMapSksKill           = "sks_kill"
-	sksMapSksListen         = "sks_listen"
-	sksMapSksRoutes         = "sks_routes"
-	sksMapSksStats          = "sks_stats"
-	sksMapSksStorage        = "sks_storage"
-	sksMapSksSubnets        = "sks_subnets"
-	sksMapSksSyns           = "sks_syns"
-	sksProgSksBind4         = "sks_bind4"
-	sksProgSksConnect4      = "sks_connect4"
-	sksProgSksDestroy       = "sks_destroy"
-	sksProgSksDump          = "sks_dump"
-	sksProgSksFromContainer = "sks_from_container"
-	sksProgSksFromOverlay   = "sks_from_overlay"
-	sksProgSksFromUnderlay  = "sks_from_underlay"
-	sksProgSksGetpeername4  = "sks_getpeername4"
-	sksProgSksGetsockname4  = "sks_getsockname4"
-	sksProgSksLookup        = "sks_lookup"
-	sksProgSksSetsockopt    = "sks_setsockopt"
-	sksProgSksSockCreate    = "sks_sock_create"
-	sksProgSksSockops       = "sks_sockops"
-	sksVarCfgBridgeMac      = "cfg_bridge_mac"
-	sksVarCfgClusterMask    = "cfg_cluster_mask"
-	sksVarCfgClusterNet     = "cfg_cluster_net"
-	sksVarCfgHostNetns      = "cfg_host_netns"
-	sksVarCfgLocalMask      = "cfg_local_mask"
-	sksVarCfgLocalNet       = "cfg_local_net"
-	sksVarCfgMark           = "cfg_mark"
-	sksVarCfgSecure         = "cfg_secure"
-	sksVarUnusedSksEvent    = "unused_sks_event"
-	sksVarUnusedSksSock     = "unused_sks_sock"
+	sksMapSksContainers      = "sks_containers"
+	sksMapSksEvents          = "sks_events"
+	sksMapSksKill            = "sks_kill"
+	sksMapSksListen          = "sks_listen"
+	sksMapSksRoutes          = "sks_routes"
+	sksMapSksStats           = "sks_stats"
+	sksMapSksStorage         = "sks_storage"
+	sksMapSksSubnets         = "sks_subnets"
+	sksMapSksSyns            = "sks_syns"
+	sksProgSksBind4          = "sks_bind4"
+	sksProgSksConnect4       = "sks_connect4"
+	sksProgSksDestroy        = "sks_destroy"
+	sksProgSksDump           = "sks_dump"
+	sksProgSksFromContainer  = "sks_from_container"
+	sksProgSksFromOverlay    = "sks_from_overlay"
+	sksProgSksFromUnderlay   = "sks_from_underlay"
+	sksProgSksGetpeername4   = "sks_getpeername4"
+	sksProgSksGetsockname4   = "sks_getsockname4"
+	sksProgSksLookup         = "sks_lookup"
+	sksProgSksSetsockopt     = "sks_setsockopt"
+	sksProgSksSockCreate     = "sks_sock_create"
+	sksProgSksSockops        = "sks_sockops"
+	sksVarCfgBridgeMac       = "cfg_bridge_mac"
+	sksVarCfgClusterMask     = "cfg_cluster_mask"
+	sksVarCfgClusterNet      = "cfg_cluster_net"
+	sksVarCfgHostNetns       = "cfg_host_netns"
+	sksVarCfgLocalMask       = "cfg_local_mask"
+	sksVarCfgLocalNet        = "cfg_local_net"
+	sksVarCfgMark            = "cfg_mark"
+	sksVarCfgSecure          = "cfg_secure"
+	sksVarUnusedSksEvent     = "unused_sks_event"
+	sksVarUnusedSksEventKind = "unused_sks_event_kind"
+	sksVarUnusedSksRole      = "unused_sks_role"
+	sksVarUnusedSksSock      = "unused_sks_sock"
 )
 
 // loadSks returns the embedded CollectionSpec for sks.
@@ -201,16 +220,18 @@ type sksMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sksVariableSpecs struct {
-	CfgBridgeMac   *ebpf.VariableSpec `ebpf:"cfg_bridge_mac"`
-	CfgClusterMask *ebpf.VariableSpec `ebpf:"cfg_cluster_mask"`
-	CfgClusterNet  *ebpf.VariableSpec `ebpf:"cfg_cluster_net"`
-	CfgHostNetns   *ebpf.VariableSpec `ebpf:"cfg_host_netns"`
-	CfgLocalMask   *ebpf.VariableSpec `ebpf:"cfg_local_mask"`
-	CfgLocalNet    *ebpf.VariableSpec `ebpf:"cfg_local_net"`
-	CfgMark        *ebpf.VariableSpec `ebpf:"cfg_mark"`
-	CfgSecure      *ebpf.VariableSpec `ebpf:"cfg_secure"`
-	UnusedSksEvent *ebpf.VariableSpec `ebpf:"unused_sks_event"`
-	UnusedSksSock  *ebpf.VariableSpec `ebpf:"unused_sks_sock"`
+	CfgBridgeMac       *ebpf.VariableSpec `ebpf:"cfg_bridge_mac"`
+	CfgClusterMask     *ebpf.VariableSpec `ebpf:"cfg_cluster_mask"`
+	CfgClusterNet      *ebpf.VariableSpec `ebpf:"cfg_cluster_net"`
+	CfgHostNetns       *ebpf.VariableSpec `ebpf:"cfg_host_netns"`
+	CfgLocalMask       *ebpf.VariableSpec `ebpf:"cfg_local_mask"`
+	CfgLocalNet        *ebpf.VariableSpec `ebpf:"cfg_local_net"`
+	CfgMark            *ebpf.VariableSpec `ebpf:"cfg_mark"`
+	CfgSecure          *ebpf.VariableSpec `ebpf:"cfg_secure"`
+	UnusedSksEvent     *ebpf.VariableSpec `ebpf:"unused_sks_event"`
+	UnusedSksEventKind *ebpf.VariableSpec `ebpf:"unused_sks_event_kind"`
+	UnusedSksRole      *ebpf.VariableSpec `ebpf:"unused_sks_role"`
+	UnusedSksSock      *ebpf.VariableSpec `ebpf:"unused_sks_sock"`
 }
 
 // sksObjects contains all objects after they have been loaded into the kernel.
@@ -262,16 +283,18 @@ func (m *sksMaps) Close() error {
 //
 // It can be passed to loadSksObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sksVariables struct {
-	CfgBridgeMac   *ebpf.Variable `ebpf:"cfg_bridge_mac"`
-	CfgClusterMask *ebpf.Variable `ebpf:"cfg_cluster_mask"`
-	CfgClusterNet  *ebpf.Variable `ebpf:"cfg_cluster_net"`
-	CfgHostNetns   *ebpf.Variable `ebpf:"cfg_host_netns"`
-	CfgLocalMask   *ebpf.Variable `ebpf:"cfg_local_mask"`
-	CfgLocalNet    *ebpf.Variable `ebpf:"cfg_local_net"`
-	CfgMark        *ebpf.Variable `ebpf:"cfg_mark"`
-	CfgSecure      *ebpf.Variable `ebpf:"cfg_secure"`
-	UnusedSksEvent *ebpf.Variable `ebpf:"unused_sks_event"`
-	UnusedSksSock  *ebpf.Variable `ebpf:"unused_sks_sock"`
+	CfgBridgeMac       *ebpf.Variable `ebpf:"cfg_bridge_mac"`
+	CfgClusterMask     *ebpf.Variable `ebpf:"cfg_cluster_mask"`
+	CfgClusterNet      *ebpf.Variable `ebpf:"cfg_cluster_net"`
+	CfgHostNetns       *ebpf.Variable `ebpf:"cfg_host_netns"`
+	CfgLocalMask       *ebpf.Variable `ebpf:"cfg_local_mask"`
+	CfgLocalNet        *ebpf.Variable `ebpf:"cfg_local_net"`
+	CfgMark            *ebpf.Variable `ebpf:"cfg_mark"`
+	CfgSecure          *ebpf.Variable `ebpf:"cfg_secure"`
+	UnusedSksEvent     *ebpf.Variable `ebpf:"unused_sks_event"`
+	UnusedSksEventKind *ebpf.Variable `ebpf:"unused_sks_event_kind"`
+	UnusedSksRole      *ebpf.Variable `ebpf:"unused_sks_role"`
+	UnusedSksSock      *ebpf.Variable `ebpf:"unused_sks_sock"`
 }
 
 // sksPrograms contains all programs after they have been loaded into the kernel.

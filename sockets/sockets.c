@@ -296,6 +296,8 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 // Keeps the event type in BTF for the Go side.
 const struct sks_event *unused_sks_event __attribute__((unused));
 const struct sks_sock *unused_sks_sock __attribute__((unused));
+const enum sks_role *unused_sks_role __attribute__((unused));
+const enum sks_event_kind *unused_sks_event_kind __attribute__((unused));
 
 static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
 {

@@ -63,27 +63,29 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read sockets programs: %w", err)
 	}
-	if err := configure(spec, cfg); err != nil {
+	vars, err := configuration(cfg)
+	if err != nil {
 		return nil, err
 	}
 	l := &Layer{cfg: cfg, underlay: under, log: log}
-	if err := bpffs.Load(spec, &l.objs, cfg.PinDir, "sks_", log); err != nil {
+	if err := bpffs.Load(spec, vars, &l.objs, cfg.PinDir, "sks_", log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
 	l.brokers = newBrokers(cfg, log)
 	return l, nil
 }
 
-func configure(spec *ebpf.CollectionSpec, cfg Config) error {
-	cookie, err := NetnsCookie()
+// configuration is the programs' configuration constants for this host.
+func configuration(cfg Config) (map[string]any, error) {
+	cookie, err := netnsCookie()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	secure := uint32(0)
 	if cfg.Secure {
 		secure = 1
 	}
-	vars := map[string]any{
+	return map[string]any{
 		"cfg_host_netns":   cookie,
 		"cfg_cluster_net":  cfg.Cluster.CIDR.Masked().Addr().As4(),
 		"cfg_cluster_mask": mask(cfg.Cluster.CIDR),
@@ -92,17 +94,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"cfg_secure":       secure,
 		"cfg_mark":         uint32(Mark),
 		"cfg_bridge_mac":   [6]byte(overlay.BridgeMAC(cfg.Host.UnderlayIP)),
-	}
-	for name, v := range vars {
-		vs, ok := spec.Variables[name]
-		if !ok {
-			return fmt.Errorf("sockets programs lack %s", name)
-		}
-		if err := vs.Set(v); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
-	}
-	return nil
+	}, nil
 }
 
 func mask(p netip.Prefix) [4]byte {
@@ -114,9 +106,9 @@ func mask(p netip.Prefix) [4]byte {
 // (skb->mark, matched by an ip rule).
 const Mark = 0x5c1ff
 
-// NetnsCookie returns the cookie of the calling thread's network namespace,
+// netnsCookie returns the cookie of the calling thread's network namespace,
 // which tells the programs host sockets from container ones.
-func NetnsCookie() (uint64, error) {
+func netnsCookie() (uint64, error) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("netns cookie: %w", err)

@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -122,18 +123,18 @@ func TestSyncRoutes(t *testing.T) {
 func TestConnFlow(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	cases := []struct {
-		c    Conn
+		c    conn
 		want policy.Flow
 	}{
-		{Conn{Role: Client, Local: ap("10.244.1.5:0"), Peer: ap("10.244.2.9:80")},
+		{conn{Role: sksSksRoleSKS_CLIENT, Local: ap("10.244.1.5:0"), Peer: ap("10.244.2.9:80")},
 			policy.Flow{Src: ap("10.244.1.5:0").Addr(), Dst: ap("10.244.2.9:0").Addr(), Proto: policy.TCP, Port: 80}},
-		{Conn{Role: Child, Local: ap("10.244.1.5:8080"), Peer: ap("10.244.2.9:0")},
+		{conn{Role: sksSksRoleSKS_CHILD, Local: ap("10.244.1.5:8080"), Peer: ap("10.244.2.9:0")},
 			policy.Flow{Src: ap("10.244.2.9:0").Addr(), Dst: ap("10.244.1.5:0").Addr(), Proto: policy.TCP, Port: 8080}},
-		{Conn{Role: Client, Local: ap("10.244.1.5:0"), Peer: ap("127.0.0.1:8080")}, // the container's own loopback
+		{conn{Role: sksSksRoleSKS_CLIENT, Local: ap("10.244.1.5:0"), Peer: ap("127.0.0.1:8080")}, // the container's own loopback
 			policy.Flow{Src: ap("10.244.1.5:0").Addr(), Dst: ap("10.244.1.5:0").Addr(), Proto: policy.TCP, Port: 8080}},
 	}
 	for _, c := range cases {
-		if got := c.c.Flow(); got != c.want {
+		if got := c.c.flow(); got != c.want {
 			t.Errorf("%+v: flow %+v, want %+v", c.c, got, c.want)
 		}
 	}
@@ -158,5 +159,33 @@ func TestReasonsMatchProgram(t *testing.T) {
 	}
 	if !slices.Equal(names, Reasons) {
 		t.Fatalf("sockets.h: %v\nReasons:   %v", names, Reasons)
+	}
+}
+
+func TestReadBrokerStats(t *testing.T) {
+	dir := t.TempDir()
+	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{}) {
+		t.Fatalf("counters from a missing file: %+v", st)
+	}
+	data := make([]byte, 64)
+	// SKIFF_STATS_MAGIC of shim/skiff_broker.h: "SKST", layout 1.
+	for i, v := range []uint64{0x54534b53 | 1<<32, 16, 3, 1, 2, 1, 0, 4242} {
+		binary.NativeEndian.PutUint64(data[8*i:], v)
+	}
+	if err := os.MkdirAll(filepath.Dir(StatsFile(dir, "c")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1}) {
+		t.Fatalf("counters %+v, want 16, 3, 1", st)
+	}
+	data[0] = 0 // a broker still starting up
+	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{}) {
+		t.Fatalf("counters from a file without the magic: %+v", st)
 	}
 }
