@@ -29,6 +29,9 @@
 #include "skiff_broker.h"
 
 #define MAX_POOL 4096
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
 
 static const char *g_name = SKIFF_BROKER_NAME;
 static volatile sig_atomic_t g_stop;
@@ -107,35 +110,55 @@ static void drop_client(int i, const char *why)
 	g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
 }
 
-/* returns 0 if the client stays, -1 if it must be dropped */
-static int send_fds(int c, int n)
+/* Sends want messages, one socket each (n = 0 and no fd for each the pool
+ * cannot cover), in one sendmmsg. Returns 0 if sent, 1 if the client has
+ * gone (its last messages, such as an exit flush, are still to be read), -1
+ * if it must be dropped. */
+static int send_sockets(int c, int want)
 {
-	struct skiff_reply rep = { .n = (uint32_t)n };
-	struct iovec iov = { &rep, sizeof rep };
-	union { char buf[CMSG_SPACE(SKIFF_MAX_BATCH * sizeof(int))]; struct cmsghdr align; } u;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-	memset(&u, 0, sizeof u);
-	if (n > 0) {
-		m.msg_control = u.buf;
-		m.msg_controllen = CMSG_SPACE(n * sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	static struct mmsghdr mm[SKIFF_MAX_BATCH];
+	static struct skiff_reply rep[SKIFF_MAX_BATCH];
+	static struct iovec iov[SKIFF_MAX_BATCH];
+	static union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u[SKIFF_MAX_BATCH];
+	int have = want < g_npool ? want : g_npool, *fds = &g_pool[g_npool - have];
+	memset(mm, 0, want * sizeof mm[0]);
+	for (int i = 0; i < want; i++) {
+		rep[i].n = i < have;
+		iov[i] = (struct iovec){ &rep[i], sizeof rep[i] };
+		struct msghdr *m = &mm[i].msg_hdr;
+		m->msg_iov = &iov[i];
+		m->msg_iovlen = 1;
+		if (i >= have) continue;
+		m->msg_control = u[i].buf;
+		m->msg_controllen = sizeof u[i].buf;
+		struct cmsghdr *cm = CMSG_FIRSTHDR(m);
 		cm->cmsg_level = SOL_SOCKET;
 		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(n * sizeof(int));
-		memcpy(CMSG_DATA(cm), &g_pool[g_npool - n], n * sizeof(int));
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fds[i], sizeof(int));
 	}
-	/* A well-behaved shim has at most one request outstanding, so its receive
-	 * queue never fills; a client that does not read gets dropped instead of
+	/* A well-behaved shim asks for no more than it reads, so its receive
+	 * queue stays short; a client that does not read gets dropped instead of
 	 * blocking the loop. */
-	ssize_t r = sendmsg(c, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-	if (r != (ssize_t)sizeof rep) {
+	int sent = 0;
+	while (sent < want) {
+		int r = sendmmsg(c, mm + sent, want - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (r < 0 && errno == EINTR) continue;
+		if (r <= 0) break;
+		sent += r;
+	}
+	/* in flight, the sockets hold their own references: the broker's go */
+	for (int i = 0; i < have; i++)
+		close(fds[i]);
+	g_npool -= have;
+	st_add(SKIFF_ST_HANDED_OUT, (uint64_t)(sent < have ? sent : have));
+	if (sent < want && (errno == EPIPE || errno == ECONNRESET))
+		return 1;   /* it exited with a request outstanding */
+	if (sent < want) {
 		st_add(SKIFF_ST_ERRORS, 1);
-		LOG("sendmsg to fd %d: %s", c, r < 0 ? strerror(errno) : "short");
+		LOG("sendmmsg to fd %d: %s (%d of %d sent)", c, strerror(errno), sent, want);
 		return -1;
 	}
-	for (int i = 0; i < n; i++)
-		close(g_pool[--g_npool]);
-	st_add(SKIFF_ST_HANDED_OUT, (uint64_t)n);
 	return 0;
 }
 
@@ -148,9 +171,16 @@ static const char *reason_name(unsigned r)
 /* returns 0 if the client stays, -1 if it must be dropped */
 static int handle_client(int c)
 {
+	int gone = 0;
 	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
 		struct skiff_msg m;
 		ssize_t r = recv(c, &m, sizeof m, MSG_DONTWAIT | MSG_TRUNC);
+		if (r < 0 && errno == ECONNRESET) {
+			/* it closed with sockets still queued; its last messages
+			 * (the exit flush) follow */
+			gone = 1;
+			continue;
+		}
 		if (r < 0)
 			return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
 		if (r == 0)
@@ -169,14 +199,15 @@ static int handle_client(int c)
 				LOG("fd %d: bad count %d", c, want);
 				return -1;
 			}
+			if (gone)
+				continue;
 			if (g_npool < want) {   /* pool short (burst or small --pool): top up on the spot */
 				int save = g_pool_target;
 				g_pool_target = g_npool + want > MAX_POOL ? MAX_POOL : g_npool + want;
 				pool_fill();
 				g_pool_target = save;
 			}
-			int n = want < g_npool ? want : g_npool;
-			if (send_fds(c, n) < 0)
+			if ((gone = send_sockets(c, want)) < 0)
 				return -1;
 		} else if (m.op == SKIFF_OP_FLUSH) {
 			if (m.arg != SKIFF_R_FLUSH)
@@ -339,6 +370,16 @@ int main(int argc, char **argv)
 	}
 	close(hostfd);
 	close(nsfd);
+	{
+		/* the shim checks a socket is one of ours before it replaces it */
+		int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		socklen_t l = sizeof hello.host_netns;
+		if (s < 0 || getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &hello.host_netns, &l) < 0) {
+			fprintf(stderr, "skiff-broker: netns cookie: %s\n", strerror(errno));
+			return 1;
+		}
+		close(s);
+	}
 	if (lerr) {
 		fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", g_name, netns, strerror(lerr));
 		return 1;

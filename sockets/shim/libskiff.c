@@ -1,8 +1,9 @@
 /* libskiff.so - LD_PRELOAD shim for skiff "sockets" mode.
  *
  * socket(AF_INET, SOCK_STREAM, 0|IPPROTO_TCP) returns a socket that lives in
- * the HOST netns, taken from a per-process pool filled by skiff-broker over
- * the abstract unix socket "\0skiff-broker" of the container netns.  While
+ * the HOST netns, sent by skiff-broker ahead of demand over the abstract unix
+ * socket "\0skiff-broker" of the container netns and left queued there until
+ * a socket() call takes it.  While
  * such a socket is "fresh" (not yet connected/bound/listening) the shim can
  * still swap it for an ordinary container-netns socket (dup3 onto the same
  * fd number, recorded setsockopts replayed) whenever the fast path does not
@@ -20,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -37,13 +39,16 @@
 
 #include "skiff_broker.h"
 
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
+
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
-#define POOL_MAX    64      /* sockets kept per process */
-#define BATCH       16      /* sockets per request */
-#define LOW_WATER   4       /* request the next batch when the pool falls to this */
-#define WAIT_MS     500     /* max wait for a reply when the pool is empty */
+#define BATCH       32      /* sockets per request */
+#define LOW_WATER   8       /* request the next batch when this few are still due */
+#define WAIT_MS     500     /* max wait for a socket the broker owes */
 #define RETRY_MS    1000    /* broker retry back-off */
 #define SOPT_MAX    128     /* max recorded option value size */
 #define NOPTS_MAX   32      /* max recorded options per fd */
@@ -93,22 +98,20 @@ static void resolve(void)
 /* ---------- global state ---------- */
 static volatile int g_enabled;   /* set by the constructor; 0 before it ran or if opted out */
 static char g_name[sizeof(((struct sockaddr_un *)0)->sun_path)] = SKIFF_BROKER_NAME;
-static int g_hibase = 768;       /* pool/broker fds live at >= this */
+static int g_hibase = 768;       /* the broker connection lives at >= this */
 
 static TLS int t_inshim;         /* re-entrancy guard (signal handler calling us while we hold a lock) */
 
-/* pool + broker connection, under g_pool_mu */
-static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
-struct pent { int fd; dev_t dev; ino_t ino; };
-static struct pent g_pool[POOL_MAX];
-static int g_npool;
+/* broker connection, under g_broker_mu */
+static pthread_mutex_t g_broker_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_bfd = -1;
 static dev_t g_bdev;
 static ino_t g_bino;
-static int g_outstanding;          /* an 'S' request was sent and its reply not read */
-static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not contact the broker before */
-/* cluster config from the hello (written under g_pool_mu, read racily: it only changes on reconnect) */
+static int g_credit;               /* sockets requested and not yet taken off the connection */
+static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not ask the broker before */
+/* cluster config from the hello (written under g_broker_mu, read racily: it only changes on reconnect) */
 static volatile uint32_t g_net, g_mask, g_ip;
+static volatile uint64_t g_host_netns;
 static volatile int g_have_hello;
 
 /* counters not yet reported to the broker */
@@ -118,8 +121,6 @@ static uint32_t g_cnt_replaced, g_cnt_fallback;
 enum { ST_FRESH = 1, ST_BOUND = 2 };
 struct sopt { int level, name; socklen_t len; unsigned char val[SOPT_MAX]; };
 struct fdent {
-	dev_t dev;
-	ino_t ino;
 	int state;
 	int unreplayable;          /* an option we could not record was set */
 	int has_bind;
@@ -143,8 +144,8 @@ static int tracked_possible(void) { return __atomic_load_n(&g_ntracked, __ATOMIC
 
 /* Lock helpers also raise the re-entrancy guard, so a signal handler that
  * calls close()/socket() while this thread holds a lock passes straight
- * through instead of deadlocking (stale table entries are caught by the
- * st_dev/st_ino check). */
+ * through instead of deadlocking (a stale table entry is caught before the
+ * shim acts on its fd: own_fresh()). */
 static int tab_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&g_tab_mu); return p; }
 static void tab_unlock(int p) { pthread_mutex_unlock(&g_tab_mu); t_inshim = p; }
 
@@ -191,21 +192,29 @@ static void tab_put(int fd, struct fdent *e)
 
 /* Take fd's entry out of the table (the caller owns it while it works on the
  * fd, so no lock is held across blocking calls).  Returns NULL if the fd is not
- * tracked or the entry is stale (the fd was closed behind our back, e.g. by
- * close_range/fclose, and the number now holds another file). */
+ * tracked.  The entry may be stale (the fd was closed behind our back, e.g. by
+ * close_range/fclose, and the number now holds another file): passing the
+ * app's calls through is harmless then, and own_fresh() guards the rest. */
 static struct fdent *tab_take(int fd)
 {
 	if (!tracked_possible()) return NULL;
 	int p = tab_lock();
 	struct fdent *e = tab_detach_locked(fd);
 	tab_unlock(p);
-	if (!e) return NULL;
-	struct stat st;
-	if (sys_fstat(fd, &st) < 0 || st.st_dev != e->dev || st.st_ino != e->ino) {
-		ent_free(e);
-		return NULL;
-	}
 	return e;
+}
+
+/* Is fd still a fresh host socket, as its table entry says?  A host-netns TCP
+ * socket that is neither connected nor listening: only the shim gives the app
+ * those.  Checked before the shim replaces or binds an fd, never per call. */
+static int own_fresh(int fd)
+{
+	uint64_t ns = 0;
+	socklen_t nl = sizeof ns;
+	struct tcp_info ti;
+	socklen_t tl = sizeof ti;
+	return g_host_netns && getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &nl) == 0 && ns == g_host_netns &&
+	       getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE;
 }
 
 static void tab_clear(int fd)
@@ -268,7 +277,7 @@ static void ent_record(struct fdent *e, int level, int name, const void *val, so
 	if (len) memcpy(o->val, val, len);
 }
 
-/* ---------- broker connection (caller holds g_pool_mu) ---------- */
+/* ---------- broker connection (caller holds g_broker_mu) ---------- */
 static int fd_matches(int fd, dev_t dev, ino_t ino)
 {
 	struct stat st;
@@ -289,7 +298,7 @@ static void broker_drop_locked(int backoff)
 	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
 		sys_close(g_bfd);   /* only if it is still ours */
 	g_bfd = -1;
-	g_outstanding = 0;
+	g_credit = 0;
 	if (backoff) g_retry_at = now_ms() + RETRY_MS;
 }
 
@@ -317,15 +326,22 @@ static void broker_adopt(int s)
 	g_bino = st.st_ino;
 }
 
-/* connected and validated, or -1 */
+/* The connection is still ours: the app may have closed or overwritten it
+ * (close_range, dup2).  Checked before every use, since reading another
+ * file's data would be worse than a stat. */
+static int broker_valid_locked(void)
+{
+	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino)) return 1;
+	g_bfd = -1;              /* forget it, don't close: the number is the app's now */
+	g_credit = 0;
+	return 0;
+}
+
+/* connected, or -1 */
 static int broker_ensure_locked(void)
 {
-	if (g_bfd >= 0) {
-		if (fd_matches(g_bfd, g_bdev, g_bino)) return 0;
-		g_bfd = -1;              /* the app closed/reused our fd: forget it, don't close */
-		g_outstanding = 0;
-	}
-	if (now_ms() < g_retry_at) return -1;
+	if (g_bfd >= 0) return 0;
+	if (g_retry_at && now_ms() < g_retry_at) return -1;
 	int s = broker_sock(0);
 	if (s < 0) { g_retry_at = now_ms() + RETRY_MS; return -1; }
 	struct skiff_hello h;
@@ -342,7 +358,9 @@ static int broker_ensure_locked(void)
 	g_mask = h.prefix ? htonl(~0u << (32 - h.prefix)) : 0;
 	g_net = h.net & g_mask;
 	g_ip = h.ip;
+	g_host_netns = h.host_netns;
 	g_have_hello = 1;
+	g_credit = 0;
 	broker_adopt(s);
 	return g_bfd >= 0 ? 0 : -1;
 }
@@ -362,103 +380,81 @@ static int broker_send_locked(uint8_t op, uint8_t arg)
 	return -1;
 }
 
+/* Ask for the next batch (non-blocking) when few sockets are still due. */
 static void broker_request_locked(void)
 {
-	if (g_outstanding || broker_ensure_locked() < 0) return;
-	int want = POOL_MAX - g_npool;
-	if (want > BATCH) want = BATCH;
-	if (want <= 0) return;
-	if (broker_send_locked(SKIFF_OP_SOCKETS, (uint8_t)want) == 0)
-		g_outstanding = 1;
+	if (g_credit > LOW_WATER || !broker_valid_locked()) return;
+	if (broker_send_locked(SKIFF_OP_SOCKETS, BATCH) == 0)
+		g_credit += BATCH;
 }
 
-/* read the reply to the outstanding request; wait up to wait_ms (0: don't block). */
-static void broker_recv_locked(int wait_ms)
+/* Take the next socket off the connection: it lands at the lowest free fd,
+ * as socket()'s would.  Waits up to WAIT_MS for one the broker owes. */
+static int broker_take_locked(int cloexec)
 {
-	if (!g_outstanding || g_bfd < 0) return;
-	if (wait_ms > 0) {
-		struct pollfd p = { .fd = g_bfd, .events = POLLIN };
-		int r;
-		do r = poll(&p, 1, wait_ms); while (r < 0 && errno == EINTR);
-		if (r == 0) { broker_drop_locked(1); return; }   /* hung broker: back off */
-	}
-	struct skiff_reply rep;
-	struct iovec iov = { &rep, sizeof rep };
-	union { char buf[CMSG_SPACE(SKIFF_MAX_BATCH * sizeof(int))]; struct cmsghdr align; } u;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
-	ssize_t r = recvmsg(g_bfd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-	if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
-	int fds[SKIFF_MAX_BATCH], nfds = 0;
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-		int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-		for (int i = 0; i < n && nfds < SKIFF_MAX_BATCH; i++)
-			memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-	}
-	g_outstanding = 0;
-	if (r != (ssize_t)sizeof rep) {          /* EOF, error, garbage */
-		for (int i = 0; i < nfds; i++) sys_close(fds[i]);
-		broker_drop_locked(1);
-		return;
-	}
-	if (nfds == 0) g_retry_at = now_ms() + RETRY_MS;   /* broker cannot create sockets right now */
-	for (int i = 0; i < nfds; i++) {
-		struct stat st;
-		int fd = fds[i];
-		if (g_npool >= POOL_MAX || sys_fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode)) {
-			sys_close(fd);
+	while (g_credit > 0 && broker_valid_locked()) {
+		struct skiff_reply rep;
+		struct iovec iov = { &rep, sizeof rep };
+		union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } u;
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+		ssize_t r = recvmsg(g_bfd, &m, MSG_DONTWAIT | (cloexec ? MSG_CMSG_CLOEXEC : 0));
+		if (r < 0 && errno == EINTR) continue;
+		if (r < 0 && errno == EAGAIN) {
+			struct pollfd p = { .fd = g_bfd, .events = POLLIN };
+			int pr;
+			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
+			if (pr <= 0) break;   /* hung broker: back off */
 			continue;
 		}
-		fd = move_high(fd);
-		g_pool[g_npool].fd = fd;
-		g_pool[g_npool].dev = st.st_dev;
-		g_pool[g_npool].ino = st.st_ino;
-		g_npool++;
+		int fd = -1, extra = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+			int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			for (int i = 0; i < n; i++) {
+				int f;
+				memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+				if (fd < 0) fd = f;
+				else { sys_close(f); extra = 1; }
+			}
+		}
+		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || extra ||
+		    rep.n != (fd >= 0 ? 1u : 0u)) {   /* EOF, error, garbage */
+			if (fd >= 0) sys_close(fd);
+			break;
+		}
+		g_credit--;
+		if (fd < 0) {            /* the broker cannot create sockets right now */
+			g_retry_at = now_ms() + RETRY_MS;
+			return -1;
+		}
+		return fd;
 	}
-}
-
-static int pool_pop_locked(struct pent *out)
-{
-	while (g_npool > 0) {
-		struct pent p = g_pool[--g_npool];
-		if (fd_matches(p.fd, p.dev, p.ino)) { *out = p; return 0; }
-		/* the app closed it (close_range, close loop...): not ours any more */
-	}
+	if (g_bfd >= 0) broker_drop_locked(1);
 	return -1;
 }
 
 /* A fresh host socket at the lowest free fd, or -1 (broker unavailable). */
 static int take_host_socket(int type)
 {
-	struct pent p;
-	int got;
-	pthread_mutex_lock(&g_pool_mu);
-	if (g_outstanding) broker_recv_locked(0);            /* opportunistic */
-	got = pool_pop_locked(&p) == 0;
-	if (!got) {                                          /* empty: this caller has to wait */
+	int fd = -1;
+	pthread_mutex_lock(&g_broker_mu);
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) break;
+		g_retry_at = 0;
 		broker_request_locked();
-		broker_recv_locked(WAIT_MS);
-		got = pool_pop_locked(&p) == 0;
+		fd = broker_take_locked(type & SOCK_CLOEXEC);
+		if (fd >= 0 || g_retry_at) break;
+		/* the app closed or overwrote the connection: a new one, at once */
 	}
-	if (g_npool <= LOW_WATER)                            /* ahead of demand, non-blocking */
-		broker_request_locked();
-	pthread_mutex_unlock(&g_pool_mu);
-	if (!got) return -1;
-
-	int nfd = sys_fcntl(p.fd, (type & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
-	sys_close(p.fd);
-	if (nfd < 0) return -1;
-	if (type & SOCK_NONBLOCK) {
-		int fl = sys_fcntl(nfd, F_GETFL, 0);
-		if (fl < 0 || sys_fcntl(nfd, F_SETFL, fl | O_NONBLOCK) < 0) { sys_close(nfd); return -1; }
-	}
+	if (fd >= 0) broker_request_locked();                 /* ahead of demand */
+	pthread_mutex_unlock(&g_broker_mu);
+	if (fd < 0) return -1;
+	if ((type & SOCK_NONBLOCK) && sys_fcntl(fd, F_SETFL, O_NONBLOCK) < 0) { sys_close(fd); return -1; }
 	struct fdent *e = calloc(1, sizeof *e);
-	if (!e) { sys_close(nfd); return -1; }
-	e->dev = p.dev;
-	e->ino = p.ino;
+	if (!e) { sys_close(fd); return -1; }
 	e->state = ST_FRESH;
-	tab_put(nfd, e);
-	return nfd;
+	tab_put(fd, e);
+	return fd;
 }
 
 /* ---------- counters / events ---------- */
@@ -471,10 +467,10 @@ static void count_fallback(int reason)
 	/* best effort: never wait for a thread that is waiting for the broker */
 	int p = t_inshim;
 	t_inshim = 1;
-	if (pthread_mutex_trylock(&g_pool_mu) == 0) {
+	if (pthread_mutex_trylock(&g_broker_mu) == 0) {
 		if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
 			broker_send_locked(SKIFF_OP_FLUSH, (uint8_t)reason);
-		pthread_mutex_unlock(&g_pool_mu);
+		pthread_mutex_unlock(&g_broker_mu);
 	}
 	t_inshim = p;
 }
@@ -485,11 +481,15 @@ static int is_fallback_errno(int e)
 	return e == EPERM || e == EACCES || e == EADDRNOTAVAIL || e == ENETUNREACH || e == EHOSTUNREACH;
 }
 
+#define NOT_OURS (-2)
+
 /* Replace fd (a fresh/bound host socket) by a container-netns socket with the
  * same fd number, options, bind address, O_NONBLOCK and FD_CLOEXEC.  Consumes e.
- * Returns 0, or -1 with errno set (fd unchanged). */
+ * Returns 0; -1 with errno set (fd unchanged); or NOT_OURS if the entry was
+ * stale (the caller then passes the app's call through). */
 static int swap_to_container(int fd, struct fdent *e, int reason)
 {
+	if (!own_fresh(fd)) { ent_free(e); return NOT_OURS; }
 	if (e->unreplayable) { ent_free(e); errno = EPERM; return -1; }
 	int s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0) { int er = errno; ent_free(e); errno = er; return -1; }
@@ -553,8 +553,8 @@ EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 			return r;
 		}
 		if (swap_to_container(fd, e, SKIFF_R_CONNECT) < 0) { errno = er; return -1; }
-	} else {
-		if (swap_to_container(fd, e, SKIFF_R_DEST) < 0) return -1;
+	} else if (swap_to_container(fd, e, SKIFF_R_DEST) == -1) {
+		return -1;
 	}
 	return r_connect(fd, sa, len);
 }
@@ -587,7 +587,7 @@ EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
 			return r_bind(fd, sa, len);
 		}
 	}
-	if (swap_to_container(fd, e, SKIFF_R_BIND) < 0) return -1;
+	if (swap_to_container(fd, e, SKIFF_R_BIND) == -1) return -1;
 	return r_bind(fd, sa, len);
 }
 
@@ -601,7 +601,7 @@ EXPORT int listen(int fd, int backlog)
 		/* never autobind a host socket to 0.0.0.0: explicit bind lets the hook move it to 127.0.0.1 */
 		struct sockaddr_in any = { .sin_family = AF_INET };
 		if (r_bind(fd, (struct sockaddr *)&any, sizeof any) < 0) {
-			if (swap_to_container(fd, e, SKIFF_R_LISTEN) < 0) return -1;
+			if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
 			return r_listen(fd, backlog);
 		}
 		e->state = ST_BOUND;
@@ -706,33 +706,29 @@ EXPORT int fcntl64(int fd, int cmd, ...)
 /* ---------- fork / init / exit ---------- */
 static void atfork_prepare(void)
 {
-	pthread_mutex_lock(&g_pool_mu);
+	pthread_mutex_lock(&g_broker_mu);
 	pthread_mutex_lock(&g_tab_mu);
 }
 
 static void atfork_parent(void)
 {
 	pthread_mutex_unlock(&g_tab_mu);
-	pthread_mutex_unlock(&g_pool_mu);
+	pthread_mutex_unlock(&g_broker_mu);
 }
 
 static void atfork_child(void)
 {
-	/* The child must not share the parent's pool or broker connection: the
-	 * parent hands those fds out / talks on that stream too. */
-	for (int i = 0; i < g_npool; i++)
-		if (fd_matches(g_pool[i].fd, g_pool[i].dev, g_pool[i].ino))
-			sys_close(g_pool[i].fd);
-	g_npool = 0;
+	/* The child must not share the parent's broker connection: the sockets
+	 * queued on it are the parent's. */
 	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
 		sys_close(g_bfd);
 	g_bfd = -1;
-	g_outstanding = 0;
+	g_credit = 0;
 	g_retry_at = 0;
 	g_cnt_replaced = g_cnt_fallback = 0;   /* the parent reports its own */
 	t_inshim = 0;
 	pthread_mutex_unlock(&g_tab_mu);
-	pthread_mutex_unlock(&g_pool_mu);
+	pthread_mutex_unlock(&g_broker_mu);
 }
 
 __attribute__((constructor)) static void skiff_init(void)
@@ -766,7 +762,7 @@ __attribute__((destructor)) static void skiff_fini(void)
 	    !__atomic_load_n(&g_cnt_fallback, __ATOMIC_RELAXED))
 		return;
 	int saved = errno;
-	if (pthread_mutex_trylock(&g_pool_mu) != 0) return;
+	if (pthread_mutex_trylock(&g_broker_mu) != 0) return;
 	if (g_bfd >= 0 && !fd_matches(g_bfd, g_bdev, g_bino)) g_bfd = -1;
 	if (g_bfd < 0) {
 		/* e.g. a forked child that only used inherited sockets: a quick
@@ -775,6 +771,6 @@ __attribute__((destructor)) static void skiff_fini(void)
 		if (s >= 0) broker_adopt(s);
 	}
 	if (g_bfd >= 0) broker_send_locked(SKIFF_OP_FLUSH, SKIFF_R_FLUSH);
-	pthread_mutex_unlock(&g_pool_mu);
+	pthread_mutex_unlock(&g_broker_mu);
 	errno = saved;
 }

@@ -7,11 +7,17 @@
  * All structs are host-endian (both ends are on the same machine), fixed size,
  * one struct per SEQPACKET message.  IP addresses are in network byte order.
  *
- *  broker -> shim, once after accept:   struct skiff_hello          (24 bytes)
+ *  broker -> shim, once after accept:   struct skiff_hello          (32 bytes)
  *  shim -> broker:                      struct skiff_msg, op 'S'    (12 bytes)
- *  broker -> shim, for each 'S':        struct skiff_reply          ( 4 bytes)
- *                                       + n fds in ONE SCM_RIGHTS cmsg
+ *  broker -> shim, for each 'S' n:      n messages, each a struct skiff_reply
+ *                                       ( 4 bytes) with n = 1 and one fd in an
+ *                                       SCM_RIGHTS cmsg, or n = 0 and no fd
+ *                                       (the broker could not create it)
  *  shim -> broker:                      struct skiff_msg, op 'F'    (12 bytes), no reply
+ *
+ * One socket per message: the shim leaves them queued on the connection and
+ * takes one per socket() call, so each fd lands at the lowest free number (as
+ * socket()'s would) and a pooled socket is never in the app's fd table.
  */
 #ifndef SKIFF_BROKER_H
 #define SKIFF_BROKER_H
@@ -19,10 +25,10 @@
 
 #define SKIFF_BROKER_NAME     "skiff-broker"   /* abstract name, without the leading NUL */
 #define SKIFF_HELLO_MAGIC     0x31464b53u      /* "SKF1" little-endian */
-#define SKIFF_PROTO_VERSION   1u
+#define SKIFF_PROTO_VERSION   2u
 #define SKIFF_MAX_BATCH       64               /* max fds per request/reply */
 
-/* offset: 0 magic, 4 version, 8 net, 12 prefix, 13..15 pad (0), 16 ip, 20 flags */
+/* offset: 0 magic, 4 version, 8 net, 12 prefix, 13..15 pad (0), 16 ip, 20 flags, 24 host_netns */
 struct skiff_hello {
 	uint32_t magic;     /* SKIFF_HELLO_MAGIC */
 	uint32_t version;   /* SKIFF_PROTO_VERSION */
@@ -31,6 +37,7 @@ struct skiff_hello {
 	uint8_t  pad[3];
 	uint32_t ip;        /* the container's overlay IP, network byte order */
 	uint32_t flags;     /* reserved, 0 */
+	uint64_t host_netns; /* SO_NETNS_COOKIE of the sockets handed out */
 };
 
 #define SKIFF_OP_SOCKETS 'S'   /* request sockets; reply follows */
@@ -58,7 +65,7 @@ enum skiff_reason {
 	SKIFF_R_MAX
 };
 
-/* offset 0: n (number of fds in the SCM_RIGHTS message, 0..requested) */
+/* offset 0: n (number of fds in the SCM_RIGHTS cmsg of this message: 0 or 1) */
 struct skiff_reply {
 	uint32_t n;
 };
@@ -83,7 +90,7 @@ enum {
 };
 #define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
 
-_Static_assert(sizeof(struct skiff_hello) == 24, "hello layout");
+_Static_assert(sizeof(struct skiff_hello) == 32, "hello layout");
 _Static_assert(sizeof(struct skiff_msg) == 12, "msg layout");
 _Static_assert(sizeof(struct skiff_reply) == 4, "reply layout");
 

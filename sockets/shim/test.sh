@@ -32,7 +32,7 @@ cleanup() {
 	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
 	ip netns del $H 2>/dev/null; ip netns del $C 2>/dev/null; ip netns del $X 2>/dev/null
 	[ -n "$CG" ] && rmdir "$CG" 2>/dev/null
-	rm -rf "$TMP"
+	[ -n "${KEEP_TMP:-}" ] && cp -r "$TMP" /tmp/skfshim-kept; rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -240,6 +240,22 @@ EOF2
 }
 check app-clobbers-pool-fds clobber
 
+# a replaced fd closed behind the shim's back (close_range) and reused by the app: its stale entry must not
+# make the shim swap the app's own socket
+stale_entry() {
+	shim $PY - <<'EOF2'
+import socket, os
+s = socket.socket(); fd = s.detach()          # replaced, fresh, tracked by the shim
+os.closerange(fd, fd + 1)                     # close_range(2): the shim's entry goes stale
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); assert u.fileno() == fd, (u.fileno(), fd)
+u.connect(("10.99.0.1", 9))                   # outside the CIDR: a fresh entry would be swapped first
+assert u.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_DGRAM
+assert u.getsockname()[0] == "10.98.9.2", u.getsockname()
+print("stale ok")
+EOF2
+}
+check stale-entry-not-swapped stale_entry
+
 # second broker: --name / SKIFF_BROKER, tiny pool (replies come from on-demand top-ups), many clients at once
 nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b2 --pool 2 --stats "$TMP/stats2" 2>>"$TMP/broker2.log" & B2=$!; PIDS+=($B2)
@@ -252,7 +268,7 @@ many_clients() {
 	for p in "${pids[@]}"; do wait $p || rc=1; done
 	# exit flushes are asynchronous: give the broker a moment to read them
 	for _ in $(seq 40); do [ "$(stat_slot "$TMP/stats2" 2)" = 1280 ] && [ "$(stat_slot "$TMP/stats2" 5)" = 0 ] && break; sleep 0.05; done
-	cat "$TMP"/mc*; echo "b2: handed_out=$(stat_slot "$TMP/stats2" 1) replaced=$(stat_slot "$TMP/stats2" 2) clients_total=$(stat_slot "$TMP/stats2" 4) clients_now=$(stat_slot "$TMP/stats2" 5) errors=$(stat_slot "$TMP/stats2" 6)"
+	cat "$TMP"/mc*; echo "b2: handed_out=$(stat_slot "$TMP/stats2" 1) fallback=$(stat_slot "$TMP/stats2" 3) replaced=$(stat_slot "$TMP/stats2" 2) clients_total=$(stat_slot "$TMP/stats2" 4) clients_now=$(stat_slot "$TMP/stats2" 5) errors=$(stat_slot "$TMP/stats2" 6)"
 	[ $rc = 0 ] && [ "$(stat_slot "$TMP/stats2" 2)" = 1280 ] && [ "$(stat_slot "$TMP/stats2" 4)" = 8 ] &&
 	[ "$(stat_slot "$TMP/stats2" 5)" = 0 ] && [ "$(stat_slot "$TMP/stats2" 6)" = 0 ]
 }
