@@ -280,17 +280,19 @@ int sks_getpeername4(struct bpf_sock_addr *ctx)
 SEC("cgroup/setsockopt")
 int sks_setsockopt(struct bpf_sockopt *ctx)
 {
-	if (!cfg_secure || !info_of(ctx->sk) || !host_socket(ctx))
+	if (!cfg_secure)
 		return 1;
+	// Every option the container sets comes here: the cheap test first.
 	int level = ctx->level, name = ctx->optname;
-	if ((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
-				     name == SO_BINDTOIFINDEX)) ||
-	    (level == SOL_IP && name == IP_TOS) ||
-	    (level == SOL_TCP && name == TCP_SAVE_SYN)) {
-		count(SKS_SOCKOPT_REFUSED);
-		return 0;
-	}
-	return 1;
+	if (!((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
+				       name == SO_BINDTOIFINDEX)) ||
+	      (level == SOL_IP && name == IP_TOS) ||
+	      (level == SOL_TCP && name == TCP_SAVE_SYN)))
+		return 1;
+	if (!info_of(ctx->sk) || !host_socket(ctx))
+		return 1;
+	count(SKS_SOCKOPT_REFUSED);
+	return 0;
 }
 
 // Keeps the event type in BTF for the Go side.
@@ -314,6 +316,31 @@ static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
 SEC("sockops")
 int sks_sockops(struct bpf_sock_ops *skops)
 {
+	// Every TCP socket of the cgroup calls in several times per connection
+	// (RTO, window and ECN callbacks too): the ones without work return
+	// before the socket-storage lookup.
+	switch (skops->op) {
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		if ((skops->skb_tcp_flags & (TCPHDR_SYN | TCPHDR_ACK)) == TCPHDR_SYN)
+			bpf_reserve_hdr_opt(skops, SKS_OPT_LEN, 0);
+		return 1;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		// Only SYNs carry the option: stop the per-packet callbacks.
+		if (skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		return 1;
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
+		if ((skops->skb_tcp_flags & (TCPHDR_SYN | TCPHDR_ACK)) != TCPHDR_SYN)
+			return 1;
+		break;
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+	case BPF_SOCK_OPS_STATE_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		break;
+	default:
+		return 1;
+	}
 	struct bpf_sock *sk = skops->sk;
 	struct sks_info *si = info_of(sk);
 	if (!si)
@@ -323,13 +350,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		if (si->role == SKS_CLIENT)
 			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		break;
-	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
-		if ((skops->skb_tcp_flags & (TCPHDR_SYN | TCPHDR_ACK)) == TCPHDR_SYN)
-			bpf_reserve_hdr_opt(skops, SKS_OPT_LEN, 0);
-		break;
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
-		if ((skops->skb_tcp_flags & (TCPHDR_SYN | TCPHDR_ACK)) != TCPHDR_SYN)
-			break;
 		struct sks_opt opt = {
 			.kind = SKS_OPT_KIND,
 			.len = SKS_OPT_LEN,
@@ -342,10 +363,6 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			count(SKS_OPT_WRITTEN);
 		break;
 	}
-	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
-		// Only SYNs carry the option: stop the per-packet callbacks.
-		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
-		break;
 	case BPF_SOCK_OPS_TCP_LISTEN_CB: {
 		if (si->role != SKS_LISTEN) {
 			// Autobound by listen() without bind (the shim never does
