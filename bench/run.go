@@ -28,6 +28,13 @@ type Lab interface {
 	Mode() string
 }
 
+// ConntrackLab is a Lab whose connection-tracking state can be reset: every
+// cell then starts from empty tables, as it starts its own server.
+type ConntrackLab interface {
+	Lab
+	FlushConntrack() error
+}
+
 // Options selects what Run measures. Zero values pick the profile defaults.
 type Options struct {
 	Modes        []string      // default: host + every mode made for the lab's mode
@@ -341,6 +348,11 @@ func blockFree(open map[listenPort]bool, port int) bool {
 // runCell starts the server, runs the client (after an optional warm-up),
 // stops the server and returns the sample with its CPU cost per unit of work.
 func (r *runner) runCell(ctx context.Context, c cell) (sample, float64, error) {
+	if cl, ok := r.lab.(ConntrackLab); ok {
+		if err := cl.FlushConntrack(); err != nil {
+			return sample{}, 0, err
+		}
+	}
 	ends := r.ends[c.Mode.Name]
 	port, err := r.pickPort(ctx, ends.Server)
 	if err != nil {

@@ -45,12 +45,14 @@ const clockTicks = 100
 
 // cpuTimes is the aggregate "cpu" line of /proc/stat, in clock ticks.
 type cpuTimes struct {
-	Busy  uint64 // user+nice+system+irq+softirq+steal
-	Total uint64 // Busy + idle + iowait
+	Busy  uint64 // user+nice+system+irq+softirq
+	Total uint64 // Busy + idle + iowait + steal
 }
 
 // parseProcStat reads the aggregate "cpu" line. Only the first eight fields
 // are summed: guest and guest_nice are already counted in user and nice.
+// Steal is not busy: the hypervisor ran something else while the guest
+// waited, which on a shared VM varies from minute to minute.
 func parseProcStat(data []byte) (cpuTimes, error) {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
@@ -69,9 +71,8 @@ func parseProcStat(data []byte) (cpuTimes, error) {
 			}
 			v[i] = n
 		}
-		idle := v[3] + v[4] // idle + iowait
-		total := v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]
-		return cpuTimes{Busy: total - idle, Total: total}, nil
+		busy := v[0] + v[1] + v[2] + v[5] + v[6] // user nice system irq softirq
+		return cpuTimes{Busy: busy, Total: busy + v[3] + v[4] + v[7]}, nil
 	}
 	return cpuTimes{}, errors.New("/proc/stat: no aggregate cpu line")
 }

@@ -56,8 +56,8 @@ func TestRatio(t *testing.T) {
 func TestProcStatCPU(t *testing.T) {
 	before := "cpu  2225 0 1848 41986 1131 0 59 20 0 0\ncpu0 1100 0 900 21000 500 0 30 10 0 0\nintr 1 2 3\n"
 	// +300 user, +50 nice, +100 system, +400 idle, +100 iowait, +20 irq, +30 softirq,
-	// +0 steal, guest +250 (already inside user: must not be added again).
-	after := "cpu  2525 50 1948 42386 1231 20 89 20 250 0\n"
+	// +40 steal (not busy), guest +250 (already inside user: must not be added again).
+	after := "cpu  2525 50 1948 42386 1231 20 89 60 250 0\n"
 	b, err := parseProcStat([]byte(before))
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +66,7 @@ func TestProcStatCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Busy != 2225+1848+59+20 || b.Total != b.Busy+41986+1131 {
+	if b.Busy != 2225+1848+59 || b.Total != b.Busy+41986+1131+20 {
 		t.Fatalf("before = %+v", b)
 	}
 	if got := busySeconds(b, a); !near(got, 5.0) { // 500 ticks at USER_HZ 100

@@ -160,6 +160,14 @@ func (s *labSet) Healthy(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+func (s *labSet) FlushConntrack() error {
+	var errs []error
+	for _, m := range s.order {
+		errs = append(errs, s.labs[m].FlushConntrack())
+	}
+	return errors.Join(errs...)
+}
+
 func (s *labSet) Mode() string { return strings.Join(s.order, "+") }
 
 func writeFile(path string, write func(io.Writer) error) error {
