@@ -124,6 +124,37 @@ func TestRunSameHostComplete(t *testing.T) {
 	assertNoServersLeft(t)
 }
 
+// flushingLab counts conntrack flushes; the flushes after the first fail.
+type flushingLab struct {
+	fakeLab
+	flushes int
+}
+
+func (l *flushingLab) FlushConntrack() error {
+	l.flushes++
+	if l.flushes > 1 {
+		return errors.New("flush conntrack in h1: operation not permitted")
+	}
+	return nil
+}
+
+func TestRunFlushesConntrackBeforeEachCell(t *testing.T) {
+	opts := fakeOptions(&bytes.Buffer{})
+	opts.Modes = []string{"host"}
+	opts.Workloads = []string{"tcp_rr", "tcp_crr"}
+	l := &flushingLab{fakeLab: fakeLab{mode: "overlay"}}
+	rep, err := Run(context.Background(), l, opts)
+	if l.flushes != 2 {
+		t.Errorf("%d flushes for 2 cells", l.flushes)
+	}
+	// The first cell ran on clean tables; the second could not start clean.
+	if !errors.Is(err, ErrIncomplete) || len(rep.Failures) != 1 || rep.Failures[0].Workload != "tcp_crr" ||
+		!strings.Contains(rep.Failures[0].Error, "operation not permitted") {
+		t.Fatalf("Run = %v; failures %+v", err, rep.Failures)
+	}
+	assertNoServersLeft(t)
+}
+
 func TestRunRefuses(t *testing.T) {
 	tests := []struct {
 		name    string

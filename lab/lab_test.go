@@ -65,6 +65,40 @@ func TestConnectivity(t *testing.T) {
 	if err := l.CheckContainer(ctx, "h2/c2"); err != nil {
 		t.Errorf("CNI CHECK: %v", err)
 	}
+	// The benchmark starts each cell with empty tables: the flows above go.
+	if n := echoFlows(t, l); n == 0 {
+		t.Error("no tracked echo flows before the flush")
+	}
+	if err := l.FlushConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	if n := echoFlows(t, l); n != 0 {
+		t.Errorf("%d tracked echo flows after the flush", n)
+	}
+}
+
+// echoFlows counts the tracked flows to the echo port in the lab's namespaces.
+func echoFlows(t *testing.T, l *Lab) int {
+	t.Helper()
+	n := 0
+	for _, name := range l.namespaces() {
+		h, ns, err := handleAt(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flows, err := h.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+		h.Close()
+		ns.Close()
+		if err != nil {
+			t.Fatalf("conntrack in %s: %v", name, err)
+		}
+		for _, f := range flows {
+			if f.Forward.DstPort == echoPort {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // TestUnderlayMTU: the container MTU follows the underlay's.
