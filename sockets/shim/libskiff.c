@@ -388,23 +388,29 @@ static void broker_request_locked(void)
 		g_credit += BATCH;
 }
 
-/* Take the next socket off the connection: it lands at the lowest free fd,
- * as socket()'s would.  Waits up to WAIT_MS for one the broker owes. */
-static int broker_take_locked(int cloexec)
+enum { TAKE_GONE = -1, TAKE_NONE = -2, TAKE_BROKEN = -3 };
+
+/* Receive the next socket from broker connection bfd (no lock held: threads
+ * take theirs in parallel).  It lands at the lowest free fd, as socket()'s
+ * would.  Waits up to WAIT_MS for one the broker owes.  Returns the fd, or
+ * TAKE_GONE (bfd is no longer the connection: the app closed or overwrote it),
+ * TAKE_NONE (the broker could not create this one) or TAKE_BROKEN. */
+static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
 {
-	while (g_credit > 0 && broker_valid_locked()) {
+	if (!fd_matches(bfd, dev, ino)) return TAKE_GONE;
+	for (;;) {
 		struct skiff_reply rep;
 		struct iovec iov = { &rep, sizeof rep };
 		union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } u;
 		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
-		ssize_t r = recvmsg(g_bfd, &m, MSG_DONTWAIT | (cloexec ? MSG_CMSG_CLOEXEC : 0));
+		ssize_t r = recvmsg(bfd, &m, MSG_DONTWAIT | (cloexec ? MSG_CMSG_CLOEXEC : 0));
 		if (r < 0 && errno == EINTR) continue;
 		if (r < 0 && errno == EAGAIN) {
-			struct pollfd p = { .fd = g_bfd, .events = POLLIN };
+			struct pollfd p = { .fd = bfd, .events = POLLIN };
 			int pr;
 			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
-			if (pr <= 0) break;   /* hung broker: back off */
-			continue;
+			if (pr <= 0) return TAKE_BROKEN;   /* hung broker */
+			continue;                          /* (a sibling thread may have taken it) */
 		}
 		int fd = -1, extra = 0;
 		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
@@ -420,34 +426,52 @@ static int broker_take_locked(int cloexec)
 		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || extra ||
 		    rep.n != (fd >= 0 ? 1u : 0u)) {   /* EOF, error, garbage */
 			if (fd >= 0) sys_close(fd);
-			break;
+			return TAKE_BROKEN;
 		}
-		g_credit--;
-		if (fd < 0) {            /* the broker cannot create sockets right now */
-			g_retry_at = now_ms() + RETRY_MS;
-			return -1;
-		}
-		return fd;
+		return fd >= 0 ? fd : TAKE_NONE;
 	}
-	if (g_bfd >= 0) broker_drop_locked(1);
-	return -1;
 }
 
-/* A fresh host socket at the lowest free fd, or -1 (broker unavailable). */
+/* A fresh host socket at the lowest free fd, or -1 (broker unavailable).
+ * The lock covers the bookkeeping only: each caller reserves one socket the
+ * broker owes, then receives it unlocked. */
 static int take_host_socket(int type)
 {
 	int fd = -1;
-	pthread_mutex_lock(&g_broker_mu);
-	for (int attempt = 0; attempt < 2; attempt++) {
-		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) break;
+	for (int attempt = 0; attempt < 2 && fd < 0; attempt++) {
+		pthread_mutex_lock(&g_broker_mu);
+		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) {
+			pthread_mutex_unlock(&g_broker_mu);
+			return -1;
+		}
 		g_retry_at = 0;
-		broker_request_locked();
-		fd = broker_take_locked(type & SOCK_CLOEXEC);
-		if (fd >= 0 || g_retry_at) break;
-		/* the app closed or overwrote the connection: a new one, at once */
+		broker_request_locked();               /* ahead of demand, non-blocking */
+		if (g_credit <= 0) {                   /* none due and none could be asked for */
+			if (g_bfd >= 0) broker_drop_locked(1);
+			pthread_mutex_unlock(&g_broker_mu);
+			return -1;
+		}
+		g_credit--;
+		int bfd = g_bfd;
+		dev_t dev = g_bdev;
+		ino_t ino = g_bino;
+		pthread_mutex_unlock(&g_broker_mu);
+
+		fd = recv_socket(bfd, dev, ino, type & SOCK_CLOEXEC);
+		if (fd >= 0) break;
+		pthread_mutex_lock(&g_broker_mu);
+		int same = g_bfd == bfd && g_bdev == dev && g_bino == ino;
+		if (fd == TAKE_NONE) {
+			g_retry_at = now_ms() + RETRY_MS;   /* the broker cannot create sockets right now */
+		} else if (same && fd == TAKE_GONE) {
+			g_bfd = -1;                          /* the app's number now: forget it, don't close */
+			g_credit = 0;
+		} else if (same) {
+			broker_drop_locked(1);
+		}
+		pthread_mutex_unlock(&g_broker_mu);
+		if (fd != TAKE_GONE) return -1;          /* else: a new connection, at once */
 	}
-	if (fd >= 0) broker_request_locked();                 /* ahead of demand */
-	pthread_mutex_unlock(&g_broker_mu);
 	if (fd < 0) return -1;
 	if ((type & SOCK_NONBLOCK) && sys_fcntl(fd, F_SETFL, O_NONBLOCK) < 0) { sys_close(fd); return -1; }
 	struct fdent *e = calloc(1, sizeof *e);
