@@ -29,6 +29,7 @@
 #include "skiff_broker.h"
 
 #define MAX_POOL 4096
+#define REFILL_STEP 4   /* sockets created between polls while the pool is short */
 #ifndef SO_NETNS_COOKIE
 #define SO_NETNS_COOKIE 71
 #endif
@@ -77,10 +78,11 @@ static void st_add(int slot, uint64_t v) { g_st[slot] = g_st[slot] + v; }
 
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
-static void pool_fill(void)
+/* Creates up to limit sockets, short of the target. */
+static void pool_fill(int limit)
 {
 	static int failing;   /* log once per failure streak */
-	while (g_npool < g_pool_target) {
+	for (int made = 0; g_npool < g_pool_target && made < limit; made++) {
 		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (s < 0) {
 			st_add(SKIFF_ST_ERRORS, 1);
@@ -204,7 +206,7 @@ static int handle_client(int c)
 			if (g_npool < want) {   /* pool short (burst or small --pool): top up on the spot */
 				int save = g_pool_target;
 				g_pool_target = g_npool + want > MAX_POOL ? MAX_POOL : g_npool + want;
-				pool_fill();
+				pool_fill(MAX_POOL);
 				g_pool_target = save;
 			}
 			if ((gone = send_sockets(c, want)) < 0)
@@ -404,7 +406,13 @@ int main(int argc, char **argv)
 	 * may treat a valid magic as "broker ready" */
 	g_st[SKIFF_ST_MAGIC] = SKIFF_STATS_MAGIC;
 
-	pool_fill();
+	/* Refilling is background work: as SCHED_BATCH the broker's wake-up
+	 * (a shim asking for its next batch) does not preempt the application
+	 * that asked, which still has sockets in hand. */
+	struct sched_param sp = { 0 };
+	if (sched_setscheduler(0, SCHED_BATCH, &sp) < 0)
+		LOG("SCHED_BATCH: %s", strerror(errno));
+	pool_fill(MAX_POOL);
 	{
 		char nb[INET_ADDRSTRLEN], ib[INET_ADDRSTRLEN];
 		inet_ntop(AF_INET, &hello.net, nb, sizeof nb);
@@ -414,7 +422,10 @@ int main(int argc, char **argv)
 	}
 
 	while (!g_stop) {
-		int r = ppoll(g_pfd, 1 + g_nclients, NULL, &empty);
+		/* while the pool is short, poll without waiting: it refills a few
+		 * sockets at a time between polls */
+		static const struct timespec now = { 0, 0 };
+		int r = ppoll(g_pfd, 1 + g_nclients, g_npool < g_pool_target ? &now : NULL, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
 			LOG("ppoll: %s", strerror(errno));
@@ -433,7 +444,13 @@ int main(int argc, char **argv)
 		if (g_pfd[0].revents & POLLIN)
 			accept_clients(ls, &hello);
 		g_pfd[0].revents = 0;
-		pool_fill();   /* off the critical path: replies already went out */
+		/* Off the critical path, since replies already went out, and in
+		 * steps: a burst of socket creation would hold up the connections
+		 * of whoever shares this CPU. */
+		if (g_npool < g_pool_target) {
+			pool_fill(REFILL_STEP);
+			sched_yield();
+		}
 	}
 	LOG("exiting (%s), handed out %llu", g_stop ? "signal" : "error",
 	    (unsigned long long)g_st[SKIFF_ST_HANDED_OUT]);
