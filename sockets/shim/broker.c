@@ -78,27 +78,29 @@ static void st_add(int slot, uint64_t v) { g_st[slot] = g_st[slot] + v; }
 
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
+static int g_fill_failing;   /* socket() fails: refill on a timer, log once per streak */
+
 /* Creates up to limit sockets, short of the target. */
 static void pool_fill(int limit)
 {
-	static int failing;   /* log once per failure streak */
 	for (int made = 0; g_npool < g_pool_target && made < limit; made++) {
-		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+		const char *what = "socket";
+		if (s >= 0 && g_transparent && setsockopt(s, SOL_IP, IP_TRANSPARENT, &one, sizeof one) < 0) {
+			what = "IP_TRANSPARENT";
+			int e = errno;
+			close(s);
+			s = -1;
+			errno = e;
+		}
 		if (s < 0) {
 			st_add(SKIFF_ST_ERRORS, 1);
-			if (!failing)
-				LOG("socket: %s (pool %d/%d)", strerror(errno), g_npool, g_pool_target);
-			failing = 1;
+			if (!g_fill_failing)
+				LOG("%s: %s (pool %d/%d)", what, strerror(errno), g_npool, g_pool_target);
+			g_fill_failing = 1;
 			return;
 		}
-		failing = 0;
-		int one = 1;
-		if (g_transparent && setsockopt(s, SOL_IP, IP_TRANSPARENT, &one, sizeof one) < 0) {
-			st_add(SKIFF_ST_ERRORS, 1);
-			LOG("IP_TRANSPARENT: %s", strerror(errno));
-			close(s);
-			return;
-		}
+		g_fill_failing = 0;
 		g_pool[g_npool++] = s;
 	}
 }
@@ -142,11 +144,11 @@ static int send_sockets(int c, int want)
 	/* A well-behaved shim asks for no more than it reads, so its receive
 	 * queue stays short; a client that does not read gets dropped instead of
 	 * blocking the loop. */
-	int sent = 0;
+	int sent = 0, err = 0;
 	while (sent < want) {
 		int r = sendmmsg(c, mm + sent, want - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (r < 0 && errno == EINTR) continue;
-		if (r <= 0) break;
+		if (r <= 0) { err = r < 0 ? errno : EAGAIN; break; }
 		sent += r;
 	}
 	/* in flight, the sockets hold their own references: the broker's go */
@@ -154,11 +156,11 @@ static int send_sockets(int c, int want)
 		close(fds[i]);
 	g_npool -= have;
 	st_add(SKIFF_ST_HANDED_OUT, (uint64_t)(sent < have ? sent : have));
-	if (sent < want && (errno == EPIPE || errno == ECONNRESET))
+	if (sent < want && (err == EPIPE || err == ECONNRESET))
 		return 1;   /* it exited with a request outstanding */
 	if (sent < want) {
 		st_add(SKIFF_ST_ERRORS, 1);
-		LOG("sendmmsg to fd %d: %s (%d of %d sent)", c, strerror(errno), sent, want);
+		LOG("sendmmsg to fd %d: %s (%d of %d sent)", c, strerror(err), sent, want);
 		return -1;
 	}
 	return 0;
@@ -423,9 +425,10 @@ int main(int argc, char **argv)
 
 	while (!g_stop) {
 		/* while the pool is short, poll without waiting: it refills a few
-		 * sockets at a time between polls */
-		static const struct timespec now = { 0, 0 };
-		int r = ppoll(g_pfd, 1 + g_nclients, g_npool < g_pool_target ? &now : NULL, &empty);
+		 * sockets at a time between polls (every 100 ms while socket() fails) */
+		static const struct timespec now = { 0, 0 }, retry = { 0, 100 * 1000 * 1000 };
+		const struct timespec *wait = g_npool >= g_pool_target ? NULL : g_fill_failing ? &retry : &now;
+		int r = ppoll(g_pfd, 1 + g_nclients, wait, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
 			LOG("ppoll: %s", strerror(errno));

@@ -206,7 +206,7 @@ static struct fdent *tab_take(int fd)
 
 /* Is fd still a fresh host socket, as its table entry says?  A host-netns TCP
  * socket that is neither connected nor listening: only the shim gives the app
- * those.  Checked before the shim replaces or binds an fd, never per call. */
+ * those.  Checked before the shim replaces an fd, never per call. */
 static int own_fresh(int fd)
 {
 	uint64_t ns = 0;
