@@ -45,13 +45,12 @@ const clockTicks = 100
 
 // cpuTimes is the aggregate "cpu" line of /proc/stat, in clock ticks.
 type cpuTimes struct {
-	Busy  uint64 // user+nice+system+irq+softirq
-	Total uint64 // Busy + idle + iowait + steal
+	Busy uint64 // user+nice+system+irq+softirq
 }
 
-// parseProcStat reads the aggregate "cpu" line. Only the first eight fields
-// are summed: guest and guest_nice are already counted in user and nice.
-// Steal is not busy: the hypervisor ran something else while the guest
+// parseProcStat reads the aggregate "cpu" line: busy is user, nice, system,
+// irq and softirq (guest time is already inside user). Not idle, iowait or
+// steal: steal is the hypervisor running something else while the guest
 // waited, which on a shared VM varies from minute to minute.
 func parseProcStat(data []byte) (cpuTimes, error) {
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -71,8 +70,7 @@ func parseProcStat(data []byte) (cpuTimes, error) {
 			}
 			v[i] = n
 		}
-		busy := v[0] + v[1] + v[2] + v[5] + v[6] // user nice system irq softirq
-		return cpuTimes{Busy: busy, Total: busy + v[3] + v[4] + v[7]}, nil
+		return cpuTimes{Busy: v[0] + v[1] + v[2] + v[5] + v[6]}, nil
 	}
 	return cpuTimes{}, errors.New("/proc/stat: no aggregate cpu line")
 }
