@@ -447,8 +447,10 @@ static int take_host_socket(int type)
 		g_retry_at = 0;
 		broker_request_locked();               /* ahead of demand, non-blocking */
 		if (g_credit <= 0) {                   /* none due and none could be asked for */
+			int clobbered = g_bfd < 0 && !g_retry_at;   /* the app closed it: reconnect at once */
 			if (g_bfd >= 0) broker_drop_locked(1);
 			pthread_mutex_unlock(&g_broker_mu);
+			if (clobbered) continue;
 			return -1;
 		}
 		g_credit--;
