@@ -275,6 +275,22 @@ many_clients() {
 check broker-name-small-pool-8-procs many_clients
 kill -INT $B2; wait $B2; check broker-sigint-clean-exit test $? = 0
 
+# third broker, without CAP_NET_ADMIN/CAP_NET_RAW: --transparent makes every socket fail. Shims fall back at once,
+# and the broker retries on its timer instead of spinning
+nsenter --net=/run/netns/$H setpriv --bounding-set -net_admin,-net_raw ./skiff-broker --netns /run/netns/$C \
+	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b3 --transparent --stats "$TMP/stats3" 2>>"$TMP/broker3.log" & B3=$!; PIDS+=($B3)
+for _ in $(seq 100); do [ -s "$TMP/stats3" ] && [ "$(stat_slot "$TMP/stats3" 0)" = $((0x154534b53)) ] && break; sleep 0.05; done
+check broker-cannot-create-falls-back sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b3 \
+	./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
+no_spin() {
+	local before after
+	before=$(awk '{print $14 + $15}' /proc/$B3/stat); sleep 1; after=$(awk '{print $14 + $15}' /proc/$B3/stat)
+	echo "broker CPU over 1 s: $((after - before)) ticks; errors=$(stat_slot "$TMP/stats3" 6)"; grep -c IP_TRANSPARENT "$TMP/broker3.log"
+	kill -0 $B3 && [ -n "$before" ] && [ $((after - before)) -lt 20 ] && [ "$(stat_slot "$TMP/stats3" 6)" -gt 0 ]
+}
+check broker-failing-socket-no-spin no_spin
+kill $B3; wait $B3 2>/dev/null
+
 # ---------------- stats ----------------
 stats_move() {
 	local names=(magic handed_out replaced fallback clients_total clients_now errors pid) i
