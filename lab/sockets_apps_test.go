@@ -83,96 +83,29 @@ func appEnv(cmd *exec.Cmd, off bool) {
 	cmd.Env = env
 }
 
-// appProc is a server process started in a lab container.
-type appProc struct {
-	name string
-	cmd  *exec.Cmd
-	out  appBuf
-	done chan struct{}
-	err  error
-}
-
-func (p *appProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop kills the server (by its PID) unless it already ended, and reaps it.
-func (p *appProc) stop() {
-	if !p.exited() {
-		p.cmd.Process.Kill()
-	}
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-	}
-}
-
-// wait waits for the server to end by itself and returns its exit error.
-func (p *appProc) wait(timeout time.Duration) error {
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(timeout):
-		return fmt.Errorf("%s still runs after %v", p.name, timeout)
-	}
-}
-
 // appServer starts prog in target (with the shim, so its listener is
 // replaced) and waits until its host lists the replaced listener on port
 // and every client in clients has a fast-path route to it. The server is
 // killed when the (sub)test ends.
-func appServer(t *testing.T, l *Lab, target string, port uint16, clients []string, prog string, args ...string) *appProc {
+func appServer(t *testing.T, l *Lab, target string, port uint16, clients []string, prog string, args ...string) *proc {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd, err := l.Command(ctx, target, prog, args...)
+	cmd, err := l.Command(context.Background(), target, prog, args...)
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
 	appEnv(cmd, false)
-	p := &appProc{name: filepath.Base(prog), cmd: cmd, done: make(chan struct{})}
-	cmd.Stdout = &p.out
-	cmd.Stderr = &p.out
-	cmd.WaitDelay = 2 * time.Second // forked children may hold the output pipe
-	if err := cmd.Start(); err != nil {
-		cancel()
-		t.Fatalf("start %s in %s: %v", p.name, target, err)
-	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop()
-		cancel()
-		if t.Failed() {
-			t.Logf("output of %s server:\n%s", p.name, tail([]byte(p.out.String()), 3000))
-		}
-	})
+	p := startProc(t, cmd, false)
 	ip, _ := l.IP(target)
 	ap := netip.AddrPortFrom(ip, port)
 	c, err := l.Container(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitListener(t, l, c.Host, ap, p.exitErr)
+	waitListener(t, l, c.Host, ap, p.exited)
 	for _, c := range clients {
 		appWaitRoute(t, l, c, ap, 10*time.Second)
 	}
 	return p
-}
-
-// exitErr says why the server ended, or nil while it runs.
-func (p *appProc) exitErr() error {
-	if !p.exited() {
-		return nil
-	}
-	return fmt.Errorf("%s exited (%v): %s", p.name, p.err, p.out.String())
 }
 
 // appRouteReady reports whether client's host has a fast-path route from

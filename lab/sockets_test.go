@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -136,39 +137,64 @@ for i in range(3):
     r.send(hdr[:16] + struct.pack("!H", c) + hdr[18:])
 `
 
-// proc is a program running in the lab until the test ends: its output
-// lines arrive on lines, its error output collects in out.
+// proc is a program running in the lab until the test ends. Its output
+// collects in out; started with lines, its stdout lines arrive on lines
+// instead.
 type proc struct {
+	name  string
 	lines chan string
 	out   appBuf
 	done  chan struct{}
 	err   error
 }
 
-// startProc starts cmd and stops it (by its PID) when the test ends.
-func startProc(t *testing.T, cmd *exec.Cmd) *proc {
+// startProc starts cmd and stops it (by its PID) when the test ends, with
+// its output in the log if the test failed.
+func startProc(t *testing.T, cmd *exec.Cmd, lines bool) *proc {
 	t.Helper()
-	p := &proc{lines: make(chan string, 64), done: make(chan struct{})}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	name := strings.Join(cmd.Args, " ")
+	if len(name) > 80 {
+		name = name[:77] + "..."
+	}
+	p := &proc{name: name, lines: make(chan string, 64), done: make(chan struct{})}
+	var stdout io.Reader
+	if lines {
+		pipe, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout = pipe
+	} else {
+		cmd.Stdout = &p.out
+		close(p.lines)
 	}
 	cmd.Stderr = &p.out
+	cmd.WaitDelay = 2 * time.Second // forked children may hold the output pipe
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("start %s: %v", p.name, err)
 	}
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
+		if stdout != nil {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				p.lines <- sc.Text()
+			}
+			close(p.lines)
 		}
-		close(p.lines)
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-p.done
+		if p.exited() == nil {
+			cmd.Process.Kill()
+		}
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+		}
+		if t.Failed() {
+			t.Logf("output of %s:\n%s", p.name, tail([]byte(p.out.String()), 3000))
+		}
 	})
 	return p
 }
@@ -177,9 +203,19 @@ func startProc(t *testing.T, cmd *exec.Cmd) *proc {
 func (p *proc) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("exited (%v): %s", p.err, p.out.String())
+		return fmt.Errorf("%s exited (%v): %s", p.name, p.err, p.out.String())
 	default:
 		return nil
+	}
+}
+
+// wait waits for p to end by itself and returns its exit error.
+func (p *proc) wait(timeout time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		return fmt.Errorf("%s still runs after %v", p.name, timeout)
 	}
 }
 
@@ -195,7 +231,7 @@ func startPy(t *testing.T, l *Lab, target, prog string, env []string, args ...st
 		cmd.Env = os.Environ()
 	}
 	cmd.Env = append(cmd.Env, env...)
-	return startProc(t, cmd)
+	return startProc(t, cmd, true)
 }
 
 // line waits for p's next output line.
@@ -546,7 +582,7 @@ func TestSocketsFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7101), startProc(t, srvCmd).exited)
+	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7101), startProc(t, srvCmd, true).exited)
 	appWaitRoute(t, l, "h2/c1", netip.AddrPortFrom(srvIP, 7101), 5*time.Second)
 	fast = counter(t, l, "h2", "connect_fast")
 	cli, err := l.Command(ctx, "h2/c1", perf, "client", "--host", srvIP.String(), "--port", "7100", "--test", "connect", "--count", "10000")
