@@ -332,8 +332,7 @@ static void broker_adopt(int s)
 static int broker_valid_locked(void)
 {
 	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino)) return 1;
-	g_bfd = -1;              /* forget it, don't close: the number is the app's now */
-	g_credit = 0;
+	broker_drop_locked(0);   /* forgets it; the number is the app's now */
 	return 0;
 }
 
@@ -465,11 +464,8 @@ static int take_host_socket(int type)
 		int same = g_bfd == bfd && g_bdev == dev && g_bino == ino;
 		if (fd == TAKE_NONE) {
 			g_retry_at = now_ms() + RETRY_MS;   /* the broker cannot create sockets right now */
-		} else if (same && fd == TAKE_GONE) {
-			g_bfd = -1;                          /* the app's number now: forget it, don't close */
-			g_credit = 0;
 		} else if (same) {
-			broker_drop_locked(1);
+			broker_drop_locked(fd != TAKE_GONE); /* a clobbered one is the app's: reconnect at once */
 		}
 		pthread_mutex_unlock(&g_broker_mu);
 		if (fd != TAKE_GONE) return -1;          /* else: a new connection, at once */
