@@ -112,6 +112,8 @@ struct {
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	// Per-CPU LRU lists: recording a SYN takes no global LRU lock.
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__uint(max_entries, 65536);
 	__type(key, struct sks_tuple);
 	__type(value, struct sks_pending);
@@ -280,17 +282,19 @@ int sks_getpeername4(struct bpf_sock_addr *ctx)
 SEC("cgroup/setsockopt")
 int sks_setsockopt(struct bpf_sockopt *ctx)
 {
-	if (!cfg_secure)
-		return 1;
 	// Every option the container sets comes here: the cheap test first.
+	// optlen 0 passes the caller's own buffer to the kernel, which
+	// otherwise copies the value a second time (kmalloc, memcpy, kfree).
 	int level = ctx->level, name = ctx->optname;
-	if (!((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
+	if (!cfg_secure ||
+	    !((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
 				       name == SO_BINDTOIFINDEX)) ||
 	      (level == SOL_IP && name == IP_TOS) ||
-	      (level == SOL_TCP && name == TCP_SAVE_SYN)))
+	      (level == SOL_TCP && name == TCP_SAVE_SYN)) ||
+	    !info_of(ctx->sk) || !host_socket(ctx)) {
+		ctx->optlen = 0;
 		return 1;
-	if (!info_of(ctx->sk) || !host_socket(ctx))
-		return 1;
+	}
 	count(SKS_SOCKOPT_REFUSED);
 	return 0;
 }

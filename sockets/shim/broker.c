@@ -40,10 +40,12 @@ static uint64_t g_dummy_stats[SKIFF_ST_NSLOTS];
 static volatile uint64_t *g_st = g_dummy_stats;
 
 static int *g_pool, g_npool, g_pool_target = 64;
-/* --transparent: IP_TRANSPARENT on every socket. A replaced listener then
- * answers overlay-path SYNs the agent routes to the host stack: its replies
- * carry the container's overlay address, which is not a host address. */
+/* --transparent: IP_TRANSPARENT on the listeners shims send ('T'). A replaced
+ * listener then answers overlay-path SYNs the agent routes to the host stack:
+ * its replies carry the container's overlay address, which is not a host
+ * address. Clients never need it, so pooled sockets go out without. */
 static int g_transparent;
+static uint64_t g_host_netns;   /* SO_NETNS_COOKIE of the host netns */
 
 static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
 static int g_nclients, g_capclients;
@@ -84,19 +86,11 @@ static int g_fill_failing;   /* socket() fails: refill on a timer, log once per 
 static void pool_fill(int limit)
 {
 	for (int made = 0; g_npool < g_pool_target && made < limit; made++) {
-		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-		const char *what = "socket";
-		if (s >= 0 && g_transparent && setsockopt(s, SOL_IP, IP_TRANSPARENT, &one, sizeof one) < 0) {
-			what = "IP_TRANSPARENT";
-			int e = errno;
-			close(s);
-			s = -1;
-			errno = e;
-		}
+		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (s < 0) {
 			st_add(SKIFF_ST_ERRORS, 1);
 			if (!g_fill_failing)
-				LOG("%s: %s (pool %d/%d)", what, strerror(errno), g_npool, g_pool_target);
+				LOG("socket: %s (pool %d/%d)", strerror(errno), g_npool, g_pool_target);
 			g_fill_failing = 1;
 			return;
 		}
@@ -166,6 +160,30 @@ static int send_sockets(int c, int want)
 	return 0;
 }
 
+static int sockopt_is(int fd, int level, int name, int want)
+{
+	int v;
+	socklen_t l = sizeof v;
+	return getsockopt(fd, level, name, &v, &l) == 0 && v == want;
+}
+
+/* 'T': IP_TRANSPARENT on the shim's listener, if it is a host TCP socket
+ * (one the broker handed out: the container has no other). Returns 0 or an
+ * errno. */
+static int make_transparent(int fd)
+{
+	uint64_t ns = 0;
+	socklen_t l = sizeof ns;
+	int one = 1;
+	if (!g_transparent)
+		return EPERM;
+	if (!sockopt_is(fd, SOL_SOCKET, SO_DOMAIN, AF_INET) || !sockopt_is(fd, SOL_SOCKET, SO_TYPE, SOCK_STREAM) ||
+	    !sockopt_is(fd, SOL_SOCKET, SO_PROTOCOL, IPPROTO_TCP) ||
+	    getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != g_host_netns)
+		return EINVAL;
+	return setsockopt(fd, SOL_IP, IP_TRANSPARENT, &one, sizeof one) < 0 ? errno : 0;
+}
+
 static const char *reason_name(unsigned r)
 {
 	static const char *names[] = { "flush", "unavailable", "dest", "connect", "bind", "listen", "sockopt" };
@@ -178,7 +196,23 @@ static int handle_client(int c)
 	int gone = 0;
 	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
 		struct skiff_msg m;
-		ssize_t r = recv(c, &m, sizeof m, MSG_DONTWAIT | MSG_TRUNC);
+		struct iovec iov = { &m, sizeof m };
+		union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+		ssize_t r = recvmsg(c, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+		int fd = -1;
+		if (r >= 0) {
+			struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+			if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+			    cm->cmsg_len == CMSG_LEN(sizeof(int)))
+				memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+			if ((mh.msg_flags & MSG_CTRUNC) || (fd >= 0) != (r == (ssize_t)sizeof m && m.op == SKIFF_OP_TRANSPARENT)) {
+				if (fd >= 0) close(fd);
+				st_add(SKIFF_ST_ERRORS, 1);
+				LOG("fd %d: fds where none belong", c);
+				return -1;
+			}
+		}
 		if (r < 0 && errno == ECONNRESET) {
 			/* it closed with sockets still queued; its last messages
 			 * (the exit flush) follow */
@@ -213,6 +247,14 @@ static int handle_client(int c)
 			}
 			if ((gone = send_sockets(c, want)) < 0)
 				return -1;
+		} else if (m.op == SKIFF_OP_TRANSPARENT) {
+			int err = make_transparent(fd);
+			close(fd);
+			if (err)
+				LOG("fd %d: listener not made transparent: %s", c, strerror(err));
+			struct skiff_reply rep = { .n = !err };
+			if (!gone && send(c, &rep, sizeof rep, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof rep)
+				gone = 1;
 		} else if (m.op == SKIFF_OP_FLUSH) {
 			if (m.arg != SKIFF_R_FLUSH)
 				LOG("fd %d: fallback event reason=%s (+%u replaced +%u fallback)",
@@ -383,6 +425,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		close(s);
+		g_host_netns = hello.host_netns;
 	}
 	if (lerr) {
 		fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", g_name, netns, strerror(lerr));

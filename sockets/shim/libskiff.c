@@ -336,24 +336,34 @@ static int broker_valid_locked(void)
 	return 0;
 }
 
+/* Receives one message of exactly len bytes, waiting up to WAIT_MS. */
+static int recv_exact(int s, void *buf, size_t len)
+{
+	struct pollfd p = { .fd = s, .events = POLLIN };
+	return poll(&p, 1, WAIT_MS) == 1 && recv(s, buf, len, MSG_DONTWAIT) == (ssize_t)len ? 0 : -1;
+}
+
+/* A new broker connection that sent a valid hello, or -1. */
+static int broker_connect(struct skiff_hello *h)
+{
+	int s = broker_sock(0);
+	if (s < 0) return -1;
+	if (recv_exact(s, h, sizeof *h) < 0 || h->magic != SKIFF_HELLO_MAGIC || h->version != SKIFF_PROTO_VERSION ||
+	    h->prefix > 32) {
+		sys_close(s);
+		return -1;
+	}
+	return s;
+}
+
 /* connected, or -1 */
 static int broker_ensure_locked(void)
 {
 	if (g_bfd >= 0) return 0;
 	if (g_retry_at && now_ms() < g_retry_at) return -1;
-	int s = broker_sock(0);
-	if (s < 0) { g_retry_at = now_ms() + RETRY_MS; return -1; }
 	struct skiff_hello h;
-	struct pollfd p = { .fd = s, .events = POLLIN };
-	ssize_t r = -1;
-	if (poll(&p, 1, WAIT_MS) == 1)
-		r = recv(s, &h, sizeof h, MSG_DONTWAIT);
-	if (r != (ssize_t)sizeof h || h.magic != SKIFF_HELLO_MAGIC || h.version != SKIFF_PROTO_VERSION ||
-	    h.prefix > 32) {
-		sys_close(s);
-		g_retry_at = now_ms() + RETRY_MS;
-		return -1;
-	}
+	int s = broker_connect(&h);
+	if (s < 0) { g_retry_at = now_ms() + RETRY_MS; return -1; }
 	g_mask = h.prefix ? htonl(~0u << (32 - h.prefix)) : 0;
 	g_net = h.net & g_mask;
 	g_ip = h.ip;
@@ -377,6 +387,31 @@ static int broker_send_locked(uint8_t op, uint8_t arg)
 	__atomic_add_fetch(&g_cnt_fallback, m.fallback, __ATOMIC_RELAXED);
 	if (r >= 0 || (e != EAGAIN && e != EINTR)) broker_drop_locked(1);
 	return -1;
+}
+
+/* IP_TRANSPARENT on a replaced listener, which only the broker may set: the
+ * overlay-path connections it accepts reply from the container's address.
+ * Over a connection of its own, since on the shared one the reply would
+ * queue behind the sockets.  Returns 0 once set. */
+static int broker_transparent(int fd)
+{
+	struct skiff_hello h;
+	int s = broker_connect(&h);
+	if (s < 0) return -1;
+	struct skiff_msg m = { .op = SKIFF_OP_TRANSPARENT };
+	struct iovec iov = { &m, sizeof m };
+	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+	memset(&u, 0, sizeof u);
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+	struct skiff_reply rep = { 0 };
+	int ok = sendmsg(s, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof m && recv_exact(s, &rep, sizeof rep) == 0 && rep.n == 1;
+	sys_close(s);
+	return ok ? 0 : -1;
 }
 
 /* Ask for the next batch (non-blocking) when few sockets are still due. */
@@ -629,6 +664,11 @@ EXPORT int listen(int fd, int backlog)
 		e->state = ST_BOUND;
 		e->has_bind = 1;
 		e->bindaddr = any;
+	}
+	if (broker_transparent(fd) < 0) {
+		/* unreachable over the overlay: a container listener is the overlay's */
+		if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
+		return r_listen(fd, backlog);
 	}
 	int r = r_listen(fd, backlog), er = errno;
 	if (r == 0) { count_replaced(); ent_free(e); }

@@ -14,10 +14,16 @@
  *                                       SCM_RIGHTS cmsg, or n = 0 and no fd
  *                                       (the broker could not create it)
  *  shim -> broker:                      struct skiff_msg, op 'F'    (12 bytes), no reply
+ *  shim -> broker:                      struct skiff_msg, op 'T'    (12 bytes) with the
+ *                                       shim's listener in an SCM_RIGHTS cmsg
+ *  broker -> shim, for each 'T':        struct skiff_reply, n = 1 if the listener is
+ *                                       now IP_TRANSPARENT, 0 if refused
  *
  * One socket per message: the shim leaves them queued on the connection and
  * takes one per socket() call, so each fd lands at the lowest free number (as
- * socket()'s would) and a pooled socket is never in the app's fd table.
+ * socket()'s would) and a pooled socket is never in the app's fd table.  The
+ * shim sends 'T' over a connection of its own (on the shared one the reply
+ * would queue behind the sockets).
  */
 #ifndef SKIFF_BROKER_H
 #define SKIFF_BROKER_H
@@ -25,7 +31,7 @@
 
 #define SKIFF_BROKER_NAME     "skiff-broker"   /* abstract name, without the leading NUL */
 #define SKIFF_HELLO_MAGIC     0x31464b53u      /* "SKF1" little-endian */
-#define SKIFF_PROTO_VERSION   2u
+#define SKIFF_PROTO_VERSION   3u
 #define SKIFF_MAX_BATCH       64               /* max fds per request/reply */
 
 /* offset: 0 magic, 4 version, 8 net, 12 prefix, 13..15 pad (0), 16 ip, 20 flags, 24 host_netns */
@@ -42,12 +48,13 @@ struct skiff_hello {
 
 #define SKIFF_OP_SOCKETS 'S'   /* request sockets; reply follows */
 #define SKIFF_OP_FLUSH   'F'   /* counter flush / event; no reply */
+#define SKIFF_OP_TRANSPARENT 'T' /* make the passed listener IP_TRANSPARENT; reply follows */
 
 /* offset: 0 op, 1 count|reason, 2..3 pad (0), 4 replaced, 8 fallback.
  * replaced/fallback: counts accumulated by the sender since its previous message. */
 struct skiff_msg {
 	uint8_t  op;
-	uint8_t  arg;       /* 'S': number of sockets wanted, 1..SKIFF_MAX_BATCH; 'F': reason */
+	uint8_t  arg;       /* 'S': number of sockets wanted, 1..SKIFF_MAX_BATCH; 'F': reason; 'T': 0 */
 	uint16_t pad;
 	uint32_t replaced;
 	uint32_t fallback;
@@ -60,12 +67,13 @@ enum skiff_reason {
 	SKIFF_R_DEST        = 2,  /* connect: destination not in cluster CIDR / not AF_INET */
 	SKIFF_R_CONNECT     = 3,  /* connect: kernel refused the fast path (EPERM, ENETUNREACH, ...) */
 	SKIFF_R_BIND        = 4,  /* bind: address not fast-path-able or refused */
-	SKIFF_R_LISTEN      = 5,  /* listen: implicit bind refused */
+	SKIFF_R_LISTEN      = 5,  /* listen: implicit bind refused, or the broker did not make it transparent */
 	SKIFF_R_SOCKOPT     = 6,  /* setsockopt refused (EPERM) on the host socket */
 	SKIFF_R_MAX
 };
 
-/* offset 0: n (number of fds in the SCM_RIGHTS cmsg of this message: 0 or 1) */
+/* offset 0: n (reply to 'S': number of fds in the SCM_RIGHTS cmsg of this message, 0 or 1;
+ * reply to 'T': 1 done, 0 refused) */
 struct skiff_reply {
 	uint32_t n;
 };

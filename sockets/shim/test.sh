@@ -65,7 +65,7 @@ start_broker() { # extra args
 T0=$(date +%s)
 
 [ "$(id -u)" = 0 ] || { echo "test.sh must run as root"; exit 1; }
-for f in libskiff.so skiff-broker sockcheck; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
+for f in libskiff.so skiff-broker sockcheck failsock.so; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
 for ns in $H $C $X; do ip netns del $ns 2>/dev/null; done
 
 # ---------------- topology ----------------
@@ -106,7 +106,7 @@ wait_port $H 10.98.0.1:7001 && wait_port $X 10.98.9.1:7002 && wait_port $X 10.99
 CG2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
 CGARG=()
 if [ -n "$CG2" ] && mkdir "$CG2/skfshim-test" 2>/dev/null; then CG=$CG2/skfshim-test; CGARG=(--cgroup "$CG"); fi
-start_broker "${CGARG[@]}" || { fail "broker did not start"; cat "$TMP/broker.log"; exit 1; }
+start_broker --transparent "${CGARG[@]}" || { fail "broker did not start"; cat "$TMP/broker.log"; exit 1; }
 if [ -n "$CG" ]; then
 	check broker-cgroup grep -qx "0::/skfshim-test" /proc/$BROKER/cgroup
 fi
@@ -158,6 +158,8 @@ check shim-server-listener-in-host server_shim
 "${SHIMC[@]}" $PY -c '
 import socket, time
 a = socket.socket(); a.listen()                                   # fast path, implicit bind
+assert a.getsockopt(socket.SOL_IP, 19) == 1, "listener not IP_TRANSPARENT"
+assert socket.socket().getsockopt(socket.SOL_IP, 19) == 0, "pooled socket IP_TRANSPARENT"
 b = socket.socket(); b.bind(("10.98.0.2", 7301)); b.listen()      # refused in h -> swap
 c = socket.socket(); c.bind(("127.0.0.1", 7302)); c.listen()      # not overlay -> swap
 print(a.getsockname()[1], flush=True); time.sleep(2)' >"$TMP/lst" 2>&1 & LP=$!; PIDS+=($LP)
@@ -171,6 +173,27 @@ bind_rules() {
 }
 check bind-listen-rules bind_rules
 wait $LP 2>/dev/null
+
+# the broker makes only host TCP sockets transparent, and drops a client that passes fds with other requests
+broker_validates() {
+	inc $PY - <<'EOF2'
+import socket, struct, array
+def conn():
+    b = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); b.connect("\0skiff-broker"); assert len(b.recv(64)) == 32; return b
+def send(b, op, fd):
+    b.sendmsg([struct.pack("=BBHII", ord(op), 1 if op == "S" else 0, 0, 0, 0)],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+u = socket.socket()                            # a container-netns TCP socket
+b = conn(); send(b, "T", u.fileno())
+assert struct.unpack("=I", b.recv(4))[0] == 0, "container socket made transparent"
+assert u.getsockopt(socket.SOL_IP, 19) == 0
+b = conn(); send(b, "S", u.fileno()); assert b.recv(64) == b"", "client passing fds with 'S' not dropped"
+print("broker validates ok")
+EOF2
+	for _ in $(seq 40); do [ "$(stat_slot "$TMP/stats" 6)" = 1 ] && break; sleep 0.05; done
+	grep "fds where none belong\|not made transparent" "$TMP/broker.log"; [ "$(stat_slot "$TMP/stats" 6)" = 1 ]
+}
+check broker-validates-passed-fds broker_validates
 
 # ---------------- fallbacks ----------------
 check fallback-dest-outside-cidr sc_ok shim ./sockcheck client 10.99.0.1 7003 --server-peer 10.98.9.2 --host no
@@ -275,21 +298,40 @@ many_clients() {
 check broker-name-small-pool-8-procs many_clients
 kill -INT $B2; wait $B2; check broker-sigint-clean-exit test $? = 0
 
-# third broker, without CAP_NET_ADMIN/CAP_NET_RAW: --transparent makes every socket fail. Shims fall back at once,
-# and the broker retries on its timer instead of spinning
-nsenter --net=/run/netns/$H setpriv --bounding-set -net_admin,-net_raw ./skiff-broker --netns /run/netns/$C \
-	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b3 --transparent --stats "$TMP/stats3" 2>>"$TMP/broker3.log" & B3=$!; PIDS+=($B3)
+# third broker, whose socket() fails (failsock.so: EMFILE). Shims fall back at once, and the broker retries
+# on its timer instead of spinning
+nsenter --net=/run/netns/$H env LD_PRELOAD=$DIR/failsock.so ./skiff-broker --netns /run/netns/$C \
+	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b3 --stats "$TMP/stats3" 2>>"$TMP/broker3.log" & B3=$!; PIDS+=($B3)
 for _ in $(seq 100); do [ -s "$TMP/stats3" ] && [ "$(stat_slot "$TMP/stats3" 0)" = $((0x154534b53)) ] && break; sleep 0.05; done
 check broker-cannot-create-falls-back sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b3 \
 	./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
 no_spin() {
 	local before after
 	before=$(awk '{print $14 + $15}' /proc/$B3/stat); sleep 1; after=$(awk '{print $14 + $15}' /proc/$B3/stat)
-	echo "broker CPU over 1 s: $((after - before)) ticks; errors=$(stat_slot "$TMP/stats3" 6)"; grep -c IP_TRANSPARENT "$TMP/broker3.log"
+	echo "broker CPU over 1 s: $((after - before)) ticks; errors=$(stat_slot "$TMP/stats3" 6)"; grep -c "socket: " "$TMP/broker3.log"
 	kill -0 $B3 && [ -n "$before" ] && [ $((after - before)) -lt 20 ] && [ "$(stat_slot "$TMP/stats3" 6)" -gt 0 ]
 }
 check broker-failing-socket-no-spin no_spin
 kill $B3; wait $B3 2>/dev/null
+
+# fourth broker, without CAP_NET_ADMIN/CAP_NET_RAW: it cannot make listeners IP_TRANSPARENT, so they fall
+# back to container sockets (reachable over the overlay); clients still get host sockets
+nsenter --net=/run/netns/$H setpriv --bounding-set -net_admin,-net_raw ./skiff-broker --netns /run/netns/$C \
+	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b4 --transparent --stats "$TMP/stats4" 2>>"$TMP/broker4.log" & B4=$!; PIDS+=($B4)
+for _ in $(seq 100); do [ -s "$TMP/stats4" ] && [ "$(stat_slot "$TMP/stats4" 0)" = $((0x154534b53)) ] && break; sleep 0.05; done
+no_transparent() {
+	ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b4 $PY - <<'EOF2' || return 1
+import socket
+def ck(s): return s.getsockopt(socket.SOL_SOCKET, 71, 8)
+cont = ck(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+c = socket.socket(); assert ck(c) != cont, "client not a host socket"
+a = socket.socket(); a.listen(); assert ck(a) == cont, "listener stayed a host socket"
+print("listener fell back")
+EOF2
+	cat "$TMP/broker4.log"; grep -q "not made transparent" "$TMP/broker4.log"
+}
+check broker-without-caps-listener-falls-back no_transparent
+kill $B4; wait $B4 2>/dev/null
 
 # ---------------- stats ----------------
 stats_move() {
@@ -297,7 +339,7 @@ stats_move() {
 	for i in 0 1 2 3 4 5 6 7; do echo "${names[$i]}=$(stat_slot "$TMP/stats" $i)"; done
 	[ "$(stat_slot "$TMP/stats" 1)" -ge 2000 ] && [ "$(stat_slot "$TMP/stats" 2)" -ge 2000 ] &&
 	[ "$(stat_slot "$TMP/stats" 3)" -ge 4 ] && [ "$(stat_slot "$TMP/stats" 4)" -ge 5 ] &&
-	[ "$(stat_slot "$TMP/stats" 6)" = 0 ] && [ "$(stat_slot "$TMP/stats" 7)" = "$BROKER" ]
+	[ "$(stat_slot "$TMP/stats" 6)" = 1 ] && [ "$(stat_slot "$TMP/stats" 7)" = "$BROKER" ]   # broker-validates-passed-fds
 }
 for _ in $(seq 40); do [ "$(stat_slot "$TMP/stats" 5)" = 0 ] && break; sleep 0.05; done
 check stats-counters-move stats_move
