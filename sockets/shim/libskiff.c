@@ -121,6 +121,7 @@ static uint32_t g_cnt_replaced, g_cnt_fallback;
 enum { ST_FRESH = 1, ST_BOUND = 2 };
 struct sopt { int level, name; socklen_t len; unsigned char val[SOPT_MAX]; };
 struct fdent {
+	struct fdent *next_free;   /* on g_free */
 	int state;
 	int unreplayable;          /* an option we could not record was set */
 	int has_bind;
@@ -132,6 +133,11 @@ static pthread_mutex_t g_tab_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct fdent **g_tab;
 static int g_tabsz;
 static int g_ntracked;             /* atomic; 0 lets close()/dup() skip the lock */
+/* Released entries, kept with their option arrays for the next sockets: a
+ * short connection then allocates nothing in the shim. */
+#define FREE_MAX 64
+static struct fdent *g_free;
+static int g_nfree;
 
 static uint64_t now_ms(void)
 {
@@ -150,9 +156,35 @@ static int tab_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&
 static void tab_unlock(int p) { pthread_mutex_unlock(&g_tab_mu); t_inshim = p; }
 
 /* ---------- fd table ---------- */
+/* caller holds g_tab_mu */
+static void ent_release_locked(struct fdent *e)
+{
+	if (!e) return;
+	if (g_nfree >= FREE_MAX) { free(e->opts); free(e); return; }
+	struct sopt *opts = e->opts;
+	int cap = e->capopts;
+	*e = (struct fdent){ .next_free = g_free, .opts = opts, .capopts = cap };
+	g_free = e;
+	g_nfree++;
+}
+
+/* caller holds g_tab_mu; a cleared entry, or NULL */
+static struct fdent *ent_new_locked(void)
+{
+	struct fdent *e = g_free;
+	if (!e) return calloc(1, sizeof *e);
+	g_free = e->next_free;
+	g_nfree--;
+	e->next_free = NULL;
+	return e;
+}
+
 static void ent_free(struct fdent *e)
 {
-	if (e) { free(e->opts); free(e); }
+	if (!e) return;
+	int p = tab_lock();
+	ent_release_locked(e);
+	tab_unlock(p);
 }
 
 /* caller holds g_tab_mu */
@@ -165,20 +197,20 @@ static struct fdent *tab_detach_locked(int fd)
 	return e;
 }
 
-/* caller holds g_tab_mu; takes ownership of e (frees it on failure) */
+/* caller holds g_tab_mu; takes ownership of e (releases it on failure) */
 static void tab_put_locked(int fd, struct fdent *e)
 {
-	if (fd < 0) { ent_free(e); return; }
+	if (fd < 0) { ent_release_locked(e); return; }
 	if (fd >= g_tabsz) {
 		int nsz = g_tabsz ? g_tabsz : 256;
 		while (nsz <= fd) nsz *= 2;
 		struct fdent **t = realloc(g_tab, nsz * sizeof *t);
-		if (!t) { ent_free(e); return; }   /* OOM: fd stays an untracked host socket */
+		if (!t) { ent_release_locked(e); return; }   /* OOM: fd stays an untracked host socket */
 		memset(t + g_tabsz, 0, (nsz - g_tabsz) * sizeof *t);
 		g_tab = t;
 		g_tabsz = nsz;
 	}
-	ent_free(tab_detach_locked(fd));
+	ent_release_locked(tab_detach_locked(fd));
 	g_tab[fd] = e;
 	__atomic_add_fetch(&g_ntracked, 1, __ATOMIC_RELAXED);
 }
@@ -246,7 +278,7 @@ static void tab_dup(int oldfd, int newfd)
 {
 	if (!tracked_possible()) return;
 	int p = tab_lock();
-	ent_free(tab_detach_locked(newfd));
+	ent_release_locked(tab_detach_locked(newfd));
 	if (oldfd >= 0 && oldfd < g_tabsz && g_tab[oldfd]) {
 		struct fdent *c = ent_clone(g_tab[oldfd]);
 		if (c) tab_put_locked(newfd, c);
@@ -507,10 +539,14 @@ static int take_host_socket(int type)
 	}
 	if (fd < 0) return -1;
 	if ((type & SOCK_NONBLOCK) && sys_fcntl(fd, F_SETFL, O_NONBLOCK) < 0) { sys_close(fd); return -1; }
-	struct fdent *e = calloc(1, sizeof *e);
+	int p = tab_lock();
+	struct fdent *e = ent_new_locked();
+	if (e) {
+		e->state = ST_FRESH;
+		tab_put_locked(fd, e);
+	}
+	tab_unlock(p);
 	if (!e) { sys_close(fd); return -1; }
-	e->state = ST_FRESH;
-	tab_put(fd, e);
 	return fd;
 }
 
@@ -680,21 +716,22 @@ EXPORT int listen(int fd, int backlog)
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	RESOLVE(r_setsockopt);
-	if (t_inshim) return r_setsockopt(fd, level, name, val, len);
-	struct fdent *e = tab_take(fd);
-	if (!e) return r_setsockopt(fd, level, name, val, len);
+	if (t_inshim || !tracked_possible()) return r_setsockopt(fd, level, name, val, len);
 	int r = r_setsockopt(fd, level, name, val, len), er = errno;
 	if (r == 0) {
-		ent_record(e, level, name, val, len);   /* BOUND too: replayed if a connect swaps */
-		tab_put(fd, e);
+		/* recorded (BOUND too): replayed if a connect swaps */
+		int p = tab_lock();
+		if (fd >= 0 && fd < g_tabsz && g_tab[fd]) ent_record(g_tab[fd], level, name, val, len);
+		tab_unlock(p);
 		errno = er;
 		return 0;
 	}
-	if (er == EPERM && e->state == ST_FRESH) {
+	struct fdent *e = er == EPERM ? tab_take(fd) : NULL;
+	if (e && e->state == ST_FRESH) {
 		if (swap_to_container(fd, e, SKIFF_R_SOCKOPT) < 0) { errno = er; return -1; }
 		return r_setsockopt(fd, level, name, val, len);
 	}
-	tab_put(fd, e);
+	if (e) tab_put(fd, e);
 	errno = er;
 	return r;
 }
