@@ -140,29 +140,41 @@ func TestSetEnv(t *testing.T) {
 
 func TestClientCommands(t *testing.T) {
 	env := testEnv()
-	tests := map[string]string{
-		"tcp_stream":    "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -O 2 -J",
-		"tcp_stream_4":  "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -O 2 -J -P 4",
-		"udp_stream":    "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -O 2 -J -u -b 0 -l 1400",
-		"tcp_rr":        "/opt/skiff-perf client --test tcp_rr --host 10.0.0.1 --port 25300 --warmup 2 --duration 10",
-		"udp_rr":        "/opt/skiff-perf client --test udp_rr --host 10.0.0.1 --port 25300 --warmup 2 --duration 10",
-		"tcp_crr":       "/opt/skiff-perf client --test tcp_crr --host 10.0.0.1 --port 25300 --warmup 2 --duration 10",
-		"connect":       "/opt/skiff-perf client --test connect --host 10.0.0.1 --port 25300 --warmup 2 --count 10000",
-		"memcached":     "/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --warmup 2 --duration 10 --connections 50",
-		"memcached_crr": "/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --warmup 2 --duration 10 --connections 50 --new-conn",
-		"nginx":         "/usr/bin/wrk -t2 -c100 -d 10s --latency http://10.0.0.1:25300/index.html",
+	tests := map[string][2]string{ // warm-up, run
+		"tcp_stream":   {"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 2", "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -J"},
+		"tcp_stream_4": {"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 2 -P 4", "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -J -P 4"},
+		"udp_stream": {"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 2 -u -b 0 -l 1400",
+			"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -J -u -b 0 -l 1400"},
+		"tcp_rr": {"/opt/skiff-perf client --test tcp_rr --host 10.0.0.1 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test tcp_rr --host 10.0.0.1 --port 25300 --duration 10"},
+		"udp_rr": {"/opt/skiff-perf client --test udp_rr --host 10.0.0.1 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test udp_rr --host 10.0.0.1 --port 25300 --duration 10"},
+		"tcp_crr": {"/opt/skiff-perf client --test tcp_crr --host 10.0.0.1 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test tcp_crr --host 10.0.0.1 --port 25300 --duration 10"},
+		"connect": {"/opt/skiff-perf client --test connect --host 10.0.0.1 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test connect --host 10.0.0.1 --port 25300 --count 10000"},
+		"memcached": {"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 2 --connections 50",
+			"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 10 --connections 50"},
+		"memcached_crr": {"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 2 --connections 50 --new-conn",
+			"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 10 --connections 50 --new-conn"},
+		"nginx": {"/usr/bin/wrk -t2 -c100 -d 2s http://10.0.0.1:25300/index.html",
+			"/usr/bin/wrk -t2 -c100 -d 10s --latency http://10.0.0.1:25300/index.html"},
 	}
 	for name, want := range tests {
 		w, err := findWorkload(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Join(w.Client(env).Run, " "); got != want {
-			t.Errorf("%s client:\n got %s\nwant %s", name, got, want)
+		c := w.Client(env)
+		if got := strings.Join(c.Warmup, " "); got != want[0] {
+			t.Errorf("%s warm-up:\n got %s\nwant %s", name, got, want[0])
+		}
+		if got := strings.Join(c.Run, " "); got != want[1] {
+			t.Errorf("%s client:\n got %s\nwant %s", name, got, want[1])
 		}
 	}
 	servers := map[string]string{
-		"tcp_stream": "/usr/bin/iperf3 -s -1 -p 25300 -B 10.0.0.1 [tcp/25300]",
+		"tcp_stream": "/usr/bin/iperf3 -s -p 25300 -B 10.0.0.1 [tcp/25300]",
 		"udp_rr":     "/opt/skiff-perf server --bind 10.0.0.1 --port 25300 [udp/25300]",
 		"connect":    "/opt/skiff-perf server --bind 10.0.0.1 --port 25300 [tcp/25301]",
 		"memcached":  "/usr/bin/memcached -u root -l 10.0.0.1 -p 25300 -U 0 -t 2 [tcp/25300]",

@@ -387,7 +387,10 @@ func (r *runner) measure(ctx context.Context, c cell, env cellEnv, target string
 	if client.Warmup != nil {
 		res, err := r.runClient(ctx, c.Mode, target, client.Warmup, timeout)
 		if err == nil && res.ExitCode != 0 {
-			err = withExit(errors.New("client failed"), res)
+			// the workload's own reading of a failure says more
+			if _, err = c.Workload.Parse(res); err == nil {
+				err = withExit(errors.New("client failed"), res)
+			}
 		}
 		if err != nil {
 			return sample{}, 0, fmt.Errorf("warm-up: %w", err)

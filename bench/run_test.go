@@ -101,7 +101,7 @@ func TestRunWithFakeLab(t *testing.T) {
 		t.Errorf("failures = %+v", rep.Failures)
 	}
 	for _, want := range []string{"skiff bench: 3 modes × 3 workloads × 2 reps = 18 cells", "[ 1/18] rep 1/2 tcp_rr  host",
-		"[18/18] rep 2/2 connect", "ok rate", "FAILED: skiff-perf", "left)"} {
+		"[18/18] rep 2/2 connect", "ok rate", "FAILED: warm-up: skiff-perf", "left)"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress lacks %q", want)
 		}

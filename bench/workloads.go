@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,8 +69,11 @@ type serverSpec struct {
 }
 
 // clientSpec is the measured client run and an optional unrecorded warm-up.
+// The warm-up is a run of its own, not a client option (skiff-perf --warmup,
+// iperf3 -O): the CPU accounting covers the measured run only, and the work
+// it divides by is the measured run's.
 type clientSpec struct {
-	Warmup []string // nil: the client warms up itself (skiff-perf --warmup, iperf3 -O)
+	Warmup []string // nil: no warm-up
 	Run    []string
 }
 
@@ -191,20 +195,23 @@ func iperfStream(name string, flows int, udp, quick bool) *workload {
 		Name: name, Metrics: metrics, CPUUnit: cpuPerGbit, Quick: quick, Tools: []string{toolIperf3},
 		Server: func(env cellEnv) (serverSpec, error) {
 			return serverSpec{
-				Argv:  []string{env.Tools[toolIperf3], "-s", "-1", "-p", strconv.Itoa(env.Port), "-B", env.ServerIP.String()},
+				Argv:  []string{env.Tools[toolIperf3], "-s", "-p", strconv.Itoa(env.Port), "-B", env.ServerIP.String()},
 				Ready: []listenPort{{"tcp", env.Port}},
 			}, nil
 		},
 		Client: func(env cellEnv) clientSpec {
-			argv := []string{env.Tools[toolIperf3], "-c", env.ServerIP.String(), "-p", strconv.Itoa(env.Port),
-				"-t", wholeSeconds(env.Duration), "-O", wholeSeconds(env.Warmup), "-J"}
-			if flows > 1 {
-				argv = append(argv, "-P", strconv.Itoa(flows))
+			iperf := func(d time.Duration, extra ...string) []string {
+				argv := append([]string{env.Tools[toolIperf3], "-c", env.ServerIP.String(), "-p", strconv.Itoa(env.Port),
+					"-t", wholeSeconds(d)}, extra...)
+				if flows > 1 {
+					argv = append(argv, "-P", strconv.Itoa(flows))
+				}
+				if udp {
+					argv = append(argv, "-u", "-b", "0", "-l", "1400")
+				}
+				return argv
 			}
-			if udp {
-				argv = append(argv, "-u", "-b", "0", "-l", "1400")
-			}
-			return clientSpec{Run: argv}
+			return clientSpec{Warmup: iperf(env.Warmup), Run: iperf(env.Duration, "-J")}
 		},
 		Parse: func(res commandResult) (sample, error) {
 			r, err := parseIperf3(res.Stdout, udp)
@@ -237,9 +244,13 @@ func perfServer(ready func(port int) listenPort) func(env cellEnv) (serverSpec, 
 	}
 }
 
-func perfClientArgs(env cellEnv, test string) []string {
-	return []string{env.Tools[toolPerf], "client", "--test", test,
-		"--host", env.ServerIP.String(), "--port", strconv.Itoa(env.Port), "--warmup", seconds(env.Warmup)}
+// perfClient runs skiff-perf's test with the run's arguments after a
+// warm-up of the same test.
+func perfClient(env cellEnv, test string, run []string, extra ...string) clientSpec {
+	argv := []string{env.Tools[toolPerf], "client", "--test", test,
+		"--host", env.ServerIP.String(), "--port", strconv.Itoa(env.Port)}
+	warmup := slices.Concat(argv, []string{"--duration", seconds(env.Warmup)}, extra)
+	return clientSpec{Warmup: warmup, Run: slices.Concat(argv, run, extra)}
 }
 
 // perfWorkload is a time-bound skiff-perf test (rr, crr).
@@ -252,7 +263,7 @@ func perfWorkload(name, test string, quick bool, metrics []metricDef) *workload 
 		Name: name, Metrics: metrics, CPUUnit: cpuPerTxn, Quick: quick, Tools: []string{toolPerf},
 		Server: perfServer(func(port int) listenPort { return listenPort{proto, port} }),
 		Client: func(env cellEnv) clientSpec {
-			return clientSpec{Run: append(perfClientArgs(env, test), "--duration", seconds(env.Duration))}
+			return perfClient(env, test, []string{"--duration", seconds(env.Duration)})
 		},
 		Parse:    parsePerfSample,
 		Estimate: func(env cellEnv) time.Duration { return env.Warmup + env.Duration },
@@ -270,7 +281,7 @@ func connectWorkload() *workload {
 		},
 		Server: perfServer(func(port int) listenPort { return listenPort{"tcp", port + 1} }),
 		Client: func(env cellEnv) clientSpec {
-			return clientSpec{Run: append(perfClientArgs(env, "connect"), "--count", strconv.Itoa(env.ConnectCount))}
+			return perfClient(env, "connect", []string{"--count", strconv.Itoa(env.ConnectCount)})
 		},
 		Parse: parsePerfSample,
 		Estimate: func(env cellEnv) time.Duration {
@@ -290,11 +301,11 @@ func memcachedWorkload(name string, newConn bool) *workload {
 			}, nil
 		},
 		Client: func(env cellEnv) clientSpec {
-			argv := append(perfClientArgs(env, "memcached"), "--duration", seconds(env.Duration), "--connections", "50")
+			extra := []string{"--connections", "50"}
 			if newConn {
-				argv = append(argv, "--new-conn")
+				extra = append(extra, "--new-conn")
 			}
-			return clientSpec{Run: argv}
+			return perfClient(env, "memcached", []string{"--duration", seconds(env.Duration)}, extra...)
 		},
 		Parse:    parsePerfSample,
 		Estimate: func(env cellEnv) time.Duration { return env.Warmup + env.Duration },
