@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -268,17 +269,28 @@ static int handle_client(int c)
 	return 0;
 }
 
+static int g_accept_paused;   /* out of fds or memory: accept on the retry timer */
+
 static void accept_clients(int ls, const struct skiff_hello *hello)
 {
 	for (;;) {
 		int c = accept4(ls, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (c < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/* the connection stays queued and the listener readable:
+				 * polling it now would spin */
+				if (!g_accept_paused)
+					LOG("accept: %s (%d clients); retrying every 100 ms", strerror(errno), g_nclients);
+				st_add(SKIFF_ST_ERRORS, !g_accept_paused);
+				g_accept_paused = 1;
+				g_pfd[0].events = 0;
+			} else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
 				st_add(SKIFF_ST_ERRORS, 1);
 				LOG("accept: %s", strerror(errno));
 			}
 			return;
 		}
+		g_accept_paused = 0;
 		if (send(c, hello, sizeof *hello, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof *hello) {
 			st_add(SKIFF_ST_ERRORS, 1);
 			close(c);
@@ -432,6 +444,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
+	/* one connection per process of the container, plus the pool: a
+	 * container of many processes (prefork servers) needs more than the
+	 * usual soft limit of 1024 */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			LOG("raise RLIMIT_NOFILE: %s", strerror(errno));
+	}
 	g_pool = calloc(MAX_POOL, sizeof(int));
 	g_capclients = 64;
 	g_pfd = calloc(g_capclients, sizeof *g_pfd);
@@ -471,11 +492,17 @@ int main(int argc, char **argv)
 		 * sockets at a time between polls (every 100 ms while socket() fails) */
 		static const struct timespec now = { 0, 0 }, retry = { 0, 100 * 1000 * 1000 };
 		const struct timespec *wait = g_npool >= g_pool_target ? NULL : g_fill_failing ? &retry : &now;
+		if (g_accept_paused && !wait)
+			wait = &retry;
 		int r = ppoll(g_pfd, 1 + g_nclients, wait, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
 			LOG("ppoll: %s", strerror(errno));
 			break;
+		}
+		if (g_accept_paused) {   /* try again after any wake-up, at the latest on the timer */
+			g_pfd[0].events = POLLIN;
+			g_pfd[0].revents = POLLIN;
 		}
 		for (int i = g_nclients; i >= 1; i--) {   /* backwards: drop_client moves the last one into i */
 			short re = g_pfd[i].revents;

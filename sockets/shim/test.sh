@@ -333,6 +333,32 @@ EOF2
 check broker-without-caps-listener-falls-back no_transparent
 kill $B4; wait $B4 2>/dev/null
 
+# fifth broker, out of fds (RLIMIT_NOFILE 12, soft = hard): it cannot accept every client; it must not spin
+# on the listener, and it serves new clients once others leave
+"${INH[@]}" prlimit --nofile=12:12 ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+	--name skiff-b5 --pool 2 --stats "$TMP/stats5" 2>>"$TMP/broker5.log" & B5=$!; PIDS+=($B5)
+for _ in $(seq 100); do [ -s "$TMP/stats5" ] && [ "$(stat_slot "$TMP/stats5" 0)" = $((0x154534b53)) ] && break; sleep 0.05; done
+out_of_fds() {
+	local before after
+	inc $PY -c '
+import socket, time
+held = []
+for i in range(10):
+    b = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); b.connect("\0skiff-b5"); held.append(b)
+print("holding", len(held), flush=True); time.sleep(2.5)' >"$TMP/held" 2>&1 & local hp=$!
+	sleep 1
+	before=$(awk '{print $14 + $15}' /proc/$B5/stat); sleep 1; after=$(awk '{print $14 + $15}' /proc/$B5/stat)
+	echo "broker CPU over 1 s with accept failing: $((after - before)) ticks"; cat "$TMP/held" "$TMP/broker5.log"
+	wait $hp
+	[ $((after - before)) -lt 20 ] && grep -q "retrying every 100 ms" "$TMP/broker5.log" || return 1
+	ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b5 $PY -c '
+import socket
+def ck(s): return s.getsockopt(socket.SOL_SOCKET, 71, 8)
+assert ck(socket.socket()) != ck(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)), "no host socket after recovery"'
+}
+check broker-out-of-fds-no-spin out_of_fds
+kill $B5; wait $B5 2>/dev/null
+
 # ---------------- stats ----------------
 stats_move() {
 	local names=(magic handed_out replaced fallback clients_total clients_now errors pid) i
