@@ -47,7 +47,8 @@
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
 #define BATCH       32      /* sockets per request */
-#define LOW_WATER   8       /* request the next batch when this few are still due */
+#define LOW_WATER   8       /* request the next batch when this few are still due ... */
+#define LOW_WATER_MAX 56    /* ... or, after threads had to wait, up to this many */
 #define WAIT_MS     500     /* max wait for a socket the broker owes */
 #define RETRY_MS    1000    /* broker retry back-off */
 #define SOPT_MAX    128     /* max recorded option value size */
@@ -108,6 +109,7 @@ static int g_bfd = -1;
 static dev_t g_bdev;
 static ino_t g_bino;
 static int g_credit;               /* sockets requested and not yet taken off the connection */
+static int g_low_water = LOW_WATER; /* atomic; doubles each time a socket() had to wait */
 static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not ask the broker before */
 /* cluster config from the hello (written under g_broker_mu, read racily: it only changes on reconnect) */
 static volatile uint32_t g_net, g_mask, g_ip;
@@ -449,7 +451,7 @@ static int broker_transparent(int fd)
 /* Ask for the next batch (non-blocking) when few sockets are still due. */
 static void broker_request_locked(void)
 {
-	if (g_credit > LOW_WATER || !broker_valid_locked()) return;
+	if (g_credit > __atomic_load_n(&g_low_water, __ATOMIC_RELAXED) || !broker_valid_locked()) return;
 	if (broker_send_locked(SKIFF_OP_SOCKETS, BATCH) == 0)
 		g_credit += BATCH;
 }
@@ -472,6 +474,12 @@ static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
 		ssize_t r = recvmsg(bfd, &m, MSG_DONTWAIT | (cloexec ? MSG_CMSG_CLOEXEC : 0));
 		if (r < 0 && errno == EINTR) continue;
 		if (r < 0 && errno == EAGAIN) {
+			/* A burst (an event loop reconnecting many connections at
+			 * once) took the queue faster than the broker refilled it:
+			 * ask earlier from now on. */
+			int lw = __atomic_load_n(&g_low_water, __ATOMIC_RELAXED);
+			if (lw < LOW_WATER_MAX)
+				__atomic_store_n(&g_low_water, lw * 2 > LOW_WATER_MAX ? LOW_WATER_MAX : lw * 2, __ATOMIC_RELAXED);
 			struct pollfd p = { .fd = bfd, .events = POLLIN };
 			int pr;
 			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
@@ -823,6 +831,7 @@ static void atfork_child(void)
 		sys_close(g_bfd);
 	g_bfd = -1;
 	g_credit = 0;
+	g_low_water = LOW_WATER;   /* a child learns its own bursts */
 	g_retry_at = 0;
 	g_cnt_replaced = g_cnt_fallback = 0;   /* the parent reports its own */
 	t_inshim = 0;
