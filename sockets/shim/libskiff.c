@@ -110,6 +110,7 @@ static dev_t g_bdev;
 static ino_t g_bino;
 static int g_credit;               /* sockets requested and not yet taken off the connection */
 static int g_low_water = LOW_WATER; /* atomic; doubles each time a socket() had to wait */
+static int g_primed;               /* atomic; a socket came over this connection (its first batch is no burst) */
 static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not ask the broker before */
 /* cluster config from the hello (written under g_broker_mu, read racily: it only changes on reconnect) */
 static volatile uint32_t g_net, g_mask, g_ip;
@@ -358,6 +359,7 @@ static void broker_adopt(int s)
 	g_bfd = s;
 	g_bdev = st.st_dev;
 	g_bino = st.st_ino;
+	__atomic_store_n(&g_primed, 0, __ATOMIC_RELAXED);
 }
 
 /* The connection is still ours: the app may have closed or overwritten it
@@ -478,7 +480,7 @@ static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
 			 * once) took the queue faster than the broker refilled it:
 			 * ask earlier from now on. */
 			int lw = __atomic_load_n(&g_low_water, __ATOMIC_RELAXED);
-			if (lw < LOW_WATER_MAX)
+			if (lw < LOW_WATER_MAX && __atomic_load_n(&g_primed, __ATOMIC_RELAXED))
 				__atomic_store_n(&g_low_water, lw * 2 > LOW_WATER_MAX ? LOW_WATER_MAX : lw * 2, __ATOMIC_RELAXED);
 			struct pollfd p = { .fd = bfd, .events = POLLIN };
 			int pr;
@@ -502,6 +504,7 @@ static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
 			if (fd >= 0) sys_close(fd);
 			return TAKE_BROKEN;
 		}
+		__atomic_store_n(&g_primed, 1, __ATOMIC_RELAXED);
 		return fd >= 0 ? fd : TAKE_NONE;
 	}
 }

@@ -359,6 +359,31 @@ assert ck(socket.socket()) != ck(socket.socket(socket.AF_INET, socket.SOCK_DGRAM
 check broker-out-of-fds-no-spin out_of_fds
 kill $B5; wait $B5 2>/dev/null
 
+# sixth broker, stopped (SIGSTOP) for 0.3 s while a process takes sockets in a burst: the socket() that finds
+# the queue empty waits, and from then on the shim asks for the next batch earlier (low-water 8 -> 16)
+nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+	--name skiff-b6 --stats "$TMP/stats6" 2>>"$TMP/broker6.log" & B6=$!; PIDS+=($B6)
+for _ in $(seq 100); do [ -s "$TMP/stats6" ] && [ "$(stat_slot "$TMP/stats6" 0)" = $((0x154534b53)) ] && break; sleep 0.05; done
+low_water_adapts() {
+	ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b6 BROKER_PID=$B6 STATS="$TMP/stats6" $PY - <<'EOF2'
+import os, signal, socket, struct, threading, time
+pid, stats = int(os.environ["BROKER_PID"]), os.environ["STATS"]
+def handed(): return struct.unpack("8Q", open(stats, "rb").read(64))[1]
+socks = [socket.socket()]                    # asks for 32; waiting for the first batch is no burst
+os.kill(pid, signal.SIGSTOP)
+threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()
+for i in range(51):                          # #25 asks for 32 more (8 due); #33 finds the queue empty
+    socks.append(socket.socket())
+# low-water 16: the third request went out at #49 (16 due); with 8 it would go out at #57
+end = time.time() + 3
+while handed() < 96 and time.time() < end: time.sleep(0.02)
+print("sockets taken", len(socks), "handed out", handed())
+assert handed() == 96, handed()
+EOF2
+}
+check shim-low-water-adapts-to-bursts low_water_adapts
+kill $B6; wait $B6 2>/dev/null
+
 # ---------------- stats ----------------
 stats_move() {
 	local names=(magic handed_out replaced fallback clients_total clients_now errors pid) i
