@@ -268,7 +268,6 @@ func fakePerf(args []string) int {
 	port := fs.Int("port", 0, "")
 	test := fs.String("test", "", "")
 	duration := fs.Float64("duration", 1, "")
-	fs.Float64("warmup", 0, "")
 	count := fs.Int("count", 100, "")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 64
