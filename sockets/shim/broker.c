@@ -31,9 +31,6 @@
 
 #define MAX_POOL 4096
 #define REFILL_STEP 4   /* sockets created between polls while the pool is short */
-#ifndef SO_NETNS_COOKIE
-#define SO_NETNS_COOKIE 71
-#endif
 
 static const char *g_name = SKIFF_BROKER_NAME;
 static volatile sig_atomic_t g_stop;
@@ -118,7 +115,7 @@ static int send_sockets(int c, int want)
 	static struct mmsghdr mm[SKIFF_MAX_BATCH];
 	static struct skiff_reply rep[SKIFF_MAX_BATCH];
 	static struct iovec iov[SKIFF_MAX_BATCH];
-	static union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u[SKIFF_MAX_BATCH];
+	static union skiff_fd_cmsg u[SKIFF_MAX_BATCH];
 	int have = want < g_npool ? want : g_npool, *fds = &g_pool[g_npool - have];
 	memset(mm, 0, want * sizeof mm[0]);
 	for (int i = 0; i < want; i++) {
@@ -127,14 +124,8 @@ static int send_sockets(int c, int want)
 		struct msghdr *m = &mm[i].msg_hdr;
 		m->msg_iov = &iov[i];
 		m->msg_iovlen = 1;
-		if (i >= have) continue;
-		m->msg_control = u[i].buf;
-		m->msg_controllen = sizeof u[i].buf;
-		struct cmsghdr *cm = CMSG_FIRSTHDR(m);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fds[i], sizeof(int));
+		if (i < have)
+			skiff_attach_fd(m, &u[i], fds[i]);
 	}
 	/* A well-behaved shim asks for no more than it reads, so its receive
 	 * queue stays short; a client that does not read gets dropped instead of
@@ -198,15 +189,13 @@ static int handle_client(int c)
 	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
 		struct skiff_msg m;
 		struct iovec iov = { &m, sizeof m };
-		union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+		union skiff_fd_cmsg u;
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+		skiff_expect_fd(&mh, &u);
 		ssize_t r = recvmsg(c, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
 		int fd = -1;
 		if (r >= 0) {
-			struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-			if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-			    cm->cmsg_len == CMSG_LEN(sizeof(int)))
-				memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+			fd = skiff_received_fd(&mh);
 			if ((mh.msg_flags & MSG_CTRUNC) || (fd >= 0) != (r == (ssize_t)sizeof m && m.op == SKIFF_OP_TRANSPARENT)) {
 				if (fd >= 0) close(fd);
 				st_add(SKIFF_ST_ERRORS, 1);

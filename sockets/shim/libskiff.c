@@ -39,10 +39,6 @@
 
 #include "skiff_broker.h"
 
-#ifndef SO_NETNS_COOKIE
-#define SO_NETNS_COOKIE 71
-#endif
-
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
@@ -436,14 +432,9 @@ static int broker_transparent(int fd)
 	if (s < 0) return -1;
 	struct skiff_msg m = { .op = SKIFF_OP_TRANSPARENT };
 	struct iovec iov = { &m, sizeof m };
-	union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
-	memset(&u, 0, sizeof u);
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+	union skiff_fd_cmsg u;
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	skiff_attach_fd(&mh, &u, fd);
 	struct skiff_reply rep = { 0 };
 	int ok = sendmsg(s, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof m && recv_exact(s, &rep, sizeof rep) == 0 && rep.n == 1;
 	sys_close(s);
@@ -471,8 +462,9 @@ static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
 	for (;;) {
 		struct skiff_reply rep;
 		struct iovec iov = { &rep, sizeof rep };
-		union { char buf[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } u;
-		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+		union skiff_fd_cmsg u;
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+		skiff_expect_fd(&m, &u);
 		ssize_t r = recvmsg(bfd, &m, MSG_DONTWAIT | (cloexec ? MSG_CMSG_CLOEXEC : 0));
 		if (r < 0 && errno == EINTR) continue;
 		if (r < 0 && errno == EAGAIN) {
@@ -488,19 +480,9 @@ static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
 			if (pr <= 0) return TAKE_BROKEN;   /* hung broker */
 			continue;                          /* (a sibling thread may have taken it) */
 		}
-		int fd = -1, extra = 0;
-		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-			int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-			for (int i = 0; i < n; i++) {
-				int f;
-				memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-				if (fd < 0) fd = f;
-				else { sys_close(f); extra = 1; }
-			}
-		}
-		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || extra ||
-		    rep.n != (fd >= 0 ? 1u : 0u)) {   /* EOF, error, garbage */
+		int fd = r >= 0 ? skiff_received_fd(&m) : -1;
+		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+		    rep.n != (fd >= 0 ? 1u : 0u)) {   /* EOF, error, garbage (extra fds: CTRUNC) */
 			if (fd >= 0) sys_close(fd);
 			return TAKE_BROKEN;
 		}

@@ -28,6 +28,12 @@
 #ifndef SKIFF_BROKER_H
 #define SKIFF_BROKER_H
 #include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#ifndef SO_NETNS_COOKIE
+#define SO_NETNS_COOKIE 71
+#endif
 
 #define SKIFF_BROKER_NAME     "skiff-broker"   /* abstract name, without the leading NUL */
 #define SKIFF_HELLO_MAGIC     0x31464b53u      /* "SKF1" little-endian */
@@ -97,6 +103,43 @@ enum {
 	SKIFF_ST_NSLOTS
 };
 #define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
+
+/* Room for the one fd a message carries ('S' replies, 'T' requests). */
+union skiff_fd_cmsg {
+	char buf[CMSG_SPACE(sizeof(int))];
+	struct cmsghdr align;
+};
+
+/* Attaches fd to m as its SCM_RIGHTS cmsg, in u. */
+static inline void skiff_attach_fd(struct msghdr *m, union skiff_fd_cmsg *u, int fd)
+{
+	memset(u, 0, sizeof *u);
+	m->msg_control = u->buf;
+	m->msg_controllen = sizeof u->buf;
+	struct cmsghdr *cm = CMSG_FIRSTHDR(m);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+}
+
+/* Prepares m to receive a message with at most one fd, into u. A sender
+ * that passes more makes the kernel discard them and set MSG_CTRUNC. */
+static inline void skiff_expect_fd(struct msghdr *m, union skiff_fd_cmsg *u)
+{
+	m->msg_control = u->buf;
+	m->msg_controllen = sizeof u->buf;
+}
+
+/* The fd a received message carried, or -1. */
+static inline int skiff_received_fd(struct msghdr *m)
+{
+	struct cmsghdr *cm = CMSG_FIRSTHDR(m);
+	int fd = -1;
+	if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(sizeof(int)))
+		memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+	return fd;
+}
 
 _Static_assert(sizeof(struct skiff_hello) == 32, "hello layout");
 _Static_assert(sizeof(struct skiff_msg) == 12, "msg layout");
