@@ -396,7 +396,7 @@ func (r *runner) measure(ctx context.Context, c cell, env cellEnv, target string
 			return sample{}, 0, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	before, err := readProcStat()
+	before, err := readBusyTicks()
 	if err != nil {
 		return sample{}, 0, err
 	}
@@ -404,7 +404,7 @@ func (r *runner) measure(ctx context.Context, c cell, env cellEnv, target string
 	if err != nil {
 		return sample{}, 0, fmt.Errorf("client: %w", err)
 	}
-	after, err := readProcStat()
+	after, err := readBusyTicks()
 	if err != nil {
 		return sample{}, 0, err
 	}

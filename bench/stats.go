@@ -43,16 +43,12 @@ func ratio(value, base float64) (float64, bool) {
 // clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux ABI.
 const clockTicks = 100
 
-// cpuTimes is the aggregate "cpu" line of /proc/stat, in clock ticks.
-type cpuTimes struct {
-	Busy uint64 // user+nice+system+irq+softirq
-}
-
-// parseProcStat reads the aggregate "cpu" line: busy is user, nice, system,
-// irq and softirq (guest time is already inside user). Not idle, iowait or
-// steal: steal is the hypervisor running something else while the guest
-// waited, which on a shared VM varies from minute to minute.
-func parseProcStat(data []byte) (cpuTimes, error) {
+// parseBusyTicks reads the aggregate "cpu" line of /proc/stat and returns
+// its busy clock ticks: user, nice, system, irq and softirq (guest time is
+// already inside user). Not idle, iowait or steal: steal is the hypervisor
+// running something else while the guest waited, which on a shared VM varies
+// from minute to minute.
+func parseBusyTicks(data []byte) (uint64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -60,33 +56,33 @@ func parseProcStat(data []byte) (cpuTimes, error) {
 			continue
 		}
 		if len(f) < 9 {
-			return cpuTimes{}, fmt.Errorf("/proc/stat: short cpu line %q", sc.Text())
+			return 0, fmt.Errorf("/proc/stat: short cpu line %q", sc.Text())
 		}
 		var v [8]uint64
 		for i := range v {
 			n, err := strconv.ParseUint(f[i+1], 10, 64)
 			if err != nil {
-				return cpuTimes{}, fmt.Errorf("/proc/stat: field %d: %w", i+1, err)
+				return 0, fmt.Errorf("/proc/stat: field %d: %w", i+1, err)
 			}
 			v[i] = n
 		}
-		return cpuTimes{Busy: v[0] + v[1] + v[2] + v[5] + v[6]}, nil
+		return v[0] + v[1] + v[2] + v[5] + v[6], nil
 	}
-	return cpuTimes{}, errors.New("/proc/stat: no aggregate cpu line")
+	return 0, errors.New("/proc/stat: no aggregate cpu line")
 }
 
-func readProcStat() (cpuTimes, error) {
+func readBusyTicks() (uint64, error) {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return cpuTimes{}, fmt.Errorf("read CPU times: %w", err)
+		return 0, fmt.Errorf("read CPU times: %w", err)
 	}
-	return parseProcStat(data)
+	return parseBusyTicks(data)
 }
 
-// busySeconds is the whole-machine CPU time spent busy between two snapshots.
-func busySeconds(before, after cpuTimes) float64 {
-	if after.Busy < before.Busy {
+// busySeconds is the whole-machine CPU time spent busy between two readings.
+func busySeconds(before, after uint64) float64 {
+	if after < before {
 		return 0
 	}
-	return float64(after.Busy-before.Busy) / clockTicks
+	return float64(after-before) / clockTicks
 }

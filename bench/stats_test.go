@@ -58,16 +58,16 @@ func TestProcStatCPU(t *testing.T) {
 	// +300 user, +50 nice, +100 system, +400 idle, +100 iowait, +20 irq, +30 softirq,
 	// +40 steal (not busy), guest +250 (already inside user: must not be added again).
 	after := "cpu  2525 50 1948 42386 1231 20 89 60 250 0\n"
-	b, err := parseProcStat([]byte(before))
+	b, err := parseBusyTicks([]byte(before))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := parseProcStat([]byte(after))
+	a, err := parseBusyTicks([]byte(after))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Busy != 2225+1848+59 {
-		t.Fatalf("before = %+v", b)
+	if b != 2225+1848+59 {
+		t.Fatalf("before = %d ticks", b)
 	}
 	if got := busySeconds(b, a); !near(got, 5.0) { // 500 ticks at USER_HZ 100
 		t.Fatalf("busy = %v s, want 5", got)
@@ -76,11 +76,11 @@ func TestProcStatCPU(t *testing.T) {
 		t.Fatalf("backwards busy = %v, want 0", got)
 	}
 	for _, bad := range []string{"", "intr 1 2\n", "cpu 1 2 3\n", "cpu 1 2 3 x 5 6 7 8\n"} {
-		if _, err := parseProcStat([]byte(bad)); err == nil {
-			t.Errorf("parseProcStat(%q) accepted", bad)
+		if _, err := parseBusyTicks([]byte(bad)); err == nil {
+			t.Errorf("parseBusyTicks(%q) accepted", bad)
 		}
 	}
-	if _, err := readProcStat(); err != nil {
+	if _, err := readBusyTicks(); err != nil {
 		t.Fatalf("real /proc/stat: %v", err)
 	}
 }
