@@ -430,6 +430,17 @@ func tail(b []byte, n int) []byte {
 // per connection for two minutes (TIME_WAIT); a following cell would pay
 // for the full table (early drop, dropped SYNs) instead of its own work.
 func (l *Lab) FlushConntrack() error {
+	return l.inNamespaces(func(name string, h *netlink.Handle) error {
+		if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+			return fmt.Errorf("flush conntrack in %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// inNamespaces runs fn with a netlink handle in each of the lab's
+// namespaces, all of them even when some fail.
+func (l *Lab) inNamespaces(fn func(name string, h *netlink.Handle) error) error {
 	var errs []error
 	for _, name := range l.namespaces() {
 		h, ns, err := handleAt(name)
@@ -437,9 +448,7 @@ func (l *Lab) FlushConntrack() error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil {
-			errs = append(errs, fmt.Errorf("flush conntrack in %s: %w", name, err))
-		}
+		errs = append(errs, fn(name, h))
 		h.Close()
 		ns.Close()
 	}

@@ -81,22 +81,20 @@ func TestConnectivity(t *testing.T) {
 func echoFlows(t *testing.T, l *Lab) int {
 	t.Helper()
 	n := 0
-	for _, name := range l.namespaces() {
-		h, ns, err := handleAt(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+	err := l.inNamespaces(func(name string, h *netlink.Handle) error {
 		flows, err := h.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
-		h.Close()
-		ns.Close()
 		if err != nil {
-			t.Fatalf("conntrack in %s: %v", name, err)
+			return fmt.Errorf("conntrack in %s: %w", name, err)
 		}
 		for _, f := range flows {
 			if f.Forward.DstPort == echoPort {
 				n++
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return n
 }
