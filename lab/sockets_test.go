@@ -90,6 +90,12 @@ for name, (lvl, opt, val) in {"SO_PRIORITY": (socket.SOL_SOCKET, socket.SO_PRIOR
         out[name] = "ok"
     except OSError as e:
         out[name] = code(e)
+# Options the hook lets through reach the kernel with their values (it hands
+# the kernel the caller's own buffer): a string and a struct.
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+out["TCP_CONGESTION"] = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 3, 200000))
+out["SO_RCVTIMEO"] = "%d.%06d" % struct.unpack("ll", s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
 # A program that bypasses the shim (raw connect syscall on the host socket
 # socket() handed out) must not reach the host network.
 libc = ctypes.CDLL(None, use_errno=True)
@@ -335,7 +341,7 @@ func TestSocketsSecurity(t *testing.T) {
 	want := map[string]string{
 		"local": cliIP.String(), "peer": srvIP.String(),
 		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "SO_BINDTODEVICE": "EPERM",
-		"TCP_SAVE_SYN": "EPERM", "TCP_NODELAY": "ok",
+		"TCP_SAVE_SYN": "EPERM", "TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000",
 		"raw_connect_underlay": "EPERM", "raw_connect_outside": "EPERM",
 	}
 	for k, v := range want {
