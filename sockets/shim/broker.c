@@ -106,50 +106,38 @@ static void drop_client(int i, const char *why)
 	g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
 }
 
-/* Sends want messages, one socket each (n = 0 and no fd for each the pool
- * cannot cover), in one sendmmsg. Returns 0 if sent, 1 if the client has
- * gone (its last messages, such as an exit flush, are still to be read), -1
- * if it must be dropped. */
+/* Sends up to want sockets in one message (fewer, down to none, if the pool
+ * cannot cover them). Returns 0 if sent, 1 if the client has gone (its last
+ * messages, such as an exit flush, are still to be read), -1 if it must be
+ * dropped. */
 static int send_sockets(int c, int want)
 {
-	static struct mmsghdr mm[SKIFF_MAX_BATCH];
-	static struct skiff_reply rep[SKIFF_MAX_BATCH];
-	static struct iovec iov[SKIFF_MAX_BATCH];
-	static union skiff_fd_cmsg u[SKIFF_MAX_BATCH];
 	int have = want < g_npool ? want : g_npool, *fds = &g_pool[g_npool - have];
-	memset(mm, 0, want * sizeof mm[0]);
-	for (int i = 0; i < want; i++) {
-		rep[i].n = i < have;
-		iov[i] = (struct iovec){ &rep[i], sizeof rep[i] };
-		struct msghdr *m = &mm[i].msg_hdr;
-		m->msg_iov = &iov[i];
-		m->msg_iovlen = 1;
-		if (i < have)
-			skiff_attach_fd(m, &u[i], fds[i]);
-	}
+	struct skiff_reply rep = { .n = (uint32_t)have };
+	struct iovec iov = { &rep, sizeof rep };
+	union skiff_fds_cmsg u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (have)
+		skiff_attach_fds(&m, &u, fds, have);
 	/* A well-behaved shim asks for no more than it reads, so its receive
 	 * queue stays short; a client that does not read gets dropped instead of
 	 * blocking the loop. */
-	int sent = 0, err = 0;
-	while (sent < want) {
-		int r = sendmmsg(c, mm + sent, want - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (r < 0 && errno == EINTR) continue;
-		if (r <= 0) { err = r < 0 ? errno : EAGAIN; break; }
-		sent += r;
-	}
+	ssize_t r;
+	do r = sendmsg(c, &m, MSG_DONTWAIT | MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
+	int err = r < 0 ? errno : 0;
 	/* in flight, the sockets hold their own references: the broker's go */
 	for (int i = 0; i < have; i++)
 		close(fds[i]);
 	g_npool -= have;
-	st_add(SKIFF_ST_HANDED_OUT, (uint64_t)(sent < have ? sent : have));
-	if (sent < want && (err == EPIPE || err == ECONNRESET))
-		return 1;   /* it exited with a request outstanding */
-	if (sent < want) {
-		st_add(SKIFF_ST_ERRORS, 1);
-		LOG("sendmmsg to fd %d: %s (%d of %d sent)", c, strerror(err), sent, want);
-		return -1;
+	if (r == (ssize_t)sizeof rep) {
+		st_add(SKIFF_ST_HANDED_OUT, (uint64_t)have);
+		return 0;
 	}
-	return 0;
+	if (err == EPIPE || err == ECONNRESET)
+		return 1;   /* it exited with a request outstanding */
+	st_add(SKIFF_ST_ERRORS, 1);
+	LOG("sendmsg to fd %d: %s", c, r < 0 ? strerror(err) : "short");
+	return -1;
 }
 
 static int sockopt_is(int fd, int level, int name, int want)
@@ -189,14 +177,14 @@ static int handle_client(int c)
 	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
 		struct skiff_msg m;
 		struct iovec iov = { &m, sizeof m };
-		union skiff_fd_cmsg u;
+		union skiff_fds_cmsg u;
 		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-		skiff_expect_fd(&mh, &u);
+		skiff_expect_fds(&mh, &u, 1);
 		ssize_t r = recvmsg(c, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
 		int fd = -1;
 		if (r >= 0) {
-			fd = skiff_received_fd(&mh);
-			if ((mh.msg_flags & MSG_CTRUNC) || (fd >= 0) != (r == (ssize_t)sizeof m && m.op == SKIFF_OP_TRANSPARENT)) {
+			int nfd = skiff_received_fds(&mh, &fd, 1);
+			if ((mh.msg_flags & MSG_CTRUNC) || nfd != (r == (ssize_t)sizeof m && m.op == SKIFF_OP_TRANSPARENT)) {
 				if (fd >= 0) close(fd);
 				st_add(SKIFF_ST_ERRORS, 1);
 				LOG("fd %d: fds where none belong", c);

@@ -1,9 +1,10 @@
 /* libskiff.so - LD_PRELOAD shim for skiff "sockets" mode.
  *
  * socket(AF_INET, SOCK_STREAM, 0|IPPROTO_TCP) returns a socket that lives in
- * the HOST netns, sent by skiff-broker ahead of demand over the abstract unix
- * socket "\0skiff-broker" of the container netns and left queued there until
- * a socket() call takes it.  While
+ * the HOST netns, sent by skiff-broker ahead of demand, in batches, over the
+ * abstract unix socket "\0skiff-broker" of the container netns.  The shim keeps
+ * the batch at high fd numbers and moves one to the lowest free number per
+ * socket() call.  While
  * such a socket is "fresh" (not yet connected/bound/listening) the shim can
  * still swap it for an ordinary container-netns socket (dup3 onto the same
  * fd number, recorded setsockopts replayed) whenever the fast path does not
@@ -104,9 +105,15 @@ static pthread_mutex_t g_broker_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_bfd = -1;
 static dev_t g_bdev;
 static ino_t g_bino;
-static int g_credit;               /* sockets requested and not yet taken off the connection */
-static int g_low_water = LOW_WATER; /* atomic; doubles each time a socket() had to wait */
-static int g_primed;               /* atomic; a socket came over this connection (its first batch is no burst) */
+static int g_nreq;                 /* batches asked for and not yet received */
+static int g_low_water = LOW_WATER; /* doubles each time a socket() had to wait */
+static int g_primed;               /* a batch came over this connection (its first is no burst) */
+/* the pool: received host sockets not yet handed out, at >= g_hibase (its
+ * number and cookie, to tell it from a file the app put there) */
+#define POOL_MAX BATCH
+struct pooled { int fd; uint64_t cookie; };
+static struct pooled g_pool[POOL_MAX];
+static int g_npool;
 static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not ask the broker before */
 /* cluster config from the hello (written under g_broker_mu, read racily: it only changes on reconnect) */
 static volatile uint32_t g_net, g_mask, g_ip;
@@ -329,7 +336,7 @@ static void broker_drop_locked(int backoff)
 	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
 		sys_close(g_bfd);   /* only if it is still ours */
 	g_bfd = -1;
-	g_credit = 0;
+	g_nreq = 0;
 	if (backoff) g_retry_at = now_ms() + RETRY_MS;
 }
 
@@ -355,7 +362,7 @@ static void broker_adopt(int s)
 	g_bfd = s;
 	g_bdev = st.st_dev;
 	g_bino = st.st_ino;
-	__atomic_store_n(&g_primed, 0, __ATOMIC_RELAXED);
+	g_primed = 0;
 }
 
 /* The connection is still ours: the app may have closed or overwritten it
@@ -401,7 +408,7 @@ static int broker_ensure_locked(void)
 	g_ip = h.ip;
 	g_host_netns = h.host_netns;
 	g_have_hello = 1;
-	g_credit = 0;
+	g_nreq = 0;
 	broker_adopt(s);
 	return g_bfd >= 0 ? 0 : -1;
 }
@@ -432,104 +439,142 @@ static int broker_transparent(int fd)
 	if (s < 0) return -1;
 	struct skiff_msg m = { .op = SKIFF_OP_TRANSPARENT };
 	struct iovec iov = { &m, sizeof m };
-	union skiff_fd_cmsg u;
+	union skiff_fds_cmsg u;
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	skiff_attach_fd(&mh, &u, fd);
+	skiff_attach_fds(&mh, &u, &fd, 1);
 	struct skiff_reply rep = { 0 };
 	int ok = sendmsg(s, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof m && recv_exact(s, &rep, sizeof rep) == 0 && rep.n == 1;
 	sys_close(s);
 	return ok ? 0 : -1;
 }
 
-/* Ask for the next batch (non-blocking) when few sockets are still due. */
-static void broker_request_locked(void)
+/* ---------- the pool (caller holds g_broker_mu) ---------- */
+static int credit_locked(void) { return g_npool + g_nreq * BATCH; }
+
+/* Ask for the next batch (non-blocking) when few sockets are still due.
+ * Returns 1 if the connection was checked (and the request sent). */
+static int broker_request_locked(void)
 {
-	if (g_credit > __atomic_load_n(&g_low_water, __ATOMIC_RELAXED) || !broker_valid_locked()) return;
-	if (broker_send_locked(SKIFF_OP_SOCKETS, BATCH) == 0)
-		g_credit += BATCH;
+	if (credit_locked() > g_low_water || !broker_valid_locked()) return 0;
+	if (broker_send_locked(SKIFF_OP_SOCKETS, BATCH) < 0) return 0;
+	g_nreq++;
+	return 1;
 }
 
-enum { TAKE_GONE = -1, TAKE_NONE = -2, TAKE_BROKEN = -3 };
-
-/* Receive the next socket from broker connection bfd (no lock held: threads
- * take theirs in parallel).  It lands at the lowest free fd, as socket()'s
- * would.  Waits up to WAIT_MS for one the broker owes.  Returns the fd, or
- * TAKE_GONE (bfd is no longer the connection: the app closed or overwrote it),
- * TAKE_NONE (the broker could not create this one) or TAKE_BROKEN. */
-static int recv_socket(int bfd, dev_t dev, ino_t ino, int cloexec)
+static uint64_t cookie_of(int fd)
 {
-	if (!fd_matches(bfd, dev, ino)) return TAKE_GONE;
+	uint64_t c = 0;
+	socklen_t l = sizeof c;
+	return getsockopt(fd, SOL_SOCKET, SO_COOKIE, &c, &l) == 0 ? c : 0;
+}
+
+/* Close the pooled sockets that are still ours (the app may have closed or
+ * overwritten their numbers). */
+static void pool_drop_locked(void)
+{
+	for (int i = 0; i < g_npool; i++)
+		if (cookie_of(g_pool[i].fd) == g_pool[i].cookie)
+			sys_close(g_pool[i].fd);
+	g_npool = 0;
+}
+
+/* A pooled socket at the lowest free fd, or -1 (pool empty, or the app out
+ * of fds: errno EMFILE). Each is checked to be the socket the shim pooled: a
+ * number the app closed behind the shim's back may hold another file now. */
+static int pool_take_locked(int cloexec)
+{
+	while (g_npool > 0) {
+		struct pooled p = g_pool[--g_npool];
+		int fd = sys_fcntl(p.fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
+		if (fd < 0) {
+			if (errno != EBADF) { g_npool++; return -1; }
+			continue;
+		}
+		if (cookie_of(fd) == p.cookie) { sys_close(p.fd); return fd; }
+		sys_close(fd);   /* p.fd is the app's now: leave it alone */
+	}
+	return -1;
+}
+
+/* Puts a received socket in the pool, at >= g_hibase with FD_CLOEXEC. */
+static void pool_put_locked(int fd)
+{
+	int n = move_high(fd);
+	uint64_t c = cookie_of(n);
+	if (!c || g_npool == POOL_MAX) { sys_close(n); return; }
+	g_pool[g_npool++] = (struct pooled){ .fd = n, .cookie = c };
+}
+
+enum { TAKE_NONE = -2, TAKE_BROKEN = -3 };
+
+/* Receives the next batch the broker owes, waiting up to WAIT_MS. The first
+ * socket lands at the lowest free fd, where socket()'s would, and is
+ * returned; the others go to the pool. Returns the fd, TAKE_NONE (the broker
+ * could not create any) or TAKE_BROKEN. */
+static int recv_batch_locked(int cloexec)
+{
 	for (;;) {
 		struct skiff_reply rep;
 		struct iovec iov = { &rep, sizeof rep };
-		union skiff_fd_cmsg u;
+		union skiff_fds_cmsg u;
 		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-		skiff_expect_fd(&m, &u);
-		ssize_t r = recvmsg(bfd, &m, MSG_DONTWAIT | (cloexec ? MSG_CMSG_CLOEXEC : 0));
+		skiff_expect_fds(&m, &u, BATCH);
+		ssize_t r = recvmsg(g_bfd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 		if (r < 0 && errno == EINTR) continue;
 		if (r < 0 && errno == EAGAIN) {
 			/* A burst (an event loop reconnecting many connections at
-			 * once) took the queue faster than the broker refilled it:
+			 * once) took the pool faster than the broker refilled it:
 			 * ask earlier from now on. */
-			int lw = __atomic_load_n(&g_low_water, __ATOMIC_RELAXED);
-			if (lw < LOW_WATER_MAX && __atomic_load_n(&g_primed, __ATOMIC_RELAXED))
-				__atomic_store_n(&g_low_water, lw * 2 > LOW_WATER_MAX ? LOW_WATER_MAX : lw * 2, __ATOMIC_RELAXED);
-			struct pollfd p = { .fd = bfd, .events = POLLIN };
+			if (g_primed) g_low_water = g_low_water * 2 > LOW_WATER_MAX ? LOW_WATER_MAX : g_low_water * 2;
+			struct pollfd p = { .fd = g_bfd, .events = POLLIN };
 			int pr;
 			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
 			if (pr <= 0) return TAKE_BROKEN;   /* hung broker */
-			continue;                          /* (a sibling thread may have taken it) */
+			continue;
 		}
-		int fd = r >= 0 ? skiff_received_fd(&m) : -1;
-		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
-		    rep.n != (fd >= 0 ? 1u : 0u)) {   /* EOF, error, garbage (extra fds: CTRUNC) */
-			if (fd >= 0) sys_close(fd);
+		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, BATCH) : -1;
+		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < 0 || rep.n != (uint32_t)n) {
+			/* EOF, error, garbage (more fds than asked for: CTRUNC) */
+			for (int i = 0; i < n; i++) sys_close(fds[i]);
 			return TAKE_BROKEN;
 		}
-		__atomic_store_n(&g_primed, 1, __ATOMIC_RELAXED);
-		return fd >= 0 ? fd : TAKE_NONE;
+		g_nreq--;
+		g_primed = 1;
+		if (!n) return TAKE_NONE;
+		for (int i = 1; i < n; i++) pool_put_locked(fds[i]);
+		if (!cloexec && sys_fcntl(fds[0], F_SETFD, 0) < 0) { sys_close(fds[0]); return TAKE_BROKEN; }
+		return fds[0];
 	}
 }
 
-/* A fresh host socket at the lowest free fd, or -1 (broker unavailable).
- * The lock covers the bookkeeping only: each caller reserves one socket the
- * broker owes, then receives it unlocked. */
+/* A fresh host socket at the lowest free fd, or -1 (broker unavailable). */
 static int take_host_socket(int type)
 {
-	int fd = -1;
+	int cloexec = type & SOCK_CLOEXEC, fd = -1;
+	pthread_mutex_lock(&g_broker_mu);
 	for (int attempt = 0; attempt < 2 && fd < 0; attempt++) {
-		pthread_mutex_lock(&g_broker_mu);
-		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) {
-			pthread_mutex_unlock(&g_broker_mu);
-			return -1;
-		}
+		fd = pool_take_locked(cloexec);
+		if (fd >= 0 || g_npool) break;         /* (g_npool: the app is out of fds) */
+		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) break;
 		g_retry_at = 0;
-		broker_request_locked();               /* ahead of demand, non-blocking */
-		if (g_credit <= 0) {                   /* none due and none could be asked for */
+		int checked = broker_request_locked();
+		if (!g_nreq) {                          /* none due and none could be asked for */
 			int clobbered = g_bfd < 0 && !g_retry_at;   /* the app closed it: reconnect at once */
 			if (g_bfd >= 0) broker_drop_locked(1);
-			pthread_mutex_unlock(&g_broker_mu);
 			if (clobbered) continue;
-			return -1;
+			break;
 		}
-		g_credit--;
-		int bfd = g_bfd;
-		dev_t dev = g_bdev;
-		ino_t ino = g_bino;
-		pthread_mutex_unlock(&g_broker_mu);
-
-		fd = recv_socket(bfd, dev, ino, type & SOCK_CLOEXEC);
-		if (fd >= 0) break;
-		pthread_mutex_lock(&g_broker_mu);
-		int same = g_bfd == bfd && g_bdev == dev && g_bino == ino;
-		if (fd == TAKE_NONE) {
+		if (!checked && !broker_valid_locked()) continue;   /* clobbered: a new connection, at once */
+		fd = recv_batch_locked(cloexec);
+		if (fd == TAKE_NONE)
 			g_retry_at = now_ms() + RETRY_MS;   /* the broker cannot create sockets right now */
-		} else if (same) {
-			broker_drop_locked(fd != TAKE_GONE); /* a clobbered one is the app's: reconnect at once */
-		}
-		pthread_mutex_unlock(&g_broker_mu);
-		if (fd != TAKE_GONE) return -1;          /* else: a new connection, at once */
+		else if (fd == TAKE_BROKEN)
+			broker_drop_locked(1);
+		if (fd < 0) break;
 	}
+	if (fd >= 0 && g_bfd >= 0)
+		broker_request_locked();                /* ahead of demand, non-blocking */
+	pthread_mutex_unlock(&g_broker_mu);
 	if (fd < 0) return -1;
 	if ((type & SOCK_NONBLOCK) && sys_fcntl(fd, F_SETFL, O_NONBLOCK) < 0) { sys_close(fd); return -1; }
 	int p = tab_lock();
@@ -815,7 +860,8 @@ static void atfork_child(void)
 	if (g_bfd >= 0 && fd_matches(g_bfd, g_bdev, g_bino))
 		sys_close(g_bfd);
 	g_bfd = -1;
-	g_credit = 0;
+	g_nreq = 0;
+	pool_drop_locked();        /* copies of sockets the parent hands out */
 	g_low_water = LOW_WATER;   /* a child learns its own bursts */
 	g_retry_at = 0;
 	g_cnt_replaced = g_cnt_fallback = 0;   /* the parent reports its own */

@@ -9,21 +9,22 @@
  *
  *  broker -> shim, once after accept:   struct skiff_hello          (32 bytes)
  *  shim -> broker:                      struct skiff_msg, op 'S'    (12 bytes)
- *  broker -> shim, for each 'S' n:      n messages, each a struct skiff_reply
- *                                       ( 4 bytes) with n = 1 and one fd in an
- *                                       SCM_RIGHTS cmsg, or n = 0 and no fd
- *                                       (the broker could not create it)
+ *  broker -> shim, for each 'S' n:      one struct skiff_reply (4 bytes) with
+ *                                       n' <= n and n' fds in one SCM_RIGHTS
+ *                                       cmsg (n' = 0, no cmsg: the broker could
+ *                                       not create any)
  *  shim -> broker:                      struct skiff_msg, op 'F'    (12 bytes), no reply
  *  shim -> broker:                      struct skiff_msg, op 'T'    (12 bytes) with the
  *                                       shim's listener in an SCM_RIGHTS cmsg
  *  broker -> shim, for each 'T':        struct skiff_reply, n = 1 if the listener is
  *                                       now IP_TRANSPARENT, 0 if refused
  *
- * One socket per message: the shim leaves them queued on the connection and
- * takes one per socket() call, so each fd lands at the lowest free number (as
- * socket()'s would) and a pooled socket is never in the app's fd table.  The
- * shim sends 'T' over a connection of its own (on the shared one the reply
- * would queue behind the sockets).
+ * A batch per message: the fds land at the lowest free numbers of the shim's
+ * process; the shim hands out the first (where socket()'s would land) and
+ * moves the others up to its pool (>= 3/4 of the fd limit), from which each
+ * socket() takes one with F_DUPFD to the lowest free number.  The shim sends
+ * 'T' over a connection of its own (on the shared one the reply would queue
+ * behind a batch).
  */
 #ifndef SKIFF_BROKER_H
 #define SKIFF_BROKER_H
@@ -37,7 +38,7 @@
 
 #define SKIFF_BROKER_NAME     "skiff-broker"   /* abstract name, without the leading NUL */
 #define SKIFF_HELLO_MAGIC     0x31464b53u      /* "SKF1" little-endian */
-#define SKIFF_PROTO_VERSION   3u
+#define SKIFF_PROTO_VERSION   4u
 #define SKIFF_MAX_BATCH       64               /* max fds per request/reply */
 
 /* offset: 0 magic, 4 version, 8 net, 12 prefix, 13..15 pad (0), 16 ip, 20 flags, 24 host_netns */
@@ -78,7 +79,7 @@ enum skiff_reason {
 	SKIFF_R_MAX
 };
 
-/* offset 0: n (reply to 'S': number of fds in the SCM_RIGHTS cmsg of this message, 0 or 1;
+/* offset 0: n (reply to 'S': number of fds in the SCM_RIGHTS cmsg of this message, 0..the number asked;
  * reply to 'T': 1 done, 0 refused) */
 struct skiff_reply {
 	uint32_t n;
@@ -104,41 +105,46 @@ enum {
 };
 #define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
 
-/* Room for the one fd a message carries ('S' replies, 'T' requests). */
-union skiff_fd_cmsg {
-	char buf[CMSG_SPACE(sizeof(int))];
+/* Room for the fds a message carries ('S' replies, 'T' requests). */
+union skiff_fds_cmsg {
+	char buf[CMSG_SPACE(SKIFF_MAX_BATCH * sizeof(int))];
 	struct cmsghdr align;
 };
 
-/* Attaches fd to m as its SCM_RIGHTS cmsg, in u. */
-static inline void skiff_attach_fd(struct msghdr *m, union skiff_fd_cmsg *u, int fd)
+/* Attaches fds[0..n) (1 <= n <= SKIFF_MAX_BATCH) to m as its SCM_RIGHTS cmsg, in u. */
+static inline void skiff_attach_fds(struct msghdr *m, union skiff_fds_cmsg *u, const int *fds, int n)
 {
-	memset(u, 0, sizeof *u);
 	m->msg_control = u->buf;
-	m->msg_controllen = sizeof u->buf;
+	m->msg_controllen = CMSG_SPACE(n * sizeof(int));
 	struct cmsghdr *cm = CMSG_FIRSTHDR(m);
 	cm->cmsg_level = SOL_SOCKET;
 	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+	cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+	memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
 }
 
-/* Prepares m to receive a message with at most one fd, into u. A sender
- * that passes more makes the kernel discard them and set MSG_CTRUNC. */
-static inline void skiff_expect_fd(struct msghdr *m, union skiff_fd_cmsg *u)
+/* Prepares m to receive a message with at most max fds, into u. A sender
+ * that passes more makes the kernel close the extra ones and set MSG_CTRUNC. */
+static inline void skiff_expect_fds(struct msghdr *m, union skiff_fds_cmsg *u, int max)
 {
 	m->msg_control = u->buf;
-	m->msg_controllen = sizeof u->buf;
+	m->msg_controllen = CMSG_SPACE(max * sizeof(int));
 }
 
-/* The fd a received message carried, or -1. */
-static inline int skiff_received_fd(struct msghdr *m)
+/* The number of fds a received message carried (copied to fds, at most
+ * max), or -1 if its control data is not one SCM_RIGHTS cmsg. */
+static inline int skiff_received_fds(struct msghdr *m, int *fds, int max)
 {
 	struct cmsghdr *cm = CMSG_FIRSTHDR(m);
-	int fd = -1;
-	if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(sizeof(int)))
-		memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-	return fd;
+	if (!cm)
+		return 0;
+	if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len < CMSG_LEN(0))
+		return -1;
+	size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+	if (n > (size_t)max || CMSG_NXTHDR(m, cm))
+		return -1;
+	memcpy(fds, CMSG_DATA(cm), n * sizeof(int));
+	return (int)n;
 }
 
 _Static_assert(sizeof(struct skiff_hello) == 32, "hello layout");

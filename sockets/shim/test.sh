@@ -240,6 +240,22 @@ os.execv("/bin/sh", ["sh", "-c", "ls -l /proc/self/fd"])' >"$TMP/fds"
 	cat "$TMP/fds"; grep -q /proc/ "$TMP/fds" && ! grep -q "socket:" "$TMP/fds"
 }
 check exec-no-fd-leak noleak_exec
+# a forked child closes its copies of the pool: they would keep the parent's later connections open
+fork_pool() {
+	shim $PY - <<'EOF2'
+import os, socket
+high = lambda: [int(n) for n in os.listdir("/proc/self/fd") if int(n) >= 600]
+s = socket.socket()                           # the first batch: the rest waits in the pool
+assert len(high()) > 8, high()                # broker connection + pool
+pid = os.fork()
+if pid == 0:
+    os._exit(1 if high() else 0)
+assert os.waitpid(pid, 0)[1] == 0, "child kept pooled sockets"
+t = socket.socket(); assert t.fileno() < 600 and len(high()) > 8, (t.fileno(), high())
+print("fork pool ok")
+EOF2
+}
+check fork-child-closes-pool fork_pool
 check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
 check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
 grep '^info' "$TMP/out"
