@@ -18,7 +18,7 @@ func testEnv() cellEnv {
 	}
 }
 
-func TestPlanCellsInterleavesModes(t *testing.T) {
+func TestPlanCellsInterleavesModesAlternatingOrder(t *testing.T) {
 	ws, err := resolveWorkloads([]string{"tcp_rr", "tcp_stream"}, false)
 	if err != nil {
 		t.Fatal(err)
@@ -31,8 +31,8 @@ func TestPlanCellsInterleavesModes(t *testing.T) {
 	want := []string{
 		"tcp_stream/host/1", "tcp_stream/overlay/1", "tcp_stream/cache/1",
 		"tcp_rr/host/1", "tcp_rr/overlay/1", "tcp_rr/cache/1",
-		"tcp_stream/host/2", "tcp_stream/overlay/2", "tcp_stream/cache/2",
-		"tcp_rr/host/2", "tcp_rr/overlay/2", "tcp_rr/cache/2",
+		"tcp_stream/cache/2", "tcp_stream/overlay/2", "tcp_stream/host/2",
+		"tcp_rr/cache/2", "tcp_rr/overlay/2", "tcp_rr/host/2",
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("order:\n got %v\nwant %v", got, want)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -84,12 +85,21 @@ type cell struct {
 }
 
 // planCells orders the cells so that modes interleave within each
-// repetition: for rep, for workload, for mode (A B C A B C ...).
+// repetition: for rep, for workload, for mode; every other repetition runs
+// the modes in reverse (A B C, then C B A). A cell inherits the state the one
+// before it left (a crr cell leaves a minute of TIME_WAIT sockets behind), so
+// a fixed order would hand every mode the same neighbour in every repetition.
 func planCells(ws []*workload, modes []Mode, repeat int) []cell {
 	var cells []cell
+	reversed := slices.Clone(modes)
+	slices.Reverse(reversed)
 	for rep := 1; rep <= repeat; rep++ {
+		order := modes
+		if rep%2 == 0 {
+			order = reversed
+		}
 		for _, w := range ws {
-			for _, m := range modes {
+			for _, m := range order {
 				cells = append(cells, cell{Rep: rep, Workload: w, Mode: m})
 			}
 		}

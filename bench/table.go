@@ -162,7 +162,7 @@ func (r *Report) machineLine() string {
 // footnotes explain the table's numbers.
 func (r *Report) footnotes() []string {
 	notes := []string{
-		fmt.Sprintf("Values: median (min–max) over %d repetition(s), modes interleaved; [k/N] = only k of N samples succeeded.", r.Config.Repeat),
+		fmt.Sprintf("Values: median (min–max) over %d repetition(s), modes interleaved (in reverse order every other repetition); [k/N] = only k of N samples succeeded.", r.Config.Repeat),
 		"mode/host = median ÷ host median: above 1 is better for rate and throughput, worse for latency (us), loss and cpu.",
 		"cpu: whole-machine CPU time (/proc/stat, all but idle, iowait and steal) during the measured client run, divided by the work done " +
 			"(transactions/requests, or Gbit received). The lab's namespaces share one kernel, so it covers client, server and the " +
