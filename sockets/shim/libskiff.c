@@ -530,6 +530,7 @@ static int recv_batch_locked(int cloexec)
 			int pr;
 			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
 			if (pr <= 0) return TAKE_BROKEN;   /* hung broker */
+			if (!broker_valid_locked()) return TAKE_BROKEN;   /* the app closed it meanwhile */
 			continue;
 		}
 		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, BATCH) : -1;
