@@ -5,11 +5,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/skiffnet/skiff/bench"
 	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/lab/labtest"
 )
 
 // TestQuickBenchOnLab runs the quick profile on a real lab, as make run and
@@ -18,11 +18,7 @@ func TestQuickBenchOnLab(t *testing.T) {
 	if testing.Short() || os.Geteuid() != 0 {
 		t.Skip("needs root and the lab")
 	}
-	bin := os.Getenv("SKIFF_BIN_DIR")
-	if bin == "" {
-		_, file, _, _ := runtime.Caller(0)
-		bin = filepath.Join(filepath.Dir(file), "..", "bin")
-	}
+	bin := labtest.BinDir(t, "skiffd")
 	ctx := context.Background()
 	const name = "tbench"
 	lab.Down(ctx, name)

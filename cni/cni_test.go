@@ -8,25 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/skiffnet/skiff/cni"
 	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/lab/labtest"
 )
-
-func binDir(t *testing.T) string {
-	dir := os.Getenv("SKIFF_BIN_DIR")
-	if dir == "" {
-		_, file, _, _ := runtime.Caller(0)
-		dir = filepath.Join(filepath.Dir(file), "..", "bin")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "skiff-cni")); err != nil {
-		t.Fatalf("skiff-cni not found in %s: run make build (%v)", dir, err)
-	}
-	return dir
-}
 
 type cniError struct {
 	CNIVersion string `json:"cniVersion"`
@@ -39,7 +27,7 @@ type cniError struct {
 // the CNI error object it prints on failure.
 func plugin(t *testing.T, command, conf string, env ...string) (stdout string, cerr *cniError) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir(t), "skiff-cni"))
+	cmd := exec.Command(filepath.Join(labtest.BinDir(t, "skiff-cni"), "skiff-cni"))
 	cmd.Env = append([]string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=test-ctr", "CNI_NETNS=/run/netns/skiff-none",
 		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin"}, env...)
 	cmd.Stdin = strings.NewReader(conf)
@@ -140,7 +128,7 @@ func TestCnitool(t *testing.T) {
 	ctx := context.Background()
 	const name = "tcnitool"
 	lab.Down(ctx, name)
-	l, err := lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 1, BinDir: binDir(t)})
+	l, err := lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 1, BinDir: labtest.BinDir(t, "skiff-cni")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +150,7 @@ func TestCnitool(t *testing.T) {
 			nsPath := lab.NetnsPath(ns)
 			run := func(args ...string) string {
 				cmd := exec.Command(tool, args...)
-				cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+binDir(t), "CNI_IFNAME=eth0")
+				cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+labtest.BinDir(t, "skiff-cni"), "CNI_IFNAME=eth0")
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					t.Fatalf("cnitool %v: %v\n%s", args, err, out)

@@ -10,10 +10,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/skiffnet/skiff/lab/labtest"
 )
 
 // newLab brings up a lab for one test and tears it down afterwards, also
@@ -27,7 +28,7 @@ func newLab(t *testing.T, cfg Config) *Lab {
 	if os.Geteuid() != 0 {
 		t.Skip("lab integration tests need root")
 	}
-	cfg.BinDir = binDir(t)
+	cfg.BinDir = labtest.BinDir(t, "skiffd")
 	ctx := context.Background()
 	if err := Down(ctx, cfg.Name); err != nil {
 		t.Fatalf("clear leftovers: %v", err)
@@ -51,20 +52,6 @@ func newLab(t *testing.T, cfg Config) *Lab {
 		}
 	})
 	return l
-}
-
-// binDir finds the built binaries: $SKIFF_BIN_DIR (make test sets it) or the
-// repository's bin/.
-func binDir(t *testing.T) string {
-	dir := os.Getenv("SKIFF_BIN_DIR")
-	if dir == "" {
-		_, file, _, _ := runtime.Caller(0)
-		dir = filepath.Join(filepath.Dir(file), "..", "bin")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "skiffd")); err != nil {
-		t.Fatalf("skiff binaries not found in %s: run make build (%v)", dir, err)
-	}
-	return dir
 }
 
 // restartAgents restarts every host's agent in mode, as an operator
