@@ -43,7 +43,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
-#define BATCH       32      /* sockets per request */
+#define BATCH       32      /* sockets per request (fewer under a small fd limit: g_batch) */
 #define LOW_WATER   8       /* request the next batch when this few are still due ... */
 #define LOW_WATER_MAX 56    /* ... or, after threads had to wait, up to this many */
 #define WAIT_MS     500     /* max wait for a socket the broker owes */
@@ -96,7 +96,8 @@ static void resolve(void)
 /* ---------- global state ---------- */
 static volatile int g_enabled;   /* set by the constructor; 0 before it ran or if opted out */
 static char g_name[sizeof(((struct sockaddr_un *)0)->sun_path)] = SKIFF_BROKER_NAME;
-static int g_hibase = 768;       /* the broker connection lives at >= this */
+static int g_hibase = 768;       /* the broker connection and the pool live at >= this */
+static int g_batch = BATCH;      /* sockets per request: the pool fits above g_hibase */
 
 static TLS int t_inshim;         /* re-entrancy guard (signal handler calling us while we hold a lock) */
 
@@ -449,14 +450,14 @@ static int broker_transparent(int fd)
 }
 
 /* ---------- the pool (caller holds g_broker_mu) ---------- */
-static int credit_locked(void) { return g_npool + g_nreq * BATCH; }
+static int credit_locked(void) { return g_npool + g_nreq * g_batch; }
 
 /* Ask for the next batch (non-blocking) when few sockets are still due.
  * Returns 1 if the connection was checked (and the request sent). */
 static int broker_request_locked(void)
 {
 	if (credit_locked() > g_low_water || !broker_valid_locked()) return 0;
-	if (broker_send_locked(SKIFF_OP_SOCKETS, BATCH) < 0) return 0;
+	if (broker_send_locked(SKIFF_OP_SOCKETS, (uint8_t)g_batch) < 0) return 0;
 	g_nreq++;
 	return 1;
 }
@@ -518,7 +519,7 @@ static int recv_batch_locked(int cloexec)
 		struct iovec iov = { &rep, sizeof rep };
 		union skiff_fds_cmsg u;
 		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-		skiff_expect_fds(&m, &u, BATCH);
+		skiff_expect_fds(&m, &u, g_batch);
 		ssize_t r = recvmsg(g_bfd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 		if (r < 0 && errno == EINTR) continue;
 		if (r < 0 && errno == EAGAIN) {
@@ -533,7 +534,7 @@ static int recv_batch_locked(int cloexec)
 			if (!broker_valid_locked()) return TAKE_BROKEN;   /* the app closed it meanwhile */
 			continue;
 		}
-		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, BATCH) : -1;
+		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, g_batch) : -1;
 		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < 0 || rep.n != (uint32_t)n) {
 			/* EOF, error, garbage (more fds than asked for: CTRUNC) */
 			for (int i = 0; i < n; i++) sys_close(fds[i]);
@@ -887,6 +888,12 @@ __attribute__((constructor)) static void skiff_init(void)
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < lim)
 		lim = rl.rlim_cur;
 	g_hibase = (int)(lim * 3 / 4);
+	/* a batch lands in the app's fd table before it moves up: under a small
+	 * limit it must leave the app room, and fit above g_hibase beside the
+	 * broker connection */
+	g_batch = (int)(lim / 4) - 1;
+	if (g_batch > BATCH) g_batch = BATCH;
+	if (g_batch < 1) g_batch = 1;
 	if (!r_socket || !r_connect || !r_bind || !r_listen || !r_setsockopt || !r_close ||
 	    !r_dup || !r_dup2 || !r_dup3 || !r_fcntl)
 		return;   /* cannot interpose safely: stay disabled */

@@ -256,6 +256,25 @@ print("fork pool ok")
 EOF2
 }
 check fork-child-closes-pool fork_pool
+
+# under a small fd limit the batch is smaller: it lands in the app's fd table before it moves up
+small_fd_limit() {
+	inc prlimit --nofile=32 env LD_PRELOAD=$SHIM $PY - <<'EOF2'
+import os, socket
+def peer(s):
+    return s.recv(64).split(b"=")[1].split(b":")[0].decode()
+s = socket.create_connection(("10.98.0.1", 7001)); assert peer(s) == "10.98.0.1", "not replaced under a 32-fd limit"
+n = 0
+try:
+    while True:
+        os.open("/dev/null", os.O_RDONLY); n += 1
+except OSError:
+    pass
+print("files the app could still open:", n)
+assert n >= 16, n
+EOF2
+}
+check small-fd-limit-small-batch small_fd_limit
 check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
 check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
 grep '^info' "$TMP/out"
