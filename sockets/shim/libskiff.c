@@ -111,9 +111,8 @@ static int g_low_water = LOW_WATER; /* doubles each time a socket() had to wait 
 static int g_primed;               /* a batch came over this connection (its first is no burst) */
 /* the pool: received host sockets not yet handed out, at >= g_hibase (its
  * number and cookie, to tell it from a file the app put there) */
-#define POOL_MAX BATCH
 struct pooled { int fd; uint64_t cookie; };
-static struct pooled g_pool[POOL_MAX];
+static struct pooled g_pool[BATCH];
 static int g_npool;
 static uint64_t g_retry_at;        /* ms, CLOCK_MONOTONIC: do not ask the broker before */
 /* cluster config from the hello (written under g_broker_mu, read racily: it only changes on reconnect) */
@@ -452,14 +451,12 @@ static int broker_transparent(int fd)
 /* ---------- the pool (caller holds g_broker_mu) ---------- */
 static int credit_locked(void) { return g_npool + g_nreq * g_batch; }
 
-/* Ask for the next batch (non-blocking) when few sockets are still due.
- * Returns 1 if the connection was checked (and the request sent). */
-static int broker_request_locked(void)
+/* Ask for the next batch (non-blocking) when few sockets are still due. */
+static void broker_request_locked(void)
 {
-	if (credit_locked() > g_low_water || !broker_valid_locked()) return 0;
-	if (broker_send_locked(SKIFF_OP_SOCKETS, (uint8_t)g_batch) < 0) return 0;
-	g_nreq++;
-	return 1;
+	if (credit_locked() > g_low_water || !broker_valid_locked()) return;
+	if (broker_send_locked(SKIFF_OP_SOCKETS, (uint8_t)g_batch) == 0)
+		g_nreq++;
 }
 
 static uint64_t cookie_of(int fd)
@@ -502,19 +499,23 @@ static void pool_put_locked(int fd)
 {
 	int n = move_high(fd);
 	uint64_t c = cookie_of(n);
-	if (!c || g_npool == POOL_MAX) { sys_close(n); return; }
+	if (!c || g_npool == BATCH) { sys_close(n); return; }
 	g_pool[g_npool++] = (struct pooled){ .fd = n, .cookie = c };
 }
 
-enum { TAKE_NONE = -2, TAKE_BROKEN = -3 };
+enum { TAKE_GONE = -1, TAKE_NONE = -2, TAKE_BROKEN = -3 };
 
 /* Receives the next batch the broker owes, waiting up to WAIT_MS. The first
  * socket lands at the lowest free fd, where socket()'s would, and is
- * returned; the others go to the pool. Returns the fd, TAKE_NONE (the broker
- * could not create any) or TAKE_BROKEN. */
+ * returned; the others go to the pool. Returns the fd, TAKE_GONE (the app
+ * closed or overwrote the connection), TAKE_NONE (the broker could not create
+ * any) or TAKE_BROKEN. */
 static int recv_batch_locked(int cloexec)
 {
 	for (;;) {
+		/* checked before each read: reading another file's data would be
+		 * worse than a stat (once per batch, and after each wait) */
+		if (!broker_valid_locked()) return TAKE_GONE;
 		struct skiff_reply rep;
 		struct iovec iov = { &rep, sizeof rep };
 		union skiff_fds_cmsg u;
@@ -531,7 +532,6 @@ static int recv_batch_locked(int cloexec)
 			int pr;
 			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
 			if (pr <= 0) return TAKE_BROKEN;   /* hung broker */
-			if (!broker_valid_locked()) return TAKE_BROKEN;   /* the app closed it meanwhile */
 			continue;
 		}
 		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, g_batch) : -1;
@@ -559,15 +559,16 @@ static int take_host_socket(int type)
 		if (fd >= 0 || g_npool) break;         /* (g_npool: the app is out of fds) */
 		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) break;
 		g_retry_at = 0;
-		int checked = broker_request_locked();
+		broker_request_locked();
 		if (!g_nreq) {                          /* none due and none could be asked for */
 			int clobbered = g_bfd < 0 && !g_retry_at;   /* the app closed it: reconnect at once */
 			if (g_bfd >= 0) broker_drop_locked(1);
 			if (clobbered) continue;
 			break;
 		}
-		if (!checked && !broker_valid_locked()) continue;   /* clobbered: a new connection, at once */
 		fd = recv_batch_locked(cloexec);
+		if (fd == TAKE_GONE)
+			continue;                           /* the app's now: a new connection, at once */
 		if (fd == TAKE_NONE)
 			g_retry_at = now_ms() + RETRY_MS;   /* the broker cannot create sockets right now */
 		else if (fd == TAKE_BROKEN)

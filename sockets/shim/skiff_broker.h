@@ -21,7 +21,7 @@
  *
  * A batch per message: the fds land at the lowest free numbers of the shim's
  * process; the shim hands out the first (where socket()'s would land) and
- * moves the others up to its pool (>= 3/4 of the fd limit), from which each
+ * moves the others up to its pool (>= 3/4 of min(fd limit, 1024)), from which each
  * socket() takes one with F_DUPFD to the lowest free number.  The shim sends
  * 'T' over a connection of its own (on the shared one the reply would queue
  * behind a batch).
