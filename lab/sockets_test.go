@@ -425,6 +425,51 @@ func TestSocketsSecurity(t *testing.T) {
 	}
 }
 
+// pyCloser accepts connections on 0.0.0.0:argv[1] and closes them at once:
+// a host service on a port a container also listens on.
+const pyCloser = `
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(16)
+while True:
+    s.accept()[0].close()
+`
+
+// TestSocketsHostReach: the host's own processes (a kubelet's probes, a
+// host-network program) reach a local container's replaced listener, as
+// they reach any container on the overlay; and a host service listening on
+// a port never takes the overlay connections of a container that listens
+// on the same port.
+func TestSocketsHostReach(t *testing.T) {
+	l := newLab(t, Config{Name: "tskhost", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
+	srvIP, _ := l.IP("h1/c1")
+	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
+	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7000), p.exited)
+	startPy(t, l, "h1/c1", pyEcho, []string{"SKIFF_SOCKETS=off"}, srvIP.String(), "7100")
+	startPy(t, l, "h1", pyCloser, nil, "7100")
+	time.Sleep(500 * time.Millisecond) // the plain servers have no readiness signal
+
+	cases := []struct{ from, port, env string }{
+		{"h1", "7000", ""},                     // same host, replaced listener
+		{"h2", "7000", ""},                     // another host, replaced listener
+		{"h1", "7100", ""},                     // same host, container listener beside a host one
+		{"h2/c1", "7100", "SKIFF_SOCKETS=off"}, // overlay client, container listener beside a host one
+		{"h2/c1", "7100", ""},                  // replaced client falling back to the overlay
+	}
+	for _, c := range cases {
+		var env []string
+		if c.env != "" {
+			env = []string{c.env}
+		}
+		out := strings.Fields(runPy(t, l, c.from, pyOnce, env, srvIP.String(), c.port))
+		if len(out) != 3 || out[0] != "ok" || out[2] != srvIP.String() {
+			t.Errorf("%s %s -> %s:%s: %q, want the container's echo", c.from, c.env, srvIP, c.port, out)
+		}
+	}
+}
+
 // TestSocketsPolicy: a deny rule ends a live replaced connection (the
 // agent destroys it) and new connections are refused as on the overlay;
 // deleting the rule restores the fast path.
@@ -635,9 +680,10 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 
 	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; done; ip rule")
+		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; iptables -S INPUT; sysctl net.ipv4.conf.lo.accept_local")
 		out, err := cmd.CombinedOutput()
-		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") {
+		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") ||
+			strings.Contains(string(out), "skiff overlay to host stack") || !strings.Contains(string(out), "accept_local = 0") {
 			t.Errorf("%s still has the sockets layer (%v):\n%s", h, err, out)
 		}
 		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "sockets", "sks_listen")); err == nil {

@@ -73,17 +73,29 @@ func (o *Overlay) setupChains() error {
 
 // inputRule judges overlay packets that a data-plane layer delivers to the
 // host stack (marked with mark) by the overlay's policy, as if forwarded.
+// Packets arriving on lo come from the host itself, which the overlay's
+// policy does not judge either (its traffic to containers leaves through
+// OUTPUT, never FORWARD).
 func inputRule(mark uint32) []string {
-	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
+	return []string{"!", "-i", "lo", "-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
 }
 
 // JudgeInput applies the overlay's policy to packets carrying mark that
 // reach the host's INPUT chain.
-func JudgeInput(mark uint32) error { return ensureRule("filter", "INPUT", inputRule(mark)...) }
+func JudgeInput(mark uint32) error {
+	removeRules("INPUT", inputRule(mark)[3:]) // the earlier form, which judged lo too
+	return ensureRule("filter", "INPUT", inputRule(mark)...)
+}
 
 // UnjudgeInput removes what JudgeInput added; none is fine.
 func UnjudgeInput(mark uint32) {
-	for iptables(append([]string{"-t", "filter", "-D", "INPUT"}, inputRule(mark)...)...) == nil {
+	removeRules("INPUT", inputRule(mark))
+	removeRules("INPUT", inputRule(mark)[3:])
+}
+
+// removeRules deletes every copy of rule from the filter table's chain.
+func removeRules(chain string, rule []string) {
+	for iptables(append([]string{"-t", "filter", "-D", chain}, rule...)...) == nil {
 	}
 }
 

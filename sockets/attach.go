@@ -29,7 +29,8 @@ func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links
 
 // Setup attaches the host-wide programs — the SYN recorder on the underlay
 // device and on lo (same-host connections), the overlay steering on the
-// VXLAN device, sk_lookup on the host namespace — and routes marked overlay
+// VXLAN device and the bridge's egress (the host's own connections to its
+// containers), sk_lookup on the host namespace — and routes marked overlay
 // packets to the host stack, through the overlay's policy.
 func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
@@ -52,6 +53,18 @@ func (l *Layer) Setup() error {
 	if err := tc.Attach(h, vx, tc.Ingress, 2, filterName, l.objs.SksFromOverlay); err != nil {
 		return err
 	}
+	br, err := netlink.LinkByName(overlay.BridgeName)
+	if err != nil {
+		return fmt.Errorf("%s: %w", overlay.BridgeName, err)
+	}
+	if err := tc.Attach(h, br, tc.Egress, 2, filterName, l.objs.SksFromHost); err != nil {
+		return err
+	}
+	// from_host turns the host's packets back into lo; their source is
+	// the host's own bridge address, which lo must then accept.
+	if err := os.WriteFile(acceptLocalLo, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("accept local sources on lo: %w", err)
+	}
 	if err := hostStackRoute(lo); err != nil {
 		return err
 	}
@@ -67,6 +80,11 @@ func (l *Layer) Setup() error {
 		return link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
 	})
 }
+
+// acceptLocalLo lets lo take packets whose source is a local address. Only
+// packets a program redirects into lo are looked up by source: the kernel's
+// own loopback traffic keeps its route.
+const acceptLocalLo = "/proc/sys/net/ipv4/conf/lo/accept_local"
 
 // routeTable makes every destination local for marked packets.
 const routeTable = 2571
@@ -265,8 +283,9 @@ func Teardown(pinDir, stateDir string) error {
 	}
 	h := &netlink.Handle{}
 	for _, lk := range links {
-		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName))
+		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName), tc.Detach(h, lk, tc.Egress, filterName))
 	}
+	os.WriteFile(acceptLocalLo, []byte("0"), 0o644) // the default; nothing else needs it
 	removeHostStackRoute()
 	overlay.UnjudgeInput(Mark)
 	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
 	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
@@ -220,47 +222,139 @@ func TestLookup(t *testing.T) {
 	}
 }
 
+// TestToHostStack runs in a network namespace of its own, so that it can
+// hold real connections and a host listener for the programs' socket
+// lookups to find: the test's thread enters it and is discarded at the end.
 func TestToHostStack(t *testing.T) {
 	l := loadTest(t)
-	ln, _ := listener(t)
-	server := netip.AddrPortFrom(ipServer, 8080)
-	publish(t, l, ln, server)
-	bridge := overlay.BridgeMAC(testHost.UnderlayIP)
-	seg := func(dst netip.Addr, port uint16, flags byte) []byte {
-		return tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipClient, dst,
-			tctest.TCP(40000, port, flags, []byte("x"))))
+	runtime.LockOSThread() // never unlocked: the thread ends with the test
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Fatal(err)
 	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{ipServer, ipClient} {
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.IP(a.AsSlice()))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := listener(t)
+	publish(t, l, ln, netip.AddrPortFrom(ipServer, 8080))
+	// A connection accepted from a replaced listener (its local address is
+	// the container's), and a host listener on every address, port 8082.
+	conn := connection(t, netip.AddrPortFrom(ipServer, 8081), ipClient)
+	wildcard(t, 8082)
+
+	bridge := overlay.BridgeMAC(testHost.UnderlayIP)
+	seg := func(src netip.AddrPort, dst netip.Addr, port uint16, flags byte) []byte {
+		return tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, src.Addr(), dst,
+			tctest.TCP(src.Port(), port, flags, []byte("x"))))
+	}
+	client := netip.AddrPortFrom(ipClient, 40000)
 	cases := []struct {
 		name  string
-		prog  *ebpf.Program
 		pkt   []byte
 		steer bool
 	}{
-		{"overlay SYN to a replaced listener", l.objs.SksFromOverlay, seg(ipServer, 8080, tctest.SYN), true},
-		{"container SYN to a replaced listener", l.objs.SksFromContainer, seg(ipServer, 8080, tctest.SYN), true},
-		{"container data to a replaced listener", l.objs.SksFromContainer, seg(ipServer, 8080, tctest.ACK), true},
-		{"other port", l.objs.SksFromContainer, seg(ipServer, 8081, tctest.SYN), false},
-		{"data of no connection", l.objs.SksFromOverlay, seg(ipServer, 8081, tctest.ACK), false},
-		{"another host's container", l.objs.SksFromContainer, seg(ipClient, 8080, tctest.SYN), false},
-		{"truncated", l.objs.SksFromContainer, seg(ipServer, 8080, tctest.SYN)[:40], false},
-		{"IPv6", l.objs.SksFromContainer, tctest.Eth(macB, macA, 0x86dd, make([]byte, 60)), false},
+		{"SYN to a replaced listener", seg(client, ipServer, 8080, tctest.SYN), true},
+		{"data of a connection accepted from one", seg(conn, ipServer, 8081, tctest.ACK), true},
+		{"FIN of that connection", seg(conn, ipServer, 8081, tctest.FIN|tctest.ACK), true},
+		// A container's own client may use the listener's port: the
+		// replies to it are the container's.
+		{"SYN-ACK to a replaced listener's port", seg(client, ipServer, 8080, tctest.SYN|tctest.ACK), false},
+		{"data to a replaced listener's port, no connection", seg(client, ipServer, 8080, tctest.ACK), false},
+		{"data to a port the host listens on", seg(client, ipServer, 8082, tctest.ACK), false},
+		{"SYN to a port the host listens on", seg(client, ipServer, 8082, tctest.SYN), false},
+		{"other port", seg(client, ipServer, 8083, tctest.SYN), false},
+		{"another host's container", seg(client, ipClient, 8080, tctest.SYN), false},
+		{"truncated", seg(client, ipServer, 8080, tctest.SYN)[:40], false},
+		{"IPv6", tctest.Eth(macB, macA, 0x86dd, make([]byte, 60)), false},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			verdict, out, skb := tctest.RunSkb(t, c.prog, c.pkt, nil)
-			if verdict != 0 {
-				t.Fatalf("verdict %d", verdict)
+	const redirect = 7 // TC_ACT_REDIRECT
+	progs := []struct {
+		name    string
+		prog    *ebpf.Program
+		dst     net.HardwareAddr // the frame's new destination when steered
+		verdict uint32           // when steered
+	}{
+		{"from_overlay", l.objs.SksFromOverlay, macB, 0},
+		{"from_container", l.objs.SksFromContainer, bridge, 0},
+		// Test runs give the packet a socket, as the host's own packets have.
+		{"from_host", l.objs.SksFromHost, make(net.HardwareAddr, 6), redirect},
+	}
+	// No subtests: they would run on other threads, outside the namespace.
+	for _, p := range progs {
+		for _, c := range cases {
+			name := p.name + ": " + c.name
+			verdict, out, skb := tctest.RunSkb(t, p.prog, c.pkt, nil)
+			want, wantVerdict := append([]byte{}, c.pkt...), uint32(0)
+			if c.steer {
+				copy(want, p.dst)
+				wantVerdict = p.verdict
 			}
-			want := append([]byte{}, c.pkt...)
-			if c.steer && c.prog == l.objs.SksFromContainer {
-				copy(want, bridge)
+			if verdict != wantVerdict {
+				t.Errorf("%s: verdict %d, want %d", name, verdict, wantVerdict)
 			}
 			if !bytes.Equal(out[:len(want)], want) {
-				t.Fatalf("packet\n%x\nwant\n%x", out[:len(want)], want)
+				t.Errorf("%s: packet\n%x\nwant\n%x", name, out[:len(want)], want)
 			}
 			if steered := skb.Mark == Mark; steered != c.steer {
-				t.Fatalf("mark %#x, steered=%v want %v", skb.Mark, steered, c.steer)
+				t.Errorf("%s: mark %#x, steered=%v want %v", name, skb.Mark, steered, c.steer)
 			}
-		})
+		}
+	}
+}
+
+// connection opens a TCP connection from client to server over lo and
+// returns the client's address and port.
+func connection(t *testing.T, server netip.AddrPort, client netip.Addr) netip.AddrPort {
+	t.Helper()
+	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(ln) })
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: server.Addr().As4(), Port: int(server.Port())}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(c) })
+	if err := unix.Bind(c, &unix.SockaddrInet4{Addr: client.As4()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Connect(c, &unix.SockaddrInet4{Addr: server.Addr().As4(), Port: int(server.Port())}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return netip.AddrPortFrom(client, uint16(sa.(*unix.SockaddrInet4).Port))
+}
+
+// wildcard listens on 0.0.0.0:port, as a host service would.
+func wildcard(t *testing.T, port int) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 1); err != nil {
+		t.Fatal(err)
 	}
 }

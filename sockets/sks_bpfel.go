@@ -122,6 +122,7 @@ const (
 	sksProgSksDestroy        = "sks_destroy"
 	sksProgSksDump           = "sks_dump"
 	sksProgSksFromContainer  = "sks_from_container"
+	sksProgSksFromHost       = "sks_from_host"
 	sksProgSksFromOverlay    = "sks_from_overlay"
 	sksProgSksFromUnderlay   = "sks_from_underlay"
 	sksProgSksGetpeername4   = "sks_getpeername4"
@@ -191,6 +192,7 @@ type sksProgramSpecs struct {
 	SksDestroy       *ebpf.ProgramSpec `ebpf:"sks_destroy"`
 	SksDump          *ebpf.ProgramSpec `ebpf:"sks_dump"`
 	SksFromContainer *ebpf.ProgramSpec `ebpf:"sks_from_container"`
+	SksFromHost      *ebpf.ProgramSpec `ebpf:"sks_from_host"`
 	SksFromOverlay   *ebpf.ProgramSpec `ebpf:"sks_from_overlay"`
 	SksFromUnderlay  *ebpf.ProgramSpec `ebpf:"sks_from_underlay"`
 	SksGetpeername4  *ebpf.ProgramSpec `ebpf:"sks_getpeername4"`
@@ -306,6 +308,7 @@ type sksPrograms struct {
 	SksDestroy       *ebpf.Program `ebpf:"sks_destroy"`
 	SksDump          *ebpf.Program `ebpf:"sks_dump"`
 	SksFromContainer *ebpf.Program `ebpf:"sks_from_container"`
+	SksFromHost      *ebpf.Program `ebpf:"sks_from_host"`
 	SksFromOverlay   *ebpf.Program `ebpf:"sks_from_overlay"`
 	SksFromUnderlay  *ebpf.Program `ebpf:"sks_from_underlay"`
 	SksGetpeername4  *ebpf.Program `ebpf:"sks_getpeername4"`
@@ -323,6 +326,7 @@ func (p *sksPrograms) Close() error {
 		p.SksDestroy,
 		p.SksDump,
 		p.SksFromContainer,
+		p.SksFromHost,
 		p.SksFromOverlay,
 		p.SksFromUnderlay,
 		p.SksGetpeername4,

@@ -66,6 +66,7 @@ char __license[] SEC("license") = "GPL";
 #define EADDRINUSE 98
 #define LOOPBACK_NET 0x7f000000 // 127.0.0.0/8, host order
 #define LOOPBACK_IP 0x7f000001
+#define LOOPBACK_IFINDEX 1 // lo, in every namespace
 
 // Configuration, set by the agent before load.
 volatile const __u64 cfg_host_netns;   // netns cookie of the host namespace
@@ -504,53 +505,99 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	return SK_PASS;
 }
 
+// for_host_stack says whether an overlay TCP segment belongs to a replaced
+// listener or to a connection accepted from one, and returns its Ethernet
+// header then. Only a SYN goes by the listener's overlay address and port:
+// other segments to that port may be a container's own connection that
+// happens to use it (replies to a fallback client). Those go by their
+// 4-tuple, and only a connection counts: the lookup also finds listeners,
+// the host's own ones included, which must never take a container's
+// traffic.
+static __always_inline struct ethhdr *for_host_stack(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return NULL;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5 ||
+	    (ip->daddr & cfg_local_mask) != cfg_local_net)
+		return NULL;
+	struct tcphdr *th = (void *)ip + ip->ihl * 4;
+	if ((void *)(th + 1) > data_end)
+		return NULL;
+	struct bpf_sock *sk;
+	if (th->syn && !th->ack) {
+		struct sks_key k = {.ip = ip->daddr, .port = th->dest};
+		sk = bpf_map_lookup_elem(&sks_listen, &k);
+	} else {
+		struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr,
+						    .sport = th->source, .dport = th->dest}};
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		if (sk && sk->state == BPF_TCP_LISTEN) {
+			bpf_sk_release(sk);
+			sk = NULL;
+		}
+	}
+	if (!sk)
+		return NULL;
+	bpf_sk_release(sk);
+	return eth;
+}
+
 // Overlay packets for a replaced listener, or for a connection accepted
 // from one, are delivered to the host stack instead of the container: the
 // mark selects a routing table that makes every destination local, where
 // sk_lookup (above) finds the listener and the established lookup the
 // connection. So a container on the overlay — a fallback socket, no shim,
 // another mode — reaches a replaced listener as it would a plain one.
-static __always_inline int to_host_stack(struct __sk_buff *skb, bool from_container)
+SEC("tc")
+int sks_from_overlay(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if (!for_host_stack(skb))
 		return TC_ACT_OK;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5 ||
-	    (ip->daddr & cfg_local_mask) != cfg_local_net)
-		return TC_ACT_OK;
-	struct tcphdr *th = (void *)ip + ip->ihl * 4;
-	if ((void *)(th + 1) > data_end)
-		return TC_ACT_OK;
-	struct sks_key k = {.ip = ip->daddr, .port = th->dest};
-	struct bpf_sock *sk = bpf_map_lookup_elem(&sks_listen, &k);
-	if (!sk && !th->syn) {
-		struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr,
-						    .sport = th->source, .dport = th->dest}};
-		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
-	}
-	if (!sk)
-		return TC_ACT_OK;
-	bpf_sk_release(sk);
 	skb->mark = cfg_mark;
-	if (from_container) {
-		// Bridged frames reach the host stack only when addressed to the
-		// bridge itself.
-		// Byte by byte: a memcpy would drop the volatile and let the
-		// compiler fold the (zero) build-time value.
-		for (int i = 0; i < ETH_ALEN; i++)
-			eth->h_dest[i] = cfg_bridge_mac[i];
-	}
 	count(SKS_OVERLAY_STEERED);
 	return TC_ACT_OK;
 }
 
 SEC("tc")
-int sks_from_overlay(struct __sk_buff *skb) { return to_host_stack(skb, false); }
+int sks_from_container(struct __sk_buff *skb)
+{
+	struct ethhdr *eth = for_host_stack(skb);
+	if (!eth)
+		return TC_ACT_OK;
+	skb->mark = cfg_mark;
+	// Bridged frames reach the host stack only when addressed to the
+	// bridge itself. Byte by byte: a memcpy would drop the volatile and
+	// let the compiler fold the (zero) build-time value.
+	for (int i = 0; i < ETH_ALEN; i++)
+		eth->h_dest[i] = cfg_bridge_mac[i];
+	count(SKS_OVERLAY_STEERED);
+	return TC_ACT_OK;
+}
 
+// The host's own connections to a local container (a kubelet probe, a
+// host-network process) leave the host stack on the bridge, where the
+// container has no listener when its listener was replaced. On the
+// bridge's egress they are turned back into the host stack: into lo's
+// ingress, where the mark routes them locally like the overlay's. Only
+// packets a local socket sent qualify; forwarded ones carry no socket.
 SEC("tc")
-int sks_from_container(struct __sk_buff *skb) { return to_host_stack(skb, true); }
+int sks_from_host(struct __sk_buff *skb)
+{
+	if (!skb->sk)
+		return TC_ACT_OK;
+	struct ethhdr *eth = for_host_stack(skb);
+	if (!eth)
+		return TC_ACT_OK;
+	skb->mark = cfg_mark;
+	// lo's address is all zeros: any other destination is another host's.
+	for (int i = 0; i < ETH_ALEN; i++)
+		eth->h_dest[i] = 0;
+	count(SKS_OVERLAY_STEERED);
+	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
+}
 
 // Kernel types the socket iterator reads (CO-RE: only the fields named).
 struct seq_file;
