@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/skiffnet/skiff/agent"
@@ -96,14 +97,23 @@ func labExec(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	// SIGTERM and SIGINT are passed on, so the program ends with us and
+	// never runs on in the lab unowned.
+	ctx, stop := signalContext(ctx)
+	defer stop()
 	cmd, err := l.Command(ctx, rest[0], rest[1], rest[2:]...)
 	if err != nil {
 		return err
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = env.Stdin, env.Stdout, env.Stderr
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second // then it is killed
 	err = cmd.Run()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return exitError(128 + int(ws.Signal())) // as a shell reports it
+		}
 		return exitError(ee.ExitCode())
 	}
 	return err

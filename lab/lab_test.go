@@ -5,14 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/lab/labtest"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -74,6 +79,58 @@ func TestConnectivity(t *testing.T) {
 	}
 	if n := echoFlows(t, l); n != 0 {
 		t.Errorf("%d tracked echo flows after the flush", n)
+	}
+	execPassesSignals(t, l)
+}
+
+// execPassesSignals: a program started with skiff lab exec ends when the
+// command gets SIGTERM.
+func execPassesSignals(t *testing.T, l *Lab) {
+	t.Helper()
+	const marker = "1234.5" // sleep's argument, to find it by
+	skiff := filepath.Join(labtest.BinDir(t, "skiff"), "skiff")
+	cmd := exec.Command(skiff, "lab", "exec", "--name", l.Config.Name, "h1", "--", "sleep", marker)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := func() int {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && string(b) == "sleep\x00"+marker+"\x00" {
+				pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				return pid
+			}
+		}
+		return 0
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		if pid := sleeper(); pid != 0 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	if _, err := eventually(5*time.Second, func() error {
+		if sleeper() == 0 {
+			return errors.New("sleep did not start")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 128+int(syscall.SIGTERM) {
+			t.Errorf("skiff lab exec after SIGTERM: %v, want exit status %d", err, 128+int(syscall.SIGTERM))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("skiff lab exec still runs 10 s after SIGTERM")
+	}
+	if pid := sleeper(); pid != 0 {
+		t.Errorf("the program (pid %d) runs on after skiff lab exec got SIGTERM", pid)
 	}
 }
 
