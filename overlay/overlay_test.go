@@ -185,3 +185,41 @@ func TestVethNameFitsIFNAMSIZ(t *testing.T) {
 		t.Errorf("veth name %q", n)
 	}
 }
+
+// TestJudgeInput: the INPUT rule judges marked packets except the host's own
+// (arriving on lo), replaces the earlier rule that judged those too, and is
+// idempotent; UnjudgeInput removes both forms.
+func TestJudgeInput(t *testing.T) {
+	const mark = 0x5c1ff
+	inTestNetns(t, func() {
+		input := func() string {
+			out, err := exec.Command("iptables", "-S", "INPUT").CombinedOutput()
+			if err != nil {
+				t.Errorf("iptables -S INPUT: %v: %s", err, out)
+			}
+			return strings.TrimSpace(string(out))
+		}
+		if err := iptables("-N", chainForward); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...); err != nil {
+			t.Error(err)
+			return
+		}
+		want := "-P INPUT ACCEPT\n-A INPUT ! -i lo -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-FORWARD"
+		for i := 0; i < 2; i++ {
+			if err := JudgeInput(mark); err != nil {
+				t.Error(err)
+			}
+			if got := input(); got != want {
+				t.Errorf("INPUT after JudgeInput #%d:\n%s\nwant\n%s", i+1, got, want)
+			}
+		}
+		iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...)
+		UnjudgeInput(mark)
+		if got := input(); got != "-P INPUT ACCEPT" {
+			t.Errorf("INPUT after UnjudgeInput:\n%s", got)
+		}
+	})
+}

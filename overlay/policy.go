@@ -71,26 +71,29 @@ func (o *Overlay) setupChains() error {
 	)
 }
 
-// inputRule judges overlay packets that a data-plane layer delivers to the
-// host stack (marked with mark) by the overlay's policy, as if forwarded.
-// Packets arriving on lo come from the host itself, which the overlay's
-// policy does not judge either (its traffic to containers leaves through
-// OUTPUT, never FORWARD).
-func inputRule(mark uint32) []string {
-	return []string{"!", "-i", "lo", "-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
+// markedInput judges overlay packets that a data-plane layer delivers to
+// the host stack (marked with mark) by the overlay's policy, as if
+// forwarded.
+func markedInput(mark uint32) []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
 }
+
+// inputRule is markedInput for all but packets arriving on lo: those come
+// from the host itself, which the overlay's policy does not judge either
+// (its traffic to containers leaves through OUTPUT, never FORWARD).
+func inputRule(mark uint32) []string { return append([]string{"!", "-i", "lo"}, markedInput(mark)...) }
 
 // JudgeInput applies the overlay's policy to packets carrying mark that
 // reach the host's INPUT chain.
 func JudgeInput(mark uint32) error {
-	removeRules("INPUT", inputRule(mark)[3:]) // the earlier form, which judged lo too
+	removeRules("INPUT", markedInput(mark)) // the earlier rule, which judged the host's own packets
 	return ensureRule("filter", "INPUT", inputRule(mark)...)
 }
 
 // UnjudgeInput removes what JudgeInput added; none is fine.
 func UnjudgeInput(mark uint32) {
 	removeRules("INPUT", inputRule(mark))
-	removeRules("INPUT", inputRule(mark)[3:])
+	removeRules("INPUT", markedInput(mark))
 }
 
 // removeRules deletes every copy of rule from the filter table's chain.
