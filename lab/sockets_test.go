@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -425,18 +426,6 @@ func TestSocketsSecurity(t *testing.T) {
 	}
 }
 
-// pyCloser accepts connections on 0.0.0.0:argv[1] and closes them at once:
-// a host service on a port a container also listens on.
-const pyCloser = `
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1])))
-s.listen(16)
-while True:
-    s.accept()[0].close()
-`
-
 // TestSocketsHostReach: the host's own processes (a kubelet's probes, a
 // host-network program) reach a local container's replaced listener, as
 // they reach any container on the overlay; and a host service listening on
@@ -447,9 +436,8 @@ func TestSocketsHostReach(t *testing.T) {
 	srvIP, _ := l.IP("h1/c1")
 	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
 	waitListener(t, l, "h1", netip.AddrPortFrom(srvIP, 7000), p.exited)
-	startPy(t, l, "h1/c1", pyEcho, []string{"SKIFF_SOCKETS=off"}, srvIP.String(), "7100")
-	startPy(t, l, "h1", pyCloser, nil, "7100")
-	time.Sleep(500 * time.Millisecond) // the plain servers have no readiness signal
+	echoServer(t, l, "h1/c1", 7100) // a container socket: never replaced
+	closingServer(t, l, "h1", 7100)
 
 	cases := []struct{ from, port, env string }{
 		{"h1", "7000", ""},                     // same host, replaced listener
@@ -468,6 +456,29 @@ func TestSocketsHostReach(t *testing.T) {
 			t.Errorf("%s %s -> %s:%s: %q, want the container's echo", c.from, c.env, srvIP, c.port, out)
 		}
 	}
+}
+
+// closingServer listens on TCP port in target and closes every connection
+// at once: a host service on a port a container also listens on.
+func closingServer(t *testing.T, l *Lab, target string, port int) {
+	t.Helper()
+	var ln net.Listener
+	if err := l.Do(target, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatalf("server in %s: %v", target, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 }
 
 // TestSocketsPolicy: a deny rule ends a live replaced connection (the

@@ -132,22 +132,35 @@ func TestFromUnderlay(t *testing.T) {
 // one, and its socket cookie.
 func listener(t *testing.T) (int, uint64) {
 	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 16); err != nil {
-		t.Fatal(err)
-	}
+	fd := listenOn(t, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 0))
 	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return fd, cookie
+}
+
+// listenOn returns a TCP socket listening on at, closed when the test ends.
+func listenOn(t *testing.T, at netip.AddrPort) int {
+	t.Helper()
+	fd := tcpSocket(t)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: at.Addr().As4(), Port: int(at.Port())}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+func tcpSocket(t *testing.T) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
 }
 
 func publish(t *testing.T, l *Layer, fd int, at netip.AddrPort) {
@@ -248,7 +261,7 @@ func TestToHostStack(t *testing.T) {
 	// A connection accepted from a replaced listener (its local address is
 	// the container's), and a host listener on every address, port 8082.
 	conn := connection(t, netip.AddrPortFrom(ipServer, 8081), ipClient)
-	wildcard(t, 8082)
+	listenOn(t, netip.AddrPortFrom(netip.IPv4Unspecified(), 8082))
 
 	bridge := overlay.BridgeMAC(testHost.UnderlayIP)
 	seg := func(src netip.AddrPort, dst netip.Addr, port uint16, flags byte) []byte {
@@ -314,22 +327,8 @@ func TestToHostStack(t *testing.T) {
 // returns the client's address and port.
 func connection(t *testing.T, server netip.AddrPort, client netip.Addr) netip.AddrPort {
 	t.Helper()
-	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(ln) })
-	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: server.Addr().As4(), Port: int(server.Port())}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(ln, 1); err != nil {
-		t.Fatal(err)
-	}
-	c, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(c) })
+	listenOn(t, server)
+	c := tcpSocket(t)
 	if err := unix.Bind(c, &unix.SockaddrInet4{Addr: client.As4()}); err != nil {
 		t.Fatal(err)
 	}
@@ -341,20 +340,4 @@ func connection(t *testing.T, server netip.AddrPort, client netip.Addr) netip.Ad
 		t.Fatal(err)
 	}
 	return netip.AddrPortFrom(client, uint16(sa.(*unix.SockaddrInet4).Port))
-}
-
-// wildcard listens on 0.0.0.0:port, as a host service would.
-func wildcard(t *testing.T, port int) {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 1); err != nil {
-		t.Fatal(err)
-	}
 }

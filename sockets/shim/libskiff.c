@@ -497,9 +497,10 @@ static int pool_take_locked(int cloexec)
 /* Puts a received socket in the pool, at >= g_hibase with FD_CLOEXEC. */
 static void pool_put_locked(int fd)
 {
+	if (g_npool == BATCH) { sys_close(fd); return; }
 	int n = move_high(fd);
 	uint64_t c = cookie_of(n);
-	if (!c || g_npool == BATCH) { sys_close(n); return; }
+	if (!c) { sys_close(n); return; }
 	g_pool[g_npool++] = (struct pooled){ .fd = n, .cookie = c };
 }
 
