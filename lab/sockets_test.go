@@ -528,8 +528,29 @@ func TestSocketsPolicy(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := api.NewClient(l.Hosts[1].Socket).DeletePolicy(ctx, "no-echo"); err != nil {
+	// A remote host's process takes the overlay path into h1's host stack:
+	// refused at once too, not left to time out.
+	anyRule := rule
+	anyRule.ID, anyRule.Src = "no-echo-any", netip.Prefix{}
+	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, anyRule); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := eventually(3*time.Second, func() error {
+		out, _ := l.Command(ctx, "h2", "python3", "-c",
+			"import socket,sys\ntry:\n socket.create_connection((sys.argv[1],7000),timeout=5); print('connected')\n"+
+				"except ConnectionRefusedError as e: print('refused',e)\nexcept OSError as e: print('other',e)", srvIP.String())
+		b, _ := out.Output()
+		if !strings.HasPrefix(string(b), "refused") {
+			return fmt.Errorf("host's new connection: %s", b)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"no-echo", "no-echo-any"} {
+		if err := api.NewClient(l.Hosts[1].Socket).DeletePolicy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fast = counter(t, l, "h2", "connect_fast")
 	if _, err := eventually(3*time.Second, func() error {
@@ -691,10 +712,11 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 
 	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; iptables -S INPUT; sysctl net.ipv4.conf.lo.accept_local")
+		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; iptables -S INPUT; iptables -S SKIFF-DENY; sysctl net.ipv4.conf.lo.accept_local")
 		out, err := cmd.CombinedOutput()
 		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") ||
-			strings.Contains(string(out), "skiff overlay to host stack") || !strings.Contains(string(out), "accept_local = 0") {
+			strings.Contains(string(out), "skiff overlay to host stack") || strings.Contains(string(out), "skiff deny to host stack") ||
+			!strings.Contains(string(out), "accept_local = 0") {
 			t.Errorf("%s still has the sockets layer (%v):\n%s", h, err, out)
 		}
 		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "sockets", "sks_listen")); err == nil {

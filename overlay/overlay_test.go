@@ -173,7 +173,7 @@ func TestPolicyRules(t *testing.T) {
 	})
 	got := strings.Join(PolicyRules(set), "\n")
 	want := `-A SKIFF-POLICY -d 10.244.2.7/32 -m comment --comment "skiff policy a" -j ACCEPT
--A SKIFF-POLICY -s 10.244.1.0/24 -p udp --dport 53 -m comment --comment "skiff policy b" -j REJECT --reject-with icmp-admin-prohibited`
+-A SKIFF-POLICY -s 10.244.1.0/24 -p udp --dport 53 -m comment --comment "skiff policy b" -j SKIFF-DENY`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
@@ -188,38 +188,50 @@ func TestVethNameFitsIFNAMSIZ(t *testing.T) {
 
 // TestJudgeInput: the INPUT rule judges marked packets except the host's own
 // (arriving on lo), replaces the earlier rule that judged those too, and is
-// idempotent; UnjudgeInput removes both forms.
+// idempotent; denied marked packets get a reset before the deny chain's
+// ICMP error; UnjudgeInput removes both forms and the reset.
 func TestJudgeInput(t *testing.T) {
 	const mark = 0x5c1ff
 	inTestNetns(t, func() {
-		input := func() string {
-			out, err := exec.Command("iptables", "-S", "INPUT").CombinedOutput()
+		chain := func(name string) string {
+			out, err := exec.Command("iptables", "-S", name).CombinedOutput()
 			if err != nil {
-				t.Errorf("iptables -S INPUT: %v: %s", err, out)
+				t.Errorf("iptables -S %s: %v: %s", name, err, out)
 			}
 			return strings.TrimSpace(string(out))
 		}
-		if err := iptables("-N", chainForward); err != nil {
-			t.Error(err)
-			return
+		for _, err := range []error{
+			iptables("-N", chainForward),
+			iptables("-N", chainDeny),
+			ensureLast("filter", chainDeny, denyRule...),
+			iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...),
+		} {
+			if err != nil {
+				t.Error(err)
+				return
+			}
 		}
-		if err := iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...); err != nil {
-			t.Error(err)
-			return
-		}
-		want := "-P INPUT ACCEPT\n-A INPUT ! -i lo -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-FORWARD"
+		wantInput := "-P INPUT ACCEPT\n-A INPUT ! -i lo -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-FORWARD"
+		deny := "-A SKIFF-DENY -m comment --comment \"skiff policy deny\" -j REJECT --reject-with icmp-admin-prohibited"
+		wantDeny := "-N SKIFF-DENY\n-A SKIFF-DENY -p tcp -m mark --mark 0x5c1ff -m comment --comment \"skiff deny to host stack\" -j REJECT --reject-with tcp-reset\n" + deny
 		for i := 0; i < 2; i++ {
 			if err := JudgeInput(mark); err != nil {
 				t.Error(err)
 			}
-			if got := input(); got != want {
-				t.Errorf("INPUT after JudgeInput #%d:\n%s\nwant\n%s", i+1, got, want)
+			if got := chain("INPUT"); got != wantInput {
+				t.Errorf("INPUT after JudgeInput #%d:\n%s\nwant\n%s", i+1, got, wantInput)
+			}
+			if got := chain(chainDeny); got != wantDeny {
+				t.Errorf("%s after JudgeInput #%d:\n%s\nwant\n%s", chainDeny, i+1, got, wantDeny)
 			}
 		}
 		iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...)
 		UnjudgeInput(mark)
-		if got := input(); got != "-P INPUT ACCEPT" {
+		if got := chain("INPUT"); got != "-P INPUT ACCEPT" {
 			t.Errorf("INPUT after UnjudgeInput:\n%s", got)
+		}
+		if got := chain(chainDeny); got != "-N SKIFF-DENY\n"+deny {
+			t.Errorf("%s after UnjudgeInput:\n%s", chainDeny, got)
 		}
 	})
 }

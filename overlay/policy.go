@@ -17,11 +17,13 @@ import (
 
 // iptables chains skiff owns. FORWARD jumps to SKIFF-FORWARD for overlay
 // traffic: established flows are accepted by conntrack, new flows are judged
-// by SKIFF-POLICY, what no rule denies is accepted. POSTROUTING masquerades
-// traffic from containers to anything outside the overlay.
+// by SKIFF-POLICY, what no rule denies is accepted, what one denies goes to
+// SKIFF-DENY, which rejects it. POSTROUTING masquerades traffic from
+// containers to anything outside the overlay.
 const (
 	chainForward = "SKIFF-FORWARD"
 	chainPolicy  = "SKIFF-POLICY"
+	chainDeny    = "SKIFF-DENY"
 	chainNAT     = "SKIFF-POSTROUTING"
 )
 
@@ -33,19 +35,32 @@ func iptables(args ...string) error {
 	return nil
 }
 
-// ensureRule appends rule to chain unless it is there.
+// ensureRule puts rule first in chain unless it is there.
 func ensureRule(table, chain string, rule ...string) error {
-	if iptables(append([]string{"-t", table, "-C", chain}, rule...)...) == nil {
+	return ensure(table, []string{"-I", chain, "1"}, rule)
+}
+
+// ensureLast appends rule to chain unless it is there.
+func ensureLast(table, chain string, rule ...string) error {
+	return ensure(table, []string{"-A", chain}, rule)
+}
+
+func ensure(table string, add, rule []string) error {
+	if iptables(append([]string{"-t", table, "-C", add[1]}, rule...)...) == nil {
 		return nil
 	}
-	return iptables(append([]string{"-t", table, "-I", chain, "1"}, rule...)...)
+	return iptables(append(append([]string{"-t", table}, add...), rule...)...)
 }
+
+// denyRule rejects what the policy denies: "no route to host" at once
+// rather than a hanging connect().
+var denyRule = []string{"-m", "comment", "--comment", "skiff policy deny", "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"}
 
 // setupChains creates skiff's chains if missing (keeping their rules, so a
 // restarting agent that cannot reach the store keeps enforcing the last
 // policy), fills the fixed ones and hooks them into the built-in chains.
 func (o *Overlay) setupChains() error {
-	for _, c := range [][2]string{{"filter", chainForward}, {"filter", chainPolicy}, {"nat", chainNAT}} {
+	for _, c := range [][2]string{{"filter", chainForward}, {"filter", chainPolicy}, {"filter", chainDeny}, {"nat", chainNAT}} {
 		if iptables("-t", c[0], "-n", "-L", c[1]) != nil {
 			if err := iptables("-t", c[0], "-N", c[1]); err != nil {
 				return err
@@ -65,6 +80,7 @@ func (o *Overlay) setupChains() error {
 		return err
 	}
 	return errors.Join(
+		ensureLast("filter", chainDeny, denyRule...),
 		ensureRule("filter", "FORWARD", "-d", cidr, "-m", "comment", "--comment", "skiff overlay", "-j", chainForward),
 		ensureRule("filter", "FORWARD", "-s", cidr, "-m", "comment", "--comment", "skiff overlay", "-j", chainForward),
 		ensureRule("nat", "POSTROUTING", "-m", "comment", "--comment", "skiff masquerade", "-j", chainNAT),
@@ -83,17 +99,27 @@ func markedInput(mark uint32) []string {
 // (its traffic to containers leaves through OUTPUT, never FORWARD).
 func inputRule(mark uint32) []string { return append([]string{"!", "-i", "lo"}, markedInput(mark)...) }
 
+// markedDeny rejects denied packets carrying mark with a TCP reset (a layer
+// marks TCP only). An ICMP error cannot answer them: they are addressed to
+// a container, and the host stack sends no ICMP from an address that is
+// not its own, so the client would wait for its connect() timeout.
+func markedDeny(mark uint32) []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-p", "tcp", "-m", "comment", "--comment",
+		"skiff deny to host stack", "-j", "REJECT", "--reject-with", "tcp-reset"}
+}
+
 // JudgeInput applies the overlay's policy to packets carrying mark that
 // reach the host's INPUT chain.
 func JudgeInput(mark uint32) error {
 	removeRules("INPUT", markedInput(mark)) // the earlier rule, which judged the host's own packets
-	return ensureRule("filter", "INPUT", inputRule(mark)...)
+	return errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
 }
 
 // UnjudgeInput removes what JudgeInput added; none is fine.
 func UnjudgeInput(mark uint32) {
 	removeRules("INPUT", inputRule(mark))
 	removeRules("INPUT", markedInput(mark))
+	removeRules(chainDeny, markedDeny(mark))
 }
 
 // removeRules deletes every copy of rule from the filter table's chain.
@@ -135,9 +161,7 @@ func PolicyRules(set policy.Set) []string {
 		if r.Action == policy.Allow {
 			b.WriteString(" -j ACCEPT")
 		} else {
-			// Reject rather than drop, so a denied connect() fails at once
-			// with "no route to host" instead of hanging until its timeout.
-			b.WriteString(" -j REJECT --reject-with icmp-admin-prohibited")
+			b.WriteString(" -j " + chainDeny)
 		}
 		out = append(out, b.String())
 	}
