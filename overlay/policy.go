@@ -37,19 +37,20 @@ func iptables(args ...string) error {
 
 // ensureRule puts rule first in chain unless it is there.
 func ensureRule(table, chain string, rule ...string) error {
-	return ensure(table, []string{"-I", chain, "1"}, rule)
+	return ensure(table, chain, rule, "-I", chain, "1")
 }
 
 // ensureLast appends rule to chain unless it is there.
 func ensureLast(table, chain string, rule ...string) error {
-	return ensure(table, []string{"-A", chain}, rule)
+	return ensure(table, chain, rule, "-A", chain)
 }
 
-func ensure(table string, add, rule []string) error {
-	if iptables(append([]string{"-t", table, "-C", add[1]}, rule...)...) == nil {
+// ensure adds rule to chain with the add command unless it is there.
+func ensure(table, chain string, rule []string, add ...string) error {
+	if iptables(append([]string{"-t", table, "-C", chain}, rule...)...) == nil {
 		return nil
 	}
-	return iptables(append(append([]string{"-t", table}, add...), rule...)...)
+	return iptables(slices.Concat([]string{"-t", table}, add, rule)...)
 }
 
 // denyRule rejects what the policy denies: "no route to host" at once
