@@ -2,6 +2,7 @@ package lab
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -466,6 +467,64 @@ func TestSocketsHostReach(t *testing.T) {
 		if len(out) != 3 || out[0] != "ok" || out[2] != srvIP.String() {
 			t.Errorf("%s %s -> %s:%s: %q, want the container's echo", c.from, c.env, srvIP, c.port, out)
 		}
+	}
+}
+
+// pyPeerServer answers each connection to argv[1]:argv[2] with the peer
+// address accept() returned, then closes it.
+const pyPeerServer = `
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(128)
+while True:
+    c, a = s.accept()
+    c.sendall(a[0].encode())
+    c.close()
+`
+
+// pyPeerClient connects to argv[1]:argv[2] and prints "ok LOCAL PEER
+// SERVER-SAW".
+const pyPeerClient = `
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+print("ok", s.getsockname()[0], s.getpeername()[0], s.recv(64).decode())
+`
+
+// TestSocketsSameHost: replaced connections between two containers of one
+// host, and from a container to its own listener over loopback, take the
+// fast path, though their SYNs pass no recorder (they go through lo, and
+// the client records them), and both ends see overlay addresses. lo
+// itself runs no program.
+func TestSocketsSameHost(t *testing.T) {
+	l := newLab(t, Config{Name: "tsksame", Hosts: 1, ContainersPerHost: 2, Mode: "sockets"})
+	srvIP, _ := l.IP("h1/c1")
+	cliIP, _ := l.IP("h1/c2")
+	srv := netip.AddrPortFrom(srvIP, 7000)
+	p := startPy(t, l, "h1/c1", pyPeerServer, nil, srvIP.String(), "7000")
+	waitListener(t, l, "h1", srv, p.exited)
+	appWaitRoute(t, l, "h1/c2", srv, 5*time.Second)
+
+	fast, assigned := counter(t, l, "h1", "connect_fast"), counter(t, l, "h1", "assigned")
+	cases := []struct{ from, dst, want string }{
+		{"h1/c2", srvIP.String(), fmt.Sprintf("ok %s %s %s", cliIP, srvIP, cliIP)},
+		{"h1/c1", "127.0.0.1", fmt.Sprintf("ok %s 127.0.0.1 %s", srvIP, srvIP)}, // its own listener
+	}
+	for _, c := range cases {
+		if got := strings.TrimSpace(runPy(t, l, c.from, pyPeerClient, nil, c.dst, "7000")); got != c.want {
+			t.Errorf("%s -> %s:7000: %q, want %q", c.from, c.dst, got, c.want)
+		}
+	}
+	if d := counter(t, l, "h1", "connect_fast") - fast; d != 2 {
+		t.Errorf("connect_fast moved by %d, want 2", d)
+	}
+	if d := counter(t, l, "h1", "assigned") - assigned; d != 2 {
+		t.Errorf("assigned moved by %d, want 2: the SYNs were not steered by their records", d)
+	}
+	cmd, _ := l.Command(context.Background(), "h1", "tc", "filter", "show", "dev", "lo", "ingress")
+	if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {
+		t.Errorf("lo has filters (%v): %s", err, out)
 	}
 }
 

@@ -28,10 +28,11 @@ const filterName = "skiff-sockets"
 func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
 
 // Setup attaches the host-wide programs — the SYN recorder on the underlay
-// device and on lo (same-host connections), the overlay steering on the
-// VXLAN device and the bridge's egress (the host's own connections to its
-// containers), sk_lookup on the host namespace — and routes marked overlay
-// packets to the host stack, through the overlay's policy.
+// device (same-host connections are recorded by their clients), the
+// overlay steering on the VXLAN device and the bridge's egress (the host's
+// own connections to its containers), sk_lookup on the host namespace —
+// and routes marked overlay packets to the host stack, through the
+// overlay's policy.
 func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
@@ -41,10 +42,13 @@ func (l *Layer) Setup() error {
 		return fmt.Errorf("lo: %w", err)
 	}
 	h := &netlink.Handle{}
-	for _, dev := range []netlink.Link{l.underlay, lo} {
-		if err := tc.Attach(h, dev, tc.Ingress, 2, filterName, l.objs.SksFromUnderlay); err != nil {
-			return err
-		}
+	if err := tc.Attach(h, l.underlay, tc.Ingress, 2, filterName, l.objs.SksFromUnderlay); err != nil {
+		return err
+	}
+	// Earlier versions recorded on lo too, which cost every loopback
+	// packet of the host a program run.
+	if err := tc.Detach(h, lo, tc.Ingress, filterName); err != nil {
+		return err
 	}
 	vx, err := netlink.LinkByName(overlay.VXLANName)
 	if err != nil {

@@ -351,10 +351,27 @@ int sks_sockops(struct bpf_sock_ops *skops)
 	if (!si)
 		return 1;
 	switch (skops->op) {
-	case BPF_SOCK_OPS_TCP_CONNECT_CB:
-		if (si->role == SKS_CLIENT)
-			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
+		if (si->role != SKS_CLIENT)
+			break;
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		// To a listener on this host (the destination is the host's own
+		// address, so the source is too) the SYN goes through lo, where
+		// no recorder runs: the client records it, as the server host's
+		// recorder would from the option.
+		if (skops->local_ip4 != skops->remote_ip4)
+			break;
+		struct sks_tuple t = {
+			.saddr = skops->local_ip4,
+			.daddr = skops->remote_ip4,
+			.sport = bpf_htons((__u16)skops->local_port),
+			.dport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
+		};
+		struct sks_pending p = {.dst_ip = si->steer_ip, .src_ip = si->local_ip, .dst_port = si->peer_port};
+		if (bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY) == 0)
+			count(SKS_SYN_RECORDED);
 		break;
+	}
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
 		struct sks_opt opt = {
 			.kind = SKS_OPT_KIND,
