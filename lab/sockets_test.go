@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -522,10 +524,35 @@ func TestSocketsSameHost(t *testing.T) {
 	if d := counter(t, l, "h1", "assigned") - assigned; d != 2 {
 		t.Errorf("assigned moved by %d, want 2: the SYNs were not steered by their records", d)
 	}
-	cmd, _ := l.Command(context.Background(), "h1", "tc", "filter", "show", "dev", "lo", "ingress")
+	cmd, _ := l.Command(context.Background(), "h1", "sh", "-c", "tc filter show dev lo ingress; tc filter show dev eth0 ingress")
 	if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {
-		t.Errorf("lo has filters (%v): %s", err, out)
+		t.Errorf("lo or eth0 has tc filters (%v): %s", err, out)
 	}
+	if n := tcxIngress(t, l, "h1"); n != 1 {
+		t.Errorf("%d programs on eth0's TCX ingress, want the recorder", n)
+	}
+}
+
+// tcxIngress counts the programs on the TCX ingress of host's eth0 (the
+// underlay).
+func tcxIngress(t *testing.T, l *Lab, host string) int {
+	t.Helper()
+	var n int
+	if err := l.Do(host, func() error {
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifc.Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		n = len(res.Programs)
+		return nil
+	}); err != nil {
+		t.Fatalf("TCX ingress of %s: %v", host, err)
+	}
+	return n
 }
 
 // closingServer listens on TCP port in target and closes every connection
@@ -781,6 +808,9 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "sockets", "sks_listen")); err == nil {
 			t.Errorf("%s still has pinned sockets maps", h)
+		}
+		if n := tcxIngress(t, l, h); n != 0 {
+			t.Errorf("%s still has %d programs on eth0's TCX ingress", h, n)
 		}
 	}
 	for _, pid := range brokers {

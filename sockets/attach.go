@@ -23,16 +23,17 @@ import (
 // filterName tags the layer's tc filters.
 const filterName = "skiff-sockets"
 
-// linkDir holds the pinned links: the host's sk_lookup link and each
-// container's cgroup links, so programs stay attached without the agent.
+// linkDir holds the pinned links: the host's sk_lookup and recorder links
+// and each container's cgroup links, so programs stay attached without the
+// agent.
 func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
 
-// Setup attaches the host-wide programs — the SYN recorder on the underlay
-// device (same-host connections are recorded by their clients), the
-// overlay steering on the VXLAN device and the bridge's egress (the host's
-// own connections to its containers), sk_lookup on the host namespace —
-// and routes marked overlay packets to the host stack, through the
-// overlay's policy.
+// Setup attaches the host-wide programs — the SYN recorder on the
+// underlay's TCX ingress (same-host connections are recorded by their
+// clients), the overlay steering on the VXLAN device and the bridge's
+// egress (the host's own connections to its containers), sk_lookup on the
+// host namespace — and routes marked overlay packets to the host stack,
+// through the overlay's policy.
 func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
@@ -41,14 +42,15 @@ func (l *Layer) Setup() error {
 	if err != nil {
 		return fmt.Errorf("lo: %w", err)
 	}
-	h := &netlink.Handle{}
-	if err := tc.Attach(h, l.underlay, tc.Ingress, 2, filterName, l.objs.SksFromUnderlay); err != nil {
+	if err := l.attachRecorder(); err != nil {
 		return err
 	}
-	// Earlier versions recorded on lo too, which cost every loopback
-	// packet of the host a program run.
-	if err := tc.Detach(h, lo, tc.Ingress, filterName); err != nil {
-		return err
+	// Earlier versions recorded through clsact filters, on lo too.
+	h := &netlink.Handle{}
+	for _, dev := range []netlink.Link{l.underlay, lo} {
+		if err := tc.Detach(h, dev, tc.Ingress, filterName); err != nil {
+			return err
+		}
 	}
 	vx, err := netlink.LinkByName(overlay.VXLANName)
 	if err != nil {
@@ -82,6 +84,24 @@ func (l *Layer) Setup() error {
 	defer ns.Close()
 	return l.pinnedLink("lookup", l.objs.SksLookup, func() (link.Link, error) {
 		return link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
+	})
+}
+
+// attachRecorder attaches the SYN recorder to the underlay's TCX ingress:
+// it sees every packet the host receives, and TCX runs it for less than a
+// clsact filter (measured: docs/BENCHMARKS.md). The link is pinned per
+// device; a link to an earlier underlay goes.
+func (l *Layer) attachRecorder() error {
+	name := "underlay-" + strconv.Itoa(l.underlay.Attrs().Index)
+	old, _ := filepath.Glob(filepath.Join(l.linkDir(), "underlay-*"))
+	for _, p := range old {
+		if filepath.Base(p) != name {
+			os.Remove(p)
+		}
+	}
+	return l.pinnedLink(name, l.objs.SksFromUnderlay, func() (link.Link, error) {
+		return link.AttachTCX(link.TCXOptions{Interface: l.underlay.Attrs().Index, Program: l.objs.SksFromUnderlay,
+			Attach: ebpf.AttachTCXIngress})
 	})
 }
 

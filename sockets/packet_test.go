@@ -79,6 +79,7 @@ func TestFromUnderlay(t *testing.T) {
 	withPeer(t, l)
 	server := netip.AddrPortFrom(ipServer, 8080)
 	good := append(append([]byte{}, linuxSYNOptions...), synOption(server, ipClient)...)
+	const next = ^uint32(0) // TC_ACT_UNSPEC: the next program on the device decides
 	cases := []struct {
 		name    string
 		pkt     []byte
@@ -86,21 +87,21 @@ func TestFromUnderlay(t *testing.T) {
 		record  bool
 		reason  string
 	}{
-		{"option SYN from the client's host", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good), 0, true, "syn_recorded"},
-		{"option alone", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, synOption(server, ipClient)), 0, true, "syn_recorded"},
+		{"option SYN from the client's host", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good), next, true, "syn_recorded"},
+		{"option alone", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, synOption(server, ipClient)), next, true, "syn_recorded"},
 		{"claims a container of another host", syn(ulOther, testHost.UnderlayIP, tctest.SYN, good), 2, false, "syn_spoofed"},
 		{"claims an unknown container", syn(ulPeer, testHost.UnderlayIP, tctest.SYN,
 			synOption(server, netip.MustParseAddr("10.244.9.9"))), 2, false, "syn_spoofed"},
 		{"destination not on this host", syn(ulPeer, testHost.UnderlayIP, tctest.SYN,
 			synOption(netip.AddrPortFrom(ipClient, 80), ipClient)), 2, false, "syn_malformed"},
-		{"plain SYN", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, linuxSYNOptions), 0, false, ""},
-		{"SYN-ACK with the option", syn(ulPeer, testHost.UnderlayIP, tctest.SYN|tctest.ACK, good), 0, false, ""},
+		{"plain SYN", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, linuxSYNOptions), next, false, ""},
+		{"SYN-ACK with the option", syn(ulPeer, testHost.UnderlayIP, tctest.SYN|tctest.ACK, good), next, false, ""},
 		{"option not at the end", syn(ulPeer, testHost.UnderlayIP, tctest.SYN,
-			append(synOption(server, ipClient), linuxSYNOptions...)), 0, false, ""},
-		{"bad magic", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, append([]byte{253, 14, 0x53, 0x53}, synOption(server, ipClient)[4:]...)), 0, false, ""},
-		{"truncated TCP header", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good)[:14+20+30], 0, false, ""},
-		{"IPv6", tctest.Eth(macB, macA, 0x86dd, make([]byte, 80)), 0, false, ""},
-		{"ARP", tctest.Eth(macB, macA, 0x0806, make([]byte, 28)), 0, false, ""},
+			append(synOption(server, ipClient), linuxSYNOptions...)), next, false, ""},
+		{"bad magic", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, append([]byte{253, 14, 0x53, 0x53}, synOption(server, ipClient)[4:]...)), next, false, ""},
+		{"truncated TCP header", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good)[:14+20+30], next, false, ""},
+		{"IPv6", tctest.Eth(macB, macA, 0x86dd, make([]byte, 80)), next, false, ""},
+		{"ARP", tctest.Eth(macB, macA, 0x0806, make([]byte, 28)), next, false, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -446,24 +446,29 @@ int sks_sockops(struct bpf_sock_ops *skops)
 // else is treated as a plain SYN (it reaches no replaced listener).
 #define SKS_OPT_FROM_END 16
 
+// The recorder is on the underlay's TCX hook, where it must leave every
+// packet to the programs after it (TC_ACT_UNSPEC): another program's
+// verdict, or none, decides.
+#define TCX_NEXT -1
+
 SEC("tc")
 int sks_from_underlay(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5)
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	struct tcphdr *th = (void *)ip + ip->ihl * 4;
 	if ((void *)(th + 1) > data_end || !th->syn || th->ack || th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END)
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	struct sks_opt o;
 	__u32 off = sizeof(*eth) + ip->ihl * 4 + th->doff * 4 - SKS_OPT_FROM_END;
 	if (bpf_skb_load_bytes(skb, off, &o, sizeof(o)) != 0 || o.kind != SKS_OPT_KIND ||
 	    o.len != SKS_OPT_LEN || o.magic != bpf_htons(SKS_OPT_MAGIC))
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	__be32 src = o.src_ip, dst = o.dst_ip;
 	__be16 port = o.dst_port;
 	// The option is not authenticated: it may only claim a container of the
@@ -482,7 +487,7 @@ int sks_from_underlay(struct __sk_buff *skb)
 	struct sks_pending p = {.dst_ip = dst, .src_ip = src, .dst_port = port};
 	bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY);
 	count(SKS_SYN_RECORDED);
-	return TC_ACT_OK;
+	return TCX_NEXT;
 }
 
 SEC("sk_lookup")
