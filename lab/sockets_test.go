@@ -501,12 +501,8 @@ print("ok", s.getsockname()[0], s.getpeername()[0], s.recv(64).decode())
 // itself runs no program.
 func TestSocketsSameHost(t *testing.T) {
 	l := newLab(t, Config{Name: "tsksame", Hosts: 1, ContainersPerHost: 2, Mode: "sockets"})
-	srvIP, _ := l.IP("h1/c1")
+	srvIP := replacedServer(t, l, pyPeerServer, "h1/c2").Addr()
 	cliIP, _ := l.IP("h1/c2")
-	srv := netip.AddrPortFrom(srvIP, 7000)
-	p := startPy(t, l, "h1/c1", pyPeerServer, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p.exited)
-	appWaitRoute(t, l, "h1/c2", srv, 5*time.Second)
 
 	fast, assigned := counter(t, l, "h1", "connect_fast"), counter(t, l, "h1", "assigned")
 	cases := []struct{ from, dst, want string }{
@@ -584,12 +580,8 @@ func closingServer(t *testing.T, l *Lab, target string, port int) {
 func TestSocketsPolicy(t *testing.T) {
 	l := newLab(t, Config{Name: "tskpol", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	ctx := context.Background()
-	srvIP, _ := l.IP("h1/c1")
+	srvIP := replacedServer(t, l, pyEcho, "h2/c1").Addr()
 	cliIP, _ := l.IP("h2/c1")
-	srv := netip.AddrPortFrom(srvIP, 7000)
-	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p.exited)
-	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
 
 	fast := counter(t, l, "h2", "connect_fast")
 	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
@@ -654,16 +646,24 @@ func TestSocketsPolicy(t *testing.T) {
 	}
 }
 
+// replacedServer starts prog as a replaced server on h1/c1's address,
+// port 7000, and waits until client has the route to it.
+func replacedServer(t *testing.T, l *Lab, prog, client string) netip.AddrPort {
+	t.Helper()
+	ip, _ := l.IP("h1/c1")
+	srv := netip.AddrPortFrom(ip, 7000)
+	p := startPy(t, l, "h1/c1", prog, nil, ip.String(), "7000")
+	waitListener(t, l, "h1", srv, p.exited)
+	appWaitRoute(t, l, client, srv, 5*time.Second)
+	return srv
+}
+
 // heldConnection starts a replaced echo server in h1/c1, and in h2/c1 a
 // client that keeps a fast-path connection to it busy.
 func heldConnection(t *testing.T, l *Lab) (netip.AddrPort, *proc) {
 	t.Helper()
-	srvIP, _ := l.IP("h1/c1")
-	srv := netip.AddrPortFrom(srvIP, 7000)
-	p := startPy(t, l, "h1/c1", pyEcho, nil, srvIP.String(), "7000")
-	waitListener(t, l, "h1", srv, p.exited)
-	appWaitRoute(t, l, "h2/c1", srv, 5*time.Second)
-	hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
+	srv := replacedServer(t, l, pyEcho, "h2/c1")
+	hold := startPy(t, l, "h2/c1", pyHold, nil, srv.Addr().String(), "7000")
 	hold.line(t, 10*time.Second)
 	return srv, hold
 }
