@@ -497,14 +497,14 @@ print("ok", s.getsockname()[0], s.getpeername()[0], s.recv(64).decode())
 // TestSocketsSameHost: replaced connections between two containers of one
 // host, and from a container to its own listener over loopback, take the
 // fast path, though their SYNs pass no recorder (they go through lo, and
-// the client records them), and both ends see overlay addresses. lo
-// itself runs no program.
+// the client records them instead of writing the option), and both ends
+// see overlay addresses. lo itself runs no program.
 func TestSocketsSameHost(t *testing.T) {
 	l := newLab(t, Config{Name: "tsksame", Hosts: 1, ContainersPerHost: 2, Mode: "sockets"})
 	srvIP := replacedServer(t, l, pyPeerServer, "h1/c2").Addr()
 	cliIP, _ := l.IP("h1/c2")
 
-	fast, assigned := counter(t, l, "h1", "connect_fast"), counter(t, l, "h1", "assigned")
+	fast, assigned, opts := counter(t, l, "h1", "connect_fast"), counter(t, l, "h1", "assigned"), counter(t, l, "h1", "opt_written")
 	cases := []struct{ from, dst, want string }{
 		{"h1/c2", srvIP.String(), fmt.Sprintf("ok %s %s %s", cliIP, srvIP, cliIP)},
 		{"h1/c1", "127.0.0.1", fmt.Sprintf("ok %s 127.0.0.1 %s", srvIP, srvIP)}, // its own listener
@@ -519,6 +519,9 @@ func TestSocketsSameHost(t *testing.T) {
 	}
 	if d := counter(t, l, "h1", "assigned") - assigned; d != 2 {
 		t.Errorf("assigned moved by %d, want 2: the SYNs were not steered by their records", d)
+	}
+	if d := counter(t, l, "h1", "opt_written") - opts; d != 0 {
+		t.Errorf("%d same-host SYNs carried the option, which nothing reads", d)
 	}
 	cmd, _ := l.Command(context.Background(), "h1", "sh", "-c", "tc filter show dev lo ingress; tc filter show dev eth0 ingress")
 	if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {

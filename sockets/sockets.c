@@ -354,13 +354,15 @@ int sks_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
 		if (si->role != SKS_CLIENT)
 			break;
-		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		// To a listener on this host (the destination is the host's own
 		// address, so the source is too) the SYN goes through lo, where
 		// no recorder runs: the client records it, as the server host's
-		// recorder would from the option.
-		if (skops->local_ip4 != skops->remote_ip4)
+		// recorder would from the option, which the SYN then need not
+		// carry.
+		if (skops->local_ip4 != skops->remote_ip4) {
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 			break;
+		}
 		struct sks_tuple t = {
 			.saddr = skops->local_ip4,
 			.daddr = skops->remote_ip4,
@@ -573,13 +575,17 @@ static __always_inline struct ethhdr *for_host_stack(struct __sk_buff *skb)
 // sk_lookup (above) finds the listener and the established lookup the
 // connection. So a container on the overlay — a fallback socket, no shim,
 // another mode — reaches a replaced listener as it would a plain one.
+static __always_inline void to_host_stack(struct __sk_buff *skb)
+{
+	skb->mark = cfg_mark;
+	count(SKS_OVERLAY_STEERED);
+}
+
 SEC("tc")
 int sks_from_overlay(struct __sk_buff *skb)
 {
-	if (!for_host_stack(skb))
-		return TC_ACT_OK;
-	skb->mark = cfg_mark;
-	count(SKS_OVERLAY_STEERED);
+	if (for_host_stack(skb))
+		to_host_stack(skb);
 	return TC_ACT_OK;
 }
 
@@ -589,13 +595,12 @@ int sks_from_container(struct __sk_buff *skb)
 	struct ethhdr *eth = for_host_stack(skb);
 	if (!eth)
 		return TC_ACT_OK;
-	skb->mark = cfg_mark;
+	to_host_stack(skb);
 	// Bridged frames reach the host stack only when addressed to the
 	// bridge itself. Byte by byte: a memcpy would drop the volatile and
 	// let the compiler fold the (zero) build-time value.
 	for (int i = 0; i < ETH_ALEN; i++)
 		eth->h_dest[i] = cfg_bridge_mac[i];
-	count(SKS_OVERLAY_STEERED);
 	return TC_ACT_OK;
 }
 
@@ -613,11 +618,10 @@ int sks_from_host(struct __sk_buff *skb)
 	struct ethhdr *eth = for_host_stack(skb);
 	if (!eth)
 		return TC_ACT_OK;
-	skb->mark = cfg_mark;
+	to_host_stack(skb);
 	// lo's address is all zeros: any other destination is another host's.
 	for (int i = 0; i < ETH_ALEN; i++)
 		eth->h_dest[i] = 0;
-	count(SKS_OVERLAY_STEERED);
 	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
 }
 
