@@ -128,7 +128,8 @@ func TestCnitool(t *testing.T) {
 	ctx := context.Background()
 	const name = "tcnitool"
 	lab.Down(ctx, name)
-	l, err := lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 1, BinDir: labtest.BinDir(t, "skiff-cni")})
+	bin := labtest.BinDir(t, "skiffd", "skiff-cni")
+	l, err := lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 1, BinDir: bin})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +151,7 @@ func TestCnitool(t *testing.T) {
 			nsPath := lab.NetnsPath(ns)
 			run := func(args ...string) string {
 				cmd := exec.Command(tool, args...)
-				cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+labtest.BinDir(t, "skiff-cni"), "CNI_IFNAME=eth0")
+				cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+bin, "CNI_IFNAME=eth0")
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					t.Fatalf("cnitool %v: %v\n%s", args, err, out)
