@@ -186,52 +186,60 @@ func TestVethNameFitsIFNAMSIZ(t *testing.T) {
 	}
 }
 
-// TestJudgeInput: the INPUT rule judges marked packets except the host's own
-// (arriving on lo), replaces the earlier rule that judged those too, and is
-// idempotent; denied marked packets get a reset before the deny chain's
-// ICMP error; UnjudgeInput removes both forms and the reset.
+// TestJudgeInput: marked packets go to SKIFF-INPUT, which judges them
+// except the host's own (arriving on lo); the rule replaces both earlier
+// forms and is idempotent; denied marked packets get a reset before the deny
+// chain's ICMP error; UnjudgeInput removes every form, the chain and the
+// reset.
 func TestJudgeInput(t *testing.T) {
 	const mark = 0x5c1ff
 	inTestNetns(t, func() {
 		chain := func(name string) string {
-			out, err := exec.Command("iptables", "-S", name).CombinedOutput()
-			if err != nil {
-				t.Errorf("iptables -S %s: %v: %s", name, err, out)
-			}
+			out, _ := exec.Command("iptables", "-S", name).CombinedOutput()
 			return strings.TrimSpace(string(out))
+		}
+		addEarlier := func() {
+			for _, r := range earlierInputRules(mark) {
+				if err := iptables(append([]string{"-A", "INPUT"}, r...)...); err != nil {
+					t.Error(err)
+				}
+			}
 		}
 		for _, err := range []error{
 			iptables("-N", chainForward),
 			iptables("-N", chainDeny),
 			ensureLast("filter", chainDeny, denyRule...),
-			iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...),
 		} {
 			if err != nil {
 				t.Error(err)
 				return
 			}
 		}
-		wantInput := "-P INPUT ACCEPT\n-A INPUT ! -i lo -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-FORWARD"
+		addEarlier()
+		wantInput := "-P INPUT ACCEPT\n-A INPUT -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-INPUT"
+		wantChain := "-N SKIFF-INPUT\n-A SKIFF-INPUT -i lo -j RETURN\n-A SKIFF-INPUT -j SKIFF-FORWARD"
 		deny := "-A SKIFF-DENY -m comment --comment \"skiff policy deny\" -j REJECT --reject-with icmp-admin-prohibited"
 		wantDeny := "-N SKIFF-DENY\n-A SKIFF-DENY -p tcp -m mark --mark 0x5c1ff -m comment --comment \"skiff deny to host stack\" -j REJECT --reject-with tcp-reset\n" + deny
 		for i := 0; i < 2; i++ {
 			if err := JudgeInput(mark); err != nil {
 				t.Error(err)
 			}
-			if got := chain("INPUT"); got != wantInput {
-				t.Errorf("INPUT after JudgeInput #%d:\n%s\nwant\n%s", i+1, got, wantInput)
-			}
-			if got := chain(chainDeny); got != wantDeny {
-				t.Errorf("%s after JudgeInput #%d:\n%s\nwant\n%s", chainDeny, i+1, got, wantDeny)
+			for name, want := range map[string]string{"INPUT": wantInput, chainInput: wantChain, chainDeny: wantDeny} {
+				if got := chain(name); got != want {
+					t.Errorf("%s after JudgeInput #%d:\n%s\nwant\n%s", name, i+1, got, want)
+				}
 			}
 		}
-		iptables(append([]string{"-A", "INPUT"}, markedInput(mark)...)...)
+		addEarlier()
 		UnjudgeInput(mark)
 		if got := chain("INPUT"); got != "-P INPUT ACCEPT" {
 			t.Errorf("INPUT after UnjudgeInput:\n%s", got)
 		}
 		if got := chain(chainDeny); got != "-N SKIFF-DENY\n"+deny {
 			t.Errorf("%s after UnjudgeInput:\n%s", chainDeny, got)
+		}
+		if iptables("-S", chainInput) == nil {
+			t.Errorf("%s remains after UnjudgeInput", chainInput)
 		}
 	})
 }

@@ -88,17 +88,25 @@ func (o *Overlay) setupChains() error {
 	)
 }
 
-// markedInput judges overlay packets that a data-plane layer delivers to
-// the host stack (marked with mark) by the overlay's policy, as if
-// forwarded.
-func markedInput(mark uint32) []string {
-	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
+// chainInput judges, like forwarded ones, the overlay packets a data-plane
+// layer delivers to the host stack, but not the host's own packets to
+// containers that a layer turns back into lo: those leave the host through
+// OUTPUT in the overlay, where the policy does not judge them either.
+const chainInput = "SKIFF-INPUT"
+
+// inputRule sends packets carrying mark to chainInput. The mark is its only
+// match, so the host's own traffic, which INPUT sees all of, pays one
+// comparison (an interface match here would copy each packet's interface
+// name).
+func inputRule(mark uint32) []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainInput}
 }
 
-// inputRule is markedInput for all but packets arriving on lo: those come
-// from the host itself, which the overlay's policy does not judge either
-// (its traffic to containers leaves through OUTPUT, never FORWARD).
-func inputRule(mark uint32) []string { return append([]string{"!", "-i", "lo"}, markedInput(mark)...) }
+// earlierInputRules are what versions before chainInput put in INPUT.
+func earlierInputRules(mark uint32) [][]string {
+	forward := []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
+	return [][]string{forward, append([]string{"!", "-i", "lo"}, forward...)}
+}
 
 // markedDeny rejects denied packets carrying mark with a TCP reset (a layer
 // marks TCP only). An ICMP error cannot answer them: they are addressed to
@@ -112,15 +120,26 @@ func markedDeny(mark uint32) []string {
 // JudgeInput applies the overlay's policy to packets carrying mark that
 // reach the host's INPUT chain.
 func JudgeInput(mark uint32) error {
-	removeRules("INPUT", markedInput(mark)) // the earlier rule, which judged the host's own packets
+	for _, r := range earlierInputRules(mark) {
+		removeRules("INPUT", r)
+	}
+	err := restore(fmt.Sprintf("*filter\n:%[1]s - [0:0]\n-A %[1]s -i lo -j RETURN\n-A %[1]s -j %[2]s\nCOMMIT\n", chainInput, chainForward))
+	if err != nil {
+		return err
+	}
 	return errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
 }
 
-// UnjudgeInput removes what JudgeInput added; none is fine.
+// UnjudgeInput removes what JudgeInput added (and what earlier versions
+// did); none is fine.
 func UnjudgeInput(mark uint32) {
-	removeRules("INPUT", inputRule(mark))
-	removeRules("INPUT", markedInput(mark))
+	for _, r := range append(earlierInputRules(mark), inputRule(mark)) {
+		removeRules("INPUT", r)
+	}
 	removeRules(chainDeny, markedDeny(mark))
+	if iptables("-t", "filter", "-F", chainInput) == nil {
+		iptables("-t", "filter", "-X", chainInput)
+	}
 }
 
 // removeRules deletes every copy of rule from the filter table's chain.
