@@ -47,6 +47,8 @@ type Mode struct {
 	Wrap func(cmd *exec.Cmd)
 	// Description is a one-line explanation for help texts.
 	Description string
+	// Explicit modes run only when asked for by name, never by default.
+	Explicit bool
 }
 
 // ContainerPlacement is the placement of every container-to-container mode.
@@ -55,15 +57,28 @@ var ContainerPlacement = Placement{
 	SameHost:  Endpoints{Server: "h1/c1", Client: "h1/c2"},
 }
 
+// HostPlacement runs server and client in the lab's host namespaces.
+var HostPlacement = Placement{
+	CrossHost: Endpoints{Server: "h1", Client: "h2"},
+	SameHost:  Endpoints{Server: "h1", Client: "h1"},
+}
+
 // Modes is the registry of benchmark modes by name.
 var Modes = map[string]Mode{
 	HostMode: {
-		Name: HostMode,
-		Placement: Placement{
-			CrossHost: Endpoints{Server: "h1", Client: "h2"},
-			SameHost:  Endpoints{Server: "h1", Client: "h1"},
-		},
+		Name:        HostMode,
+		Placement:   HostPlacement,
 		Description: "lab host namespaces over underlay addresses (the ceiling)",
+	},
+	// What the sockets layer costs the host's own connections, in the same
+	// run as host on hosts without it (host runs in another lab then, see
+	// cli's labModesFor).
+	"host-sockets": {
+		Name:        "host-sockets",
+		LabMode:     "sockets",
+		Placement:   HostPlacement,
+		Description: "lab host namespaces of a sockets lab (what the layer costs the host's own connections)",
+		Explicit:    true,
 	},
 	"overlay": {
 		Name:        "overlay",
@@ -155,12 +170,13 @@ func ModeNames() []string {
 }
 
 // resolveModes checks the requested modes against the registry and the lab.
-// With none requested it picks host plus every mode made for the lab's mode.
+// With none requested it picks host plus every mode made for the lab's mode
+// but the explicit ones.
 // The result is deduplicated, host first, otherwise in the order asked.
 func resolveModes(requested []string, labMode string) ([]Mode, error) {
 	if len(requested) == 0 {
 		for _, name := range ModeNames() {
-			if m := Modes[name]; name == HostMode || m.LabMode != "" && m.Fits(labMode) {
+			if m := Modes[name]; name == HostMode || m.LabMode != "" && !m.Explicit && m.Fits(labMode) {
 				requested = append(requested, name)
 			}
 		}

@@ -87,7 +87,9 @@ func TestResolveModes(t *testing.T) {
 		{"default on two labs", nil, "overlay+cache", []string{"host", "cache", "overlay"}, ""},
 		{"host moved first, dedup", []string{"overlay", "host", "overlay"}, "overlay", []string{"host", "overlay"}, ""},
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, cache, overlay, sockets)`},
+		{"default on a sockets lab: no host-sockets", nil, "sockets", []string{"host", "sockets"}, ""},
+		{"host-sockets asked for", []string{"host", "sockets", "host-sockets"}, "overlay+sockets", []string{"host", "sockets", "host-sockets"}, ""},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, cache, host-sockets, overlay, sockets)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {
@@ -116,6 +118,7 @@ func TestModePlacement(t *testing.T) {
 		{"host", true, Endpoints{"h1", "h1"}},
 		{"overlay", false, Endpoints{"h1/c1", "h2/c1"}},
 		{"overlay", true, Endpoints{"h1/c1", "h1/c2"}},
+		{"host-sockets", false, Endpoints{"h1", "h2"}},
 	}
 	for _, tt := range tests {
 		if got := Modes[tt.mode].Endpoints(tt.sameHost); got != tt.want {

@@ -80,9 +80,13 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	return errors.Join(runErr, err)
 }
 
-// labModesFor returns the lab data-plane modes the benchmark modes need.
+// labModesFor returns the lab data-plane modes the benchmark modes need, in
+// order; host runs in the first. A mode on the hosts of its own lab
+// (host-sockets) is there to be compared with host on a lab without its
+// layer, so an overlay lab comes first then.
 func labModesFor(modes []string) ([]string, error) {
 	var out []string
+	onHosts := ""
 	for _, name := range modes {
 		m, ok := bench.Modes[name]
 		if !ok {
@@ -91,9 +95,12 @@ func labModesFor(modes []string) ([]string, error) {
 		if m.LabMode != "" && !slices.Contains(out, m.LabMode) {
 			out = append(out, m.LabMode)
 		}
+		if m.LabMode != "" && m.Placement == bench.HostPlacement {
+			onHosts = m.LabMode
+		}
 	}
-	if len(out) == 0 {
-		out = []string{"overlay"}
+	if len(out) == 0 || out[0] == onHosts {
+		out = slices.Insert(slices.DeleteFunc(out, func(m string) bool { return m == "overlay" }), 0, "overlay")
 	}
 	return out, nil
 }

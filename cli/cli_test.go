@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -47,5 +48,29 @@ func TestCommands(t *testing.T) {
 			t.Errorf("skiff %v: code %d, stdout %q, stderr %q; want code %d, stdout ~%q, stderr ~%q",
 				tc.args, code, out, errOut, tc.code, tc.wantOut, tc.wantStderr)
 		}
+	}
+}
+
+// TestLabModesFor: labs in the order of the modes, host in the first; a
+// mode on a lab's hosts (host-sockets) never shares the first lab with host.
+func TestLabModesFor(t *testing.T) {
+	tests := []struct {
+		modes []string
+		want  []string
+	}{
+		{[]string{"host"}, []string{"overlay"}},
+		{[]string{"host", "sockets"}, []string{"sockets"}},
+		{[]string{"host", "cache", "overlay"}, []string{"cache", "overlay"}},
+		{[]string{"host", "host-sockets", "sockets"}, []string{"overlay", "sockets"}},
+		{[]string{"host", "sockets", "overlay", "host-sockets"}, []string{"overlay", "sockets"}},
+		{[]string{"host", "cache", "host-sockets"}, []string{"cache", "sockets"}},
+	}
+	for _, tt := range tests {
+		if got, err := labModesFor(tt.modes); err != nil || !slices.Equal(got, tt.want) {
+			t.Errorf("labModesFor(%v) = %v, %v; want %v", tt.modes, got, err, tt.want)
+		}
+	}
+	if _, err := labModesFor([]string{"host", "warp"}); err == nil || !strings.Contains(err.Error(), `unknown mode "warp"`) {
+		t.Errorf("unknown mode: err = %v", err)
 	}
 }
