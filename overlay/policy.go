@@ -98,14 +98,16 @@ const chainInput = "SKIFF-INPUT"
 // match, so the host's own traffic, which INPUT sees all of, pays one
 // comparison (an interface match here would copy each packet's interface
 // name).
-func inputRule(mark uint32) []string {
-	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainInput}
-}
+func inputRule(mark uint32) []string { return markedTo(mark, chainInput) }
 
 // earlierInputRules are what versions before chainInput put in INPUT.
 func earlierInputRules(mark uint32) [][]string {
-	forward := []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chainForward}
+	forward := markedTo(mark, chainForward)
 	return [][]string{forward, append([]string{"!", "-i", "lo"}, forward...)}
+}
+
+func markedTo(mark uint32, chain string) []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chain}
 }
 
 // markedDeny rejects denied packets carrying mark with a TCP reset (a layer
@@ -118,16 +120,20 @@ func markedDeny(mark uint32) []string {
 }
 
 // JudgeInput applies the overlay's policy to packets carrying mark that
-// reach the host's INPUT chain.
+// reach the host's INPUT chain. An earlier version's rule goes only once the
+// new one is in place, so no marked packet passes unjudged meanwhile.
 func JudgeInput(mark uint32) error {
-	for _, r := range earlierInputRules(mark) {
-		removeRules("INPUT", r)
-	}
 	err := restore(fmt.Sprintf("*filter\n:%[1]s - [0:0]\n-A %[1]s -i lo -j RETURN\n-A %[1]s -j %[2]s\nCOMMIT\n", chainInput, chainForward))
+	if err == nil {
+		err = errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
+	}
 	if err != nil {
 		return err
 	}
-	return errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
+	for _, r := range earlierInputRules(mark) {
+		removeRules("INPUT", r)
+	}
+	return nil
 }
 
 // UnjudgeInput removes what JudgeInput added (and what earlier versions
