@@ -107,7 +107,11 @@ func earlierInputRules(mark uint32) [][]string {
 }
 
 func markedTo(mark uint32, chain string) []string {
-	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chain}
+	return append(markMatch(mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chain)
+}
+
+func markMatch(mark uint32) []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark)}
 }
 
 // markedDeny rejects denied packets carrying mark with a TCP reset (a layer
@@ -115,8 +119,8 @@ func markedTo(mark uint32, chain string) []string {
 // a container, and the host stack sends no ICMP from an address that is
 // not its own, so the client would wait for its connect() timeout.
 func markedDeny(mark uint32) []string {
-	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", mark), "-p", "tcp", "-m", "comment", "--comment",
-		"skiff deny to host stack", "-j", "REJECT", "--reject-with", "tcp-reset"}
+	return append(markMatch(mark), "-p", "tcp", "-m", "comment", "--comment", "skiff deny to host stack",
+		"-j", "REJECT", "--reject-with", "tcp-reset")
 }
 
 // JudgeInput applies the overlay's policy to packets carrying mark that
