@@ -453,6 +453,21 @@ func TestSocketsHostReach(t *testing.T) {
 	echoServer(t, l, "h1/c1", 7100) // a container socket: never replaced
 	closingServer(t, l, "h1", 7100)
 
+	// A local route with the layer's TOS takes steered packets to the
+	// host stack; no routing rule (its cost is every route lookup's).
+	for _, h := range []string{"h1", "h2"} {
+		cmd, _ := l.Command(context.Background(), h, "sh", "-c", "ip rule; ip route show table local")
+		out, err := cmd.CombinedOutput()
+		rules := 0
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, " lookup ") {
+				rules++
+			}
+		}
+		if err != nil || rules != 3 || !strings.Contains(string(out), "local 10.244.") || !strings.Contains(string(out), "tos 0x1c") {
+			t.Errorf("%s: want the three default rules and a local route with TOS 0x1c (%v):\n%s", h, err, out)
+		}
+	}
 	cases := []struct{ from, port, env string }{
 		{"h1", "7000", ""},                     // same host, replaced listener
 		{"h2", "7000", ""},                     // another host, replaced listener
@@ -791,7 +806,7 @@ func TestSocketsFaults(t *testing.T) {
 }
 
 // TestSocketsModeSwitchBack: an agent restarted in overlay mode removes the
-// layer (programs, route rule, brokers, pins); a connection already on host
+// layer (programs, local route, brokers, pins); a connection already on host
 // sockets runs on until it closes, and the overlay carries new traffic.
 func TestSocketsModeSwitchBack(t *testing.T) {
 	l := newLab(t, Config{Name: "tskback", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
@@ -802,9 +817,10 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 
 	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; iptables -S INPUT; iptables -S SKIFF-DENY; iptables -S SKIFF-INPUT 2>&1; sysctl net.ipv4.conf.lo.accept_local")
+		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; ip route show table local; iptables -S INPUT; iptables -S SKIFF-DENY; iptables -S SKIFF-INPUT 2>&1; sysctl net.ipv4.conf.lo.accept_local")
 		out, err := cmd.CombinedOutput()
 		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") ||
+			strings.Contains(string(out), "tos 0x1c") ||
 			strings.Contains(string(out), "skiff overlay to host stack") || strings.Contains(string(out), "skiff deny to host stack") ||
 			strings.Contains(string(out), "-N SKIFF-INPUT") ||
 			!strings.Contains(string(out), "accept_local = 0") {

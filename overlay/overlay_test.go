@@ -186,11 +186,10 @@ func TestVethNameFitsIFNAMSIZ(t *testing.T) {
 	}
 }
 
-// TestJudgeInput: marked packets go to SKIFF-INPUT, which judges them
-// except the host's own (arriving on lo); the rule replaces both earlier
-// forms and is idempotent; denied marked packets get a reset before the deny
-// chain's ICMP error; UnjudgeInput removes every form, the chain and the
-// reset.
+// TestJudgeInput: marked packets are judged by SKIFF-FORWARD; the rule
+// replaces the earlier forms (and the earlier chain) and is idempotent;
+// denied marked packets get a reset before the deny chain's ICMP error;
+// UnjudgeInput removes every form, the earlier chain and the reset.
 func TestJudgeInput(t *testing.T) {
 	const mark = 0x5c1ff
 	inTestNetns(t, func() {
@@ -199,6 +198,9 @@ func TestJudgeInput(t *testing.T) {
 			return strings.TrimSpace(string(out))
 		}
 		addEarlier := func() {
+			if err := iptables("-N", earlierChain); err != nil {
+				t.Error(err)
+			}
 			for _, r := range earlierInputRules(mark) {
 				if err := iptables(append([]string{"-A", "INPUT"}, r...)...); err != nil {
 					t.Error(err)
@@ -216,18 +218,20 @@ func TestJudgeInput(t *testing.T) {
 			}
 		}
 		addEarlier()
-		wantInput := "-P INPUT ACCEPT\n-A INPUT -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-INPUT"
-		wantChain := "-N SKIFF-INPUT\n-A SKIFF-INPUT -i lo -j RETURN\n-A SKIFF-INPUT -j SKIFF-FORWARD"
+		wantInput := "-P INPUT ACCEPT\n-A INPUT -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-FORWARD"
 		deny := "-A SKIFF-DENY -m comment --comment \"skiff policy deny\" -j REJECT --reject-with icmp-admin-prohibited"
 		wantDeny := "-N SKIFF-DENY\n-A SKIFF-DENY -p tcp -m mark --mark 0x5c1ff -m comment --comment \"skiff deny to host stack\" -j REJECT --reject-with tcp-reset\n" + deny
 		for i := 0; i < 2; i++ {
 			if err := JudgeInput(mark); err != nil {
 				t.Error(err)
 			}
-			for name, want := range map[string]string{"INPUT": wantInput, chainInput: wantChain, chainDeny: wantDeny} {
+			for name, want := range map[string]string{"INPUT": wantInput, chainDeny: wantDeny} {
 				if got := chain(name); got != want {
 					t.Errorf("%s after JudgeInput #%d:\n%s\nwant\n%s", name, i+1, got, want)
 				}
+			}
+			if iptables("-S", earlierChain) == nil {
+				t.Errorf("%s remains after JudgeInput", earlierChain)
 			}
 		}
 		addEarlier()
@@ -238,8 +242,8 @@ func TestJudgeInput(t *testing.T) {
 		if got := chain(chainDeny); got != "-N SKIFF-DENY\n"+deny {
 			t.Errorf("%s after UnjudgeInput:\n%s", chainDeny, got)
 		}
-		if iptables("-S", chainInput) == nil {
-			t.Errorf("%s remains after UnjudgeInput", chainInput)
+		if iptables("-S", earlierChain) == nil {
+			t.Errorf("%s remains after UnjudgeInput", earlierChain)
 		}
 	})
 }

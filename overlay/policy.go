@@ -88,22 +88,33 @@ func (o *Overlay) setupChains() error {
 	)
 }
 
-// chainInput judges, like forwarded ones, the overlay packets a data-plane
-// layer delivers to the host stack, but not the host's own packets to
-// containers that a layer turns back into lo: those leave the host through
-// OUTPUT in the overlay, where the policy does not judge them either.
-const chainInput = "SKIFF-INPUT"
+// inputRule sends packets carrying mark to chainForward: the overlay
+// packets a data-plane layer delivers to the host stack pass INPUT, not
+// FORWARD, and are judged like forwarded ones. A layer never marks the
+// host's own packets to containers that it turns back into the host stack:
+// those leave the host through OUTPUT in the overlay, where the policy does
+// not judge them either. The mark is the rule's only match, so the host's
+// own traffic, which INPUT sees all of, pays one comparison (an interface
+// match would copy each packet's interface name).
+func inputRule(mark uint32) []string { return markedTo(mark, chainForward) }
 
-// inputRule sends packets carrying mark to chainInput. The mark is its only
-// match, so the host's own traffic, which INPUT sees all of, pays one
-// comparison (an interface match here would copy each packet's interface
-// name).
-func inputRule(mark uint32) []string { return markedTo(mark, chainInput) }
+// earlierChain is where versions before marked the host's own packets too
+// sent marked packets (returning those arriving on lo).
+const earlierChain = "SKIFF-INPUT"
 
-// earlierInputRules are what versions before chainInput put in INPUT.
+// earlierInputRules are what earlier versions put in INPUT.
 func earlierInputRules(mark uint32) [][]string {
-	forward := markedTo(mark, chainForward)
-	return [][]string{forward, append([]string{"!", "-i", "lo"}, forward...)}
+	return [][]string{append([]string{"!", "-i", "lo"}, inputRule(mark)...), markedTo(mark, earlierChain)}
+}
+
+// removeEarlierInput removes earlier versions' INPUT rules and chain.
+func removeEarlierInput(mark uint32) {
+	for _, r := range earlierInputRules(mark) {
+		removeRules("INPUT", r)
+	}
+	if iptables("-t", "filter", "-F", earlierChain) == nil {
+		iptables("-t", "filter", "-X", earlierChain)
+	}
 }
 
 func markedTo(mark uint32, chain string) []string {
@@ -127,29 +138,19 @@ func markedDeny(mark uint32) []string {
 // reach the host's INPUT chain. An earlier version's rule goes only once the
 // new one is in place, so no marked packet passes unjudged meanwhile.
 func JudgeInput(mark uint32) error {
-	err := restore(fmt.Sprintf("*filter\n:%[1]s - [0:0]\n-A %[1]s -i lo -j RETURN\n-A %[1]s -j %[2]s\nCOMMIT\n", chainInput, chainForward))
-	if err == nil {
-		err = errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
-	}
-	if err != nil {
+	if err := errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...)); err != nil {
 		return err
 	}
-	for _, r := range earlierInputRules(mark) {
-		removeRules("INPUT", r)
-	}
+	removeEarlierInput(mark)
 	return nil
 }
 
 // UnjudgeInput removes what JudgeInput added (and what earlier versions
 // did); none is fine.
 func UnjudgeInput(mark uint32) {
-	for _, r := range append(earlierInputRules(mark), inputRule(mark)) {
-		removeRules("INPUT", r)
-	}
+	removeRules("INPUT", inputRule(mark))
 	removeRules(chainDeny, markedDeny(mark))
-	if iptables("-t", "filter", "-F", chainInput) == nil {
-		iptables("-t", "filter", "-X", chainInput)
-	}
+	removeEarlierInput(mark)
 }
 
 // removeRules deletes every copy of rule from the filter table's chain.

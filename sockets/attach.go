@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,7 +33,7 @@ func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links
 // underlay's TCX ingress (same-host connections are recorded by their
 // clients), the overlay steering on the VXLAN device and the bridge's
 // egress (the host's own connections to its containers), sk_lookup on the
-// host namespace — and routes marked overlay packets to the host stack,
+// host namespace — and routes steered overlay packets to the host stack,
 // through the overlay's policy.
 func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
@@ -71,7 +72,7 @@ func (l *Layer) Setup() error {
 	if err := os.WriteFile(acceptLocalLo, []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("accept local sources on lo: %w", err)
 	}
-	if err := hostStackRoute(lo); err != nil {
+	if err := hostStackRoute(lo, l.cfg.Host.Subnet); err != nil {
 		return err
 	}
 	if err := overlay.JudgeInput(Mark); err != nil {
@@ -111,36 +112,67 @@ func (l *Layer) attachRecorder() error {
 // own loopback traffic keeps its route.
 const acceptLocalLo = "/proc/sys/net/ipv4/conf/lo/accept_local"
 
-// routeTable makes every destination local for marked packets.
-const routeTable = 2571
+// HostStackTOS takes overlay packets for replaced listeners to the host
+// stack: the programs set these TOS bits, and a local route for the host's
+// subnet with this TOS matches them. The kernel compares a route's TOS
+// under its legacy mask (0x1c), and no standard DSCP has all three bits
+// (xxx111). A route rather than a rule for skb->mark: once a network
+// namespace has a routing rule of its own, every route lookup of the host
+// goes through the rule list (docs/sockets.md).
+const HostStackTOS = 0x1c
 
-func hostStackRule() *netlink.Rule {
+// hostStackRoute installs the local route for steered packets and removes
+// the ones for an earlier subnet and an earlier version's rule.
+func hostStackRoute(lo netlink.Link, subnet netip.Prefix) error {
+	dst := &net.IPNet{IP: subnet.Masked().Addr().AsSlice(), Mask: net.CIDRMask(subnet.Bits(), 32)}
+	rt := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst, Table: unix.RT_TABLE_LOCAL,
+		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Tos: HostStackTOS}
+	if err := netlink.RouteReplace(rt); err != nil {
+		return fmt.Errorf("local route for TOS %#x: %w", HostStackTOS, err)
+	}
+	removeHostStackRoutes(subnet)
+	removeEarlierRule()
+	return nil
+}
+
+// removeHostStackRoutes removes the local routes for steered packets,
+// except the one for keep.
+func removeHostStackRoutes(keep netip.Prefix) {
+	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, Tos: HostStackTOS}
+	routes, err := netlink.RouteListFiltered(unix.AF_INET, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TOS)
+	if err != nil {
+		return
+	}
+	for _, r := range routes {
+		if r.Type != unix.RTN_LOCAL || r.Dst == nil {
+			continue
+		}
+		if p, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+			ones, _ := r.Dst.Mask.Size()
+			if netip.PrefixFrom(p.Unmap(), ones) == keep {
+				continue
+			}
+		}
+		netlink.RouteDel(&r)
+	}
+}
+
+// Earlier versions routed steered packets by their mark, through a rule
+// and a table of their own. The rule's cost on every route lookup stays
+// until the namespace goes (the kernel never clears that a namespace has
+// had rules).
+const earlierTable = 2571
+
+func removeEarlierRule() {
 	mask := uint32(0xfffff)
 	r := netlink.NewRule()
 	r.Family = unix.AF_INET
 	r.Mark, r.Mask = Mark, &mask
-	r.Table = routeTable
-	r.Priority = 90 // after the local table, before main
-	return r
-}
-
-func hostStackRoute(lo netlink.Link) error {
-	all := &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-	rt := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: all, Table: routeTable,
-		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
-	if err := netlink.RouteReplace(rt); err != nil {
-		return fmt.Errorf("local route table %d: %w", routeTable, err)
+	r.Table = earlierTable
+	r.Priority = 90
+	for netlink.RuleDel(r) == nil {
 	}
-	if err := netlink.RuleAdd(hostStackRule()); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("rule for mark %#x: %w", Mark, err)
-	}
-	return nil
-}
-
-func removeHostStackRoute() {
-	for netlink.RuleDel(hostStackRule()) == nil {
-	}
-	if routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: routeTable}, netlink.RT_FILTER_TABLE); err == nil {
+	if routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: earlierTable}, netlink.RT_FILTER_TABLE); err == nil {
 		for _, r := range routes {
 			netlink.RouteDel(&r)
 		}
@@ -311,7 +343,8 @@ func Teardown(pinDir, stateDir string) error {
 		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName), tc.Detach(h, lk, tc.Egress, filterName))
 	}
 	os.WriteFile(acceptLocalLo, []byte("0"), 0o644) // the default; nothing else needs it
-	removeHostStackRoute()
+	removeHostStackRoutes(netip.Prefix{})
+	removeEarlierRule()
 	overlay.UnjudgeInput(Mark)
 	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))
 	return errors.Join(errs...)

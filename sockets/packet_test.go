@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
@@ -102,6 +101,10 @@ func TestFromUnderlay(t *testing.T) {
 		{"truncated TCP header", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good)[:14+20+30], next, false, ""},
 		{"IPv6", tctest.Eth(macB, macA, 0x86dd, make([]byte, 80)), next, false, ""},
 		{"ARP", tctest.Eth(macB, macA, 0x0806, make([]byte, 28)), next, false, ""},
+		// Straight to a container, not through the overlay: only steered
+		// packets may carry the route's TOS.
+		{"the route's TOS to a container", tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: 0x1c},
+			tctest.ProtoTCP, ulPeer, ipServer, tctest.TCP(40000, 8080, tctest.SYN, nil))), next, false, "tos_cleared"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -111,8 +114,12 @@ func TestFromUnderlay(t *testing.T) {
 			if verdict != c.verdict {
 				t.Fatalf("verdict %d, want %d", verdict, c.verdict)
 			}
-			if !bytes.Equal(out[:len(c.pkt)], c.pkt) {
-				t.Fatal("packet changed")
+			want := append([]byte{}, c.pkt...)
+			if c.reason == "tos_cleared" {
+				withTOS(want[14:34], 0x18)
+			}
+			if !bytes.Equal(out[:len(want)], want) {
+				t.Fatalf("packet\n%x\nwant\n%x", out[:len(want)], want)
 			}
 			p, ok := pendingEntry(t, l, ulPeer, testHost.UnderlayIP)
 			if ok != c.record {
@@ -187,7 +194,18 @@ type skLookup struct {
 	_              uint32 // the C struct's tail padding
 }
 
+// lookup runs sk_lookup for a SYN from → to and returns the socket it
+// assigns, failing the test unless the verdict is SK_PASS.
 func lookup(t *testing.T, l *Layer, from, to netip.AddrPort) uint64 {
+	t.Helper()
+	cookie, verdict := lookupVerdict(t, l, from, to)
+	if verdict != 1 {
+		t.Fatalf("sk_lookup returned %d, want SK_PASS", verdict)
+	}
+	return cookie
+}
+
+func lookupVerdict(t *testing.T, l *Layer, from, to netip.AddrPort) (uint64, uint32) {
 	t.Helper()
 	in := skLookup{Family: syscall.AF_INET, Protocol: syscall.IPPROTO_TCP, RemoteIP4: from.Addr().As4(),
 		RemotePort: port16(from.Port()), LocalIP4: to.Addr().As4(), LocalPort: uint32(to.Port())}
@@ -196,10 +214,7 @@ func lookup(t *testing.T, l *Layer, from, to netip.AddrPort) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ret != 1 {
-		t.Fatalf("sk_lookup returned %d, want SK_PASS", ret)
-	}
-	return out.Cookie
+	return out.Cookie, ret
 }
 
 func TestLookup(t *testing.T) {
@@ -231,8 +246,21 @@ func TestLookup(t *testing.T) {
 	if got := lookup(t, l, netip.AddrPortFrom(ipClient, 40000), server); got != cookie {
 		t.Fatalf("overlay SYN assigned to %d, want %d", got, cookie)
 	}
-	if got := lookup(t, l, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(ipServer, 8081)); got != 0 {
-		t.Fatalf("other port assigned to %d", got)
+	// A container's address without a replaced listener: no host socket
+	// takes the connection (SK_DROP), and the refusal is counted.
+	before, _ := l.Stats()
+	if got, verdict := lookupVerdict(t, l, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(ipServer, 8081)); got != 0 || verdict != 0 {
+		t.Fatalf("other port: assigned to %d, verdict %d; want none, SK_DROP", got, verdict)
+	}
+	if after, _ := l.Stats(); after["overlay_refused"] != before["overlay_refused"]+1 {
+		t.Fatalf("overlay_refused %d → %d", before["overlay_refused"], after["overlay_refused"])
+	}
+	// The subnet's first two addresses are the host's (VXLAN device,
+	// bridge): the host's own sockets answer there.
+	for _, a := range []string{"10.244.1.0", "10.244.1.1"} {
+		if got := lookup(t, l, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(netip.MustParseAddr(a), 8080)); got != 0 {
+			t.Fatalf("%s assigned to %d", a, got)
+		}
 	}
 }
 
@@ -264,42 +292,56 @@ func TestToHostStack(t *testing.T) {
 	conn := connection(t, netip.AddrPortFrom(ipServer, 8081), ipClient)
 	listenOn(t, netip.AddrPortFrom(netip.IPv4Unspecified(), 8082))
 
-	bridge := overlay.BridgeMAC(testHost.UnderlayIP)
-	seg := func(src netip.AddrPort, dst netip.Addr, port uint16, flags byte) []byte {
-		return tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, src.Addr(), dst,
+	segTOS := func(tos byte, src netip.AddrPort, dst netip.Addr, port uint16, flags byte) []byte {
+		return tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: tos}, tctest.ProtoTCP, src.Addr(), dst,
 			tctest.TCP(src.Port(), port, flags, []byte("x"))))
 	}
+	seg := func(src netip.AddrPort, dst netip.Addr, port uint16, flags byte) []byte {
+		return segTOS(0, src, dst, port, flags)
+	}
 	client := netip.AddrPortFrom(ipClient, 40000)
+	gateway := netip.MustParseAddr("10.244.1.1")
+	const steered = HostStackTOS
 	cases := []struct {
 		name  string
 		pkt   []byte
 		steer bool
+		tos   byte // the TOS the packet leaves with
 	}{
-		{"SYN to a replaced listener", seg(client, ipServer, 8080, tctest.SYN), true},
-		{"data of a connection accepted from one", seg(conn, ipServer, 8081, tctest.ACK), true},
-		{"FIN of that connection", seg(conn, ipServer, 8081, tctest.FIN|tctest.ACK), true},
+		{"SYN to a replaced listener", seg(client, ipServer, 8080, tctest.SYN), true, steered},
+		// ECN and the DSCP's other bits stay.
+		{"SYN with ECN and a DSCP", segTOS(0xa2, client, ipServer, 8080, tctest.SYN), true, 0xa2 | steered},
+		{"data of a connection accepted from one", seg(conn, ipServer, 8081, tctest.ACK), true, steered},
+		{"FIN of that connection", seg(conn, ipServer, 8081, tctest.FIN|tctest.ACK), true, steered},
 		// A container's own client may use the listener's port: the
 		// replies to it are the container's.
-		{"SYN-ACK to a replaced listener's port", seg(client, ipServer, 8080, tctest.SYN|tctest.ACK), false},
-		{"data to a replaced listener's port, no connection", seg(client, ipServer, 8080, tctest.ACK), false},
-		{"data to a port the host listens on", seg(client, ipServer, 8082, tctest.ACK), false},
-		{"SYN to a port the host listens on", seg(client, ipServer, 8082, tctest.SYN), false},
-		{"other port", seg(client, ipServer, 8083, tctest.SYN), false},
-		{"another host's container", seg(client, ipClient, 8080, tctest.SYN), false},
-		{"truncated", seg(client, ipServer, 8080, tctest.SYN)[:40], false},
-		{"IPv6", tctest.Eth(macB, macA, 0x86dd, make([]byte, 60)), false},
+		{"SYN-ACK to a replaced listener's port", seg(client, ipServer, 8080, tctest.SYN|tctest.ACK), false, 0},
+		{"data to a replaced listener's port, no connection", seg(client, ipServer, 8080, tctest.ACK), false, 0},
+		{"data to a port the host listens on", seg(client, ipServer, 8082, tctest.ACK), false, 0},
+		{"SYN to a port the host listens on", seg(client, ipServer, 8082, tctest.SYN), false, 0},
+		{"other port", seg(client, ipServer, 8083, tctest.SYN), false, 0},
+		// Only steered packets may carry the route's TOS to a container.
+		{"the route's TOS, not steered", segTOS(0x1f, client, ipServer, 8083, tctest.SYN), false, 0x1b},
+		{"the route's TOS, UDP", tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: 0xfc}, tctest.ProtoUDP,
+			ipClient, ipServer, tctest.UDP(40000, 53, []byte("x")))), false, 0xf8},
+		{"the route's TOS to the bridge's address", segTOS(0x1c, client, gateway, 8080, tctest.SYN), false, 0x1c},
+		{"another host's container", seg(client, ipClient, 8080, tctest.SYN), false, 0},
+		{"truncated", seg(client, ipServer, 8080, tctest.SYN)[:40], false, 0},
+		{"IPv6", tctest.Eth(macB, macA, 0x86dd, make([]byte, 60)), false, 0},
 	}
 	const redirect = 7 // TC_ACT_REDIRECT
+	loMAC := make(net.HardwareAddr, 6)
 	progs := []struct {
 		name    string
 		prog    *ebpf.Program
 		dst     net.HardwareAddr // the frame's new destination when steered
 		verdict uint32           // when steered
+		judge   bool             // steered packets are marked for the policy
 	}{
-		{"from_overlay", l.objs.SksFromOverlay, macB, 0},
-		{"from_container", l.objs.SksFromContainer, bridge, 0},
+		{"from_overlay", l.objs.SksFromOverlay, macB, 0, true},
+		{"from_container", l.objs.SksFromContainer, loMAC, redirect, true},
 		// Test runs give the packet a socket, as the host's own packets have.
-		{"from_host", l.objs.SksFromHost, make(net.HardwareAddr, 6), redirect},
+		{"from_host", l.objs.SksFromHost, loMAC, redirect, false},
 	}
 	// No subtests: they would run on other threads, outside the namespace.
 	for _, p := range progs {
@@ -311,17 +353,27 @@ func TestToHostStack(t *testing.T) {
 				copy(want, p.dst)
 				wantVerdict = p.verdict
 			}
+			if len(want) >= 34 && want[12] == 0x08 {
+				withTOS(want[14:34], c.tos)
+			}
 			if verdict != wantVerdict {
 				t.Errorf("%s: verdict %d, want %d", name, verdict, wantVerdict)
 			}
 			if !bytes.Equal(out[:len(want)], want) {
 				t.Errorf("%s: packet\n%x\nwant\n%x", name, out[:len(want)], want)
 			}
-			if steered := skb.Mark == Mark; steered != c.steer {
-				t.Errorf("%s: mark %#x, steered=%v want %v", name, skb.Mark, steered, c.steer)
+			if marked := skb.Mark == Mark; marked != (c.steer && p.judge) {
+				t.Errorf("%s: mark %#x", name, skb.Mark)
 			}
 		}
 	}
+}
+
+// withTOS sets the TOS of an IPv4 header and recomputes its checksum.
+func withTOS(h []byte, tos byte) {
+	h[1] = tos
+	h[10], h[11] = 0, 0
+	binary.BigEndian.PutUint16(h[10:], tctest.Csum(h))
 }
 
 // connection opens a TCP connection from client to server over lo and

@@ -131,7 +131,6 @@ const (
 	sksProgSksSetsockopt     = "sks_setsockopt"
 	sksProgSksSockCreate     = "sks_sock_create"
 	sksProgSksSockops        = "sks_sockops"
-	sksVarCfgBridgeMac       = "cfg_bridge_mac"
 	sksVarCfgClusterMask     = "cfg_cluster_mask"
 	sksVarCfgClusterNet      = "cfg_cluster_net"
 	sksVarCfgHostNetns       = "cfg_host_netns"
@@ -139,6 +138,7 @@ const (
 	sksVarCfgLocalNet        = "cfg_local_net"
 	sksVarCfgMark            = "cfg_mark"
 	sksVarCfgSecure          = "cfg_secure"
+	sksVarCfgTos             = "cfg_tos"
 	sksVarUnusedSksEvent     = "unused_sks_event"
 	sksVarUnusedSksEventKind = "unused_sks_event_kind"
 	sksVarUnusedSksRole      = "unused_sks_role"
@@ -222,7 +222,6 @@ type sksMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sksVariableSpecs struct {
-	CfgBridgeMac       *ebpf.VariableSpec `ebpf:"cfg_bridge_mac"`
 	CfgClusterMask     *ebpf.VariableSpec `ebpf:"cfg_cluster_mask"`
 	CfgClusterNet      *ebpf.VariableSpec `ebpf:"cfg_cluster_net"`
 	CfgHostNetns       *ebpf.VariableSpec `ebpf:"cfg_host_netns"`
@@ -230,6 +229,7 @@ type sksVariableSpecs struct {
 	CfgLocalNet        *ebpf.VariableSpec `ebpf:"cfg_local_net"`
 	CfgMark            *ebpf.VariableSpec `ebpf:"cfg_mark"`
 	CfgSecure          *ebpf.VariableSpec `ebpf:"cfg_secure"`
+	CfgTos             *ebpf.VariableSpec `ebpf:"cfg_tos"`
 	UnusedSksEvent     *ebpf.VariableSpec `ebpf:"unused_sks_event"`
 	UnusedSksEventKind *ebpf.VariableSpec `ebpf:"unused_sks_event_kind"`
 	UnusedSksRole      *ebpf.VariableSpec `ebpf:"unused_sks_role"`
@@ -285,7 +285,6 @@ func (m *sksMaps) Close() error {
 //
 // It can be passed to loadSksObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sksVariables struct {
-	CfgBridgeMac       *ebpf.Variable `ebpf:"cfg_bridge_mac"`
 	CfgClusterMask     *ebpf.Variable `ebpf:"cfg_cluster_mask"`
 	CfgClusterNet      *ebpf.Variable `ebpf:"cfg_cluster_net"`
 	CfgHostNetns       *ebpf.Variable `ebpf:"cfg_host_netns"`
@@ -293,6 +292,7 @@ type sksVariables struct {
 	CfgLocalNet        *ebpf.Variable `ebpf:"cfg_local_net"`
 	CfgMark            *ebpf.Variable `ebpf:"cfg_mark"`
 	CfgSecure          *ebpf.Variable `ebpf:"cfg_secure"`
+	CfgTos             *ebpf.Variable `ebpf:"cfg_tos"`
 	UnusedSksEvent     *ebpf.Variable `ebpf:"unused_sks_event"`
 	UnusedSksEventKind *ebpf.Variable `ebpf:"unused_sks_event_kind"`
 	UnusedSksRole      *ebpf.Variable `ebpf:"unused_sks_role"`

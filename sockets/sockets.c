@@ -29,7 +29,11 @@
 //                 overlay-path SYNs routed locally — to the replaced listener.
 //                 It runs inside the listener lookup, so SYN retransmits,
 //                 TIME_WAIT recycling and syncookies (the entry stays until
-//                 the connection is established) all work.
+//                 the connection is established) all work. No other socket
+//                 of the host takes a connection to a container's address.
+//   from_overlay, from_container, from_host: overlay packets for replaced
+//                 listeners go to the host stack (by their TOS, which a local
+//                 route of the host matches; see to_host_stack).
 //   dump/destroy  iter/tcp: list replaced sockets; end the ones the agent
 //                 marks (policy changes) with bpf_sock_destroy.
 
@@ -75,8 +79,8 @@ volatile const __be32 cfg_cluster_mask;
 volatile const __be32 cfg_local_net;   // this host's subnet
 volatile const __be32 cfg_local_mask;
 volatile const __u32 cfg_secure;       // refuse what is not the fast path
-volatile const __u32 cfg_mark;         // routes overlay packets to the host stack
-volatile const __u8 cfg_bridge_mac[ETH_ALEN];
+volatile const __u32 cfg_mark;         // overlay packets the host stack takes (policy)
+volatile const __u8 cfg_tos;           // routes them there (TOS bits of a local route)
 
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -158,6 +162,13 @@ static __always_inline void count(__u32 reason)
 }
 
 static __always_inline bool in_cluster(__be32 ip) { return (ip & cfg_cluster_mask) == cfg_cluster_net; }
+
+// A container's address on this host: the subnet's first two addresses are
+// the host's own (the VXLAN device's and the bridge's).
+static __always_inline bool local_container(__be32 ip)
+{
+	return (ip & cfg_local_mask) == cfg_local_net && bpf_ntohl(ip & ~cfg_local_mask) > 1;
+}
 
 // The socket's own namespace (not the caller's) decides: container-netns
 // sockets of the same cgroup are the overlay's and are left alone.
@@ -442,6 +453,28 @@ int sks_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
+// set_tos rewrites the TOS byte and updates the header checksum (RFC 1624).
+static __always_inline void set_tos(struct iphdr *ip, __u8 tos)
+{
+	__u16 *word = (__u16 *)ip; // version, header length, TOS
+	__u32 sum = (__u16)~ip->check + (__u16)~*word;
+	ip->tos = tos;
+	sum += *word;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	ip->check = ~sum;
+}
+
+// keep_off_route takes a bit of cfg_tos off a packet for a container that
+// is not steered, so that the route does not take it to the host stack.
+static __always_inline void keep_off_route(struct iphdr *ip)
+{
+	if ((ip->tos & cfg_tos) != cfg_tos)
+		return;
+	set_tos(ip, ip->tos & ~(cfg_tos & -cfg_tos));
+	count(SKS_TOS_CLEARED);
+}
+
 // The stack puts options written by BPF after its own, 4-byte aligned: our
 // 14-byte option is followed by two bytes of padding and so always starts
 // 16 bytes before the end of the TCP header. A SYN with the option anywhere
@@ -461,7 +494,13 @@ int sks_from_underlay(struct __sk_buff *skb)
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return TCX_NEXT;
 	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5)
+	if ((void *)(ip + 1) > data_end || ip->ihl < 5)
+		return TCX_NEXT;
+	// Straight from the underlay to a container (no overlay): as from a
+	// container or the overlay, only steered packets may match the route.
+	if (local_container(ip->daddr))
+		keep_off_route(ip);
+	if (ip->protocol != IPPROTO_TCP)
 		return TCX_NEXT;
 	struct tcphdr *th = (void *)ip + ip->ihl * 4;
 	if ((void *)(th + 1) > data_end || !th->syn || th->ack || th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END)
@@ -510,7 +549,7 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	if (p) {
 		k.ip = p->dst_ip;
 		k.port = p->dst_port;
-	} else if ((ctx->local_ip4 & cfg_local_mask) == cfg_local_net) {
+	} else if (local_container(ctx->local_ip4)) {
 		k.ip = ctx->local_ip4; // overlay traffic routed to this host's stack
 		k.port = t.dport;
 	} else {
@@ -518,9 +557,15 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	}
 	struct bpf_sock *sk = bpf_map_lookup_elem(&sks_listen, &k);
 	if (!sk) {
-		if (p)
+		if (p) {
 			count(SKS_NO_LISTENER); // the kernel answers with a RST
-		return SK_PASS;
+			return SK_PASS;
+		}
+		// A container's address reaches a replaced listener or nothing:
+		// never a host socket listening on every address (a listener
+		// that closed after the packet was steered, a forged TOS).
+		count(SKS_OVERLAY_REFUSED);
+		return SK_DROP;
 	}
 	long err = bpf_sk_assign(ctx, sk, 0);
 	bpf_sk_release(sk);
@@ -529,27 +574,35 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	return SK_PASS;
 }
 
-// for_host_stack says whether an overlay TCP segment belongs to a replaced
-// listener or to a connection accepted from one, and returns its Ethernet
-// header then. Only a SYN goes by the listener's overlay address and port:
-// other segments to that port may be a container's own connection that
-// happens to use it (replies to a fallback client). Those go by their
-// 4-tuple, and only a connection counts: the lookup also finds listeners,
-// the host's own ones included, which must never take a container's
-// traffic.
-static __always_inline struct ethhdr *for_host_stack(struct __sk_buff *skb)
+// for_container returns the IPv4 header of a packet for a container of
+// this host, NULL for anything else.
+static __always_inline struct iphdr *for_container(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return NULL;
 	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP || ip->ihl < 5 ||
-	    (ip->daddr & cfg_local_mask) != cfg_local_net)
+	if ((void *)(ip + 1) > data_end || ip->ihl < 5 || !local_container(ip->daddr))
 		return NULL;
+	return ip;
+}
+
+// for_host_stack says whether a packet for a container belongs to a
+// replaced listener or to a connection accepted from one. Only a SYN goes
+// by the listener's overlay address and port: other segments to that port
+// may be a container's own connection that happens to use it (replies to a
+// fallback client). Those go by their 4-tuple, and only a connection
+// counts: the lookup also finds listeners, the host's own ones included,
+// which must never take a container's traffic.
+static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *ip)
+{
+	void *data_end = (void *)(long)skb->data_end;
+	if (ip->protocol != IPPROTO_TCP)
+		return false;
 	struct tcphdr *th = (void *)ip + ip->ihl * 4;
 	if ((void *)(th + 1) > data_end)
-		return NULL;
+		return false;
 	struct bpf_sock *sk;
 	if (th->syn && !th->ack) {
 		struct sks_key k = {.ip = ip->daddr, .port = th->dest};
@@ -564,65 +617,88 @@ static __always_inline struct ethhdr *for_host_stack(struct __sk_buff *skb)
 		}
 	}
 	if (!sk)
-		return NULL;
+		return false;
 	bpf_sk_release(sk);
-	return eth;
+	return true;
 }
 
+// route_container_packet decides where a packet for a container goes.
 // Overlay packets for a replaced listener, or for a connection accepted
-// from one, are delivered to the host stack instead of the container: the
-// mark selects a routing table that makes every destination local, where
-// sk_lookup (above) finds the listener and the established lookup the
-// connection. So a container on the overlay — a fallback socket, no shim,
-// another mode — reaches a replaced listener as it would a plain one.
-static __always_inline void to_host_stack(struct __sk_buff *skb)
+// from one, go to the host stack instead of the container: their TOS gets
+// cfg_tos, which a local route of the host (table local) matches, so they
+// are delivered locally, where sk_lookup (above) finds the listener and the
+// established lookup the connection. So a container on the overlay — a
+// fallback socket, no shim, another mode — reaches a replaced listener as
+// it would a plain one. A route rather than a rule for a mark: with any
+// routing rule of its own, the host looks up every route through the rule
+// list (docs/sockets.md). With judge, the mark lets the overlay's policy
+// judge the packet on INPUT, as it judges the overlay's on FORWARD.
+//
+// Any other packet with those TOS bits loses one (a DSCP of the form xxx111
+// reaches the container one lower). Returns whether the packet is for the
+// host stack.
+static __always_inline bool route_container_packet(struct __sk_buff *skb, struct iphdr *ip, bool judge)
 {
-	skb->mark = cfg_mark;
+	if (!for_host_stack(skb, ip)) {
+		keep_off_route(ip);
+		return false;
+	}
+	set_tos(ip, ip->tos | cfg_tos);
+	if (judge)
+		skb->mark = cfg_mark;
 	count(SKS_OVERLAY_STEERED);
+	return true;
 }
 
 SEC("tc")
 int sks_from_overlay(struct __sk_buff *skb)
 {
-	if (for_host_stack(skb))
-		to_host_stack(skb);
+	struct iphdr *ip = for_container(skb);
+	if (ip)
+		route_container_packet(skb, ip, true);
 	return TC_ACT_OK;
 }
 
+// into_lo turns a packet for the host stack into lo's ingress, where its
+// TOS routes it locally. lo accepts sources that are local addresses
+// (accept_local), which routing the packet on the bridge would refuse: the
+// reverse route of a container of this host is then the local route too.
+static __always_inline int into_lo(struct __sk_buff *skb)
+{
+	struct ethhdr *eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return TC_ACT_SHOT; // for_container read it: cannot happen
+	// lo's address is all zeros: any other destination is another host's.
+	for (int i = 0; i < ETH_ALEN; i++)
+		eth->h_dest[i] = 0;
+	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
+}
+
+// A local container's packets for a replaced listener on this host.
 SEC("tc")
 int sks_from_container(struct __sk_buff *skb)
 {
-	struct ethhdr *eth = for_host_stack(skb);
-	if (!eth)
+	struct iphdr *ip = for_container(skb);
+	if (!ip || !route_container_packet(skb, ip, true))
 		return TC_ACT_OK;
-	to_host_stack(skb);
-	// Bridged frames reach the host stack only when addressed to the
-	// bridge itself. Byte by byte: a memcpy would drop the volatile and
-	// let the compiler fold the (zero) build-time value.
-	for (int i = 0; i < ETH_ALEN; i++)
-		eth->h_dest[i] = cfg_bridge_mac[i];
-	return TC_ACT_OK;
+	return into_lo(skb);
 }
 
 // The host's own connections to a local container (a kubelet probe, a
 // host-network process) leave the host stack on the bridge, where the
 // container has no listener when its listener was replaced. On the
-// bridge's egress they are turned back into the host stack: into lo's
-// ingress, where the mark routes them locally like the overlay's. Only
-// packets a local socket sent qualify; forwarded ones carry no socket.
+// bridge's egress they are turned back into the host stack, unmarked: the
+// policy judges them no more than the host's packets to any container.
+// Only packets a local socket sent qualify; forwarded ones carry no socket.
 SEC("tc")
 int sks_from_host(struct __sk_buff *skb)
 {
 	if (!skb->sk)
 		return TC_ACT_OK;
-	struct ethhdr *eth = for_host_stack(skb);
-	if (!eth)
+	struct iphdr *ip = for_container(skb);
+	if (!ip || !route_container_packet(skb, ip, false))
 		return TC_ACT_OK;
-	to_host_stack(skb);
-	// lo's address is all zeros: any other destination is another host's.
-	for (int i = 0; i < ETH_ALEN; i++)
-		eth->h_dest[i] = 0;
-	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
+	return into_lo(skb);
 }
 
 // Kernel types the socket iterator reads (CO-RE: only the fields named).

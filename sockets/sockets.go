@@ -27,7 +27,6 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/overlay"
 )
 
 // Config describes the host the layer runs on.
@@ -93,7 +92,7 @@ func configuration(cfg Config) (map[string]any, error) {
 		"cfg_local_mask":   mask(cfg.Host.Subnet),
 		"cfg_secure":       secure,
 		"cfg_mark":         uint32(Mark),
-		"cfg_bridge_mac":   [6]byte(overlay.BridgeMAC(cfg.Host.UnderlayIP)),
+		"cfg_tos":          uint8(HostStackTOS),
 	}, nil
 }
 
@@ -102,8 +101,8 @@ func mask(p netip.Prefix) [4]byte {
 	return [4]byte{m[0], m[1], m[2], m[3]}
 }
 
-// Mark routes overlay packets for replaced listeners to the host stack
-// (skb->mark, matched by an ip rule).
+// Mark tags overlay packets the layer sends to the host stack, for the
+// overlay's policy on INPUT (HostStackTOS routes them there).
 const Mark = 0x5c1ff
 
 // netnsCookie returns the cookie of the calling thread's network namespace,
@@ -146,7 +145,7 @@ var Reasons = []string{
 	"stamped", "connect_fast", "connect_refused", "bind_rewritten", "bind_refused", "bind_inuse",
 	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "listener_exposed", "syn_recorded",
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
-	"accepted_unknown", "destroyed",
+	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
 }
 
 // Stats returns the counters summed over CPUs, by reason.
