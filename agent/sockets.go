@@ -90,7 +90,10 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 // syncSockets applies a cluster change to the sockets layer: fast-path
 // routes for local containers, host subnets for anti-spoofing, programs and
 // brokers for new containers; on a policy change it ends the replaced
-// connections the new policy denies.
+// connections the new policy denies, and the overlay's policy judges the
+// overlay packets the layer delivers to the host stack while it has rules.
+// It runs before the overlay applies the rules, so a first rule is judged
+// on INPUT as soon as on FORWARD.
 func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []cluster.Host, local []cluster.Endpoint, policyChanged bool) error {
 	listeners, err := a.store.Listeners(ctx)
 	if err != nil {
@@ -105,6 +108,7 @@ func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []clust
 	// Walking every TCP socket of the host is for policy changes (and the
 	// first sync, which may follow one made while the agent was down).
 	if policyChanged || !a.socketsAttached {
+		errs = append(errs, a.sockets.JudgeInput(len(rules) > 0))
 		n, err := a.sockets.Enforce(rules)
 		if n > 0 {
 			a.log.Info("ended replaced connections the policy denies", "connections", n)

@@ -454,9 +454,10 @@ func TestSocketsHostReach(t *testing.T) {
 	closingServer(t, l, "h1", 7100)
 
 	// A local route with the layer's TOS takes steered packets to the
-	// host stack; no routing rule (its cost is every route lookup's).
+	// host stack; no routing rule (its cost is every route lookup's), and
+	// without a policy no INPUT rule (the hook's cost is every packet's).
 	for _, h := range []string{"h1", "h2"} {
-		cmd, _ := l.Command(context.Background(), h, "sh", "-c", "ip rule; ip route show table local")
+		cmd, _ := l.Command(context.Background(), h, "sh", "-c", "ip rule; ip route show table local; iptables -S INPUT")
 		out, err := cmd.CombinedOutput()
 		rules := 0
 		for _, line := range strings.Split(string(out), "\n") {
@@ -464,8 +465,9 @@ func TestSocketsHostReach(t *testing.T) {
 				rules++
 			}
 		}
-		if err != nil || rules != 3 || !strings.Contains(string(out), "local 10.244.") || !strings.Contains(string(out), "tos 0x1c") {
-			t.Errorf("%s: want the three default rules and a local route with TOS 0x1c (%v):\n%s", h, err, out)
+		if err != nil || rules != 3 || !strings.Contains(string(out), "local 10.244.") || !strings.Contains(string(out), "tos 0x1c") ||
+			strings.Contains(string(out), "-A INPUT") {
+			t.Errorf("%s: want the three default rules, a local route with TOS 0x1c and an empty INPUT (%v):\n%s", h, err, out)
 		}
 	}
 	cases := []struct{ from, port, env string }{
@@ -594,7 +596,7 @@ func closingServer(t *testing.T, l *Lab, target string, port int) {
 
 // TestSocketsPolicy: a deny rule ends a live replaced connection (the
 // agent destroys it) and new connections are refused as on the overlay;
-// deleting the rule restores the fast path.
+// deleting the rule restores the fast path and empties INPUT.
 func TestSocketsPolicy(t *testing.T) {
 	l := newLab(t, Config{Name: "tskpol", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	ctx := context.Background()
@@ -648,6 +650,18 @@ func TestSocketsPolicy(t *testing.T) {
 		if err := api.NewClient(l.Hosts[1].Socket).DeletePolicy(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Without a policy nothing is judged on INPUT: the rule goes (and
+	// with it the host's INPUT hook).
+	if _, err := eventually(3*time.Second, func() error {
+		cmd, _ := l.Command(ctx, "h1", "iptables", "-S", "INPUT")
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.Contains(string(out), "-A INPUT") {
+			return fmt.Errorf("INPUT of h1 without a policy (%v):\n%s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 	fast = counter(t, l, "h2", "connect_fast")
 	if _, err := eventually(3*time.Second, func() error {

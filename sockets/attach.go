@@ -33,8 +33,8 @@ func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links
 // underlay's TCX ingress (same-host connections are recorded by their
 // clients), the overlay steering on the VXLAN device and the bridge's
 // egress (the host's own connections to its containers), sk_lookup on the
-// host namespace — and routes steered overlay packets to the host stack,
-// through the overlay's policy.
+// host namespace — and routes steered overlay packets to the host stack
+// (JudgeInput puts them through the overlay's policy).
 func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
@@ -75,9 +75,6 @@ func (l *Layer) Setup() error {
 	if err := hostStackRoute(lo, l.cfg.Host.Subnet); err != nil {
 		return err
 	}
-	if err := overlay.JudgeInput(Mark); err != nil {
-		return err
-	}
 	ns, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
 		return fmt.Errorf("host namespace: %w", err)
@@ -111,6 +108,19 @@ func (l *Layer) attachRecorder() error {
 // packets a program redirects into lo are looked up by source: the kernel's
 // own loopback traffic keeps its route.
 const acceptLocalLo = "/proc/sys/net/ipv4/conf/lo/accept_local"
+
+// JudgeInput has the overlay's policy judge the overlay packets the layer
+// delivers to the host stack (on INPUT; they pass no FORWARD) while the
+// policy has rules. With none there is nothing to judge, and the host's
+// INPUT chain stays empty: iptables then runs no hook there for any of the
+// host's packets.
+func (l *Layer) JudgeInput(policy bool) error {
+	if !policy {
+		overlay.UnjudgeInput(Mark)
+		return nil
+	}
+	return overlay.JudgeInput(Mark)
+}
 
 // HostStackTOS takes overlay packets for replaced listeners to the host
 // stack: the programs set these TOS bits, and a local route for the host's

@@ -33,7 +33,7 @@
 //                 of the host takes a connection to a container's address.
 //   from_overlay, from_container, from_host: overlay packets for replaced
 //                 listeners go to the host stack (by their TOS, which a local
-//                 route of the host matches; see to_host_stack).
+//                 route of the host matches; see route_container_packet).
 //   dump/destroy  iter/tcp: list replaced sockets; end the ones the agent
 //                 marks (policy changes) with bpf_sock_destroy.
 
