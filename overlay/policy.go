@@ -98,8 +98,8 @@ func (o *Overlay) setupChains() error {
 // match would copy each packet's interface name).
 func inputRule(mark uint32) []string { return markedTo(mark, chainForward) }
 
-// earlierChain is where versions before marked the host's own packets too
-// sent marked packets (returning those arriving on lo).
+// earlierChain is the chain earlier versions sent marked packets to: they
+// marked the host's own packets too, and it returned those arriving on lo.
 const earlierChain = "SKIFF-INPUT"
 
 // earlierInputRules are what earlier versions put in INPUT.

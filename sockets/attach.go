@@ -145,6 +145,9 @@ func hostStackRoute(lo netlink.Link, subnet netip.Prefix) error {
 	return nil
 }
 
+// loopbackIndex is lo's interface index in every network namespace.
+const loopbackIndex = 1
+
 // removeHostStackRoutes removes the local routes for steered packets,
 // except the one for keep.
 func removeHostStackRoutes(keep netip.Prefix) {
@@ -154,7 +157,7 @@ func removeHostStackRoutes(keep netip.Prefix) {
 		return
 	}
 	for _, r := range routes {
-		if r.Type != unix.RTN_LOCAL || r.Dst == nil {
+		if r.Type != unix.RTN_LOCAL || r.LinkIndex != loopbackIndex || r.Dst == nil {
 			continue
 		}
 		if p, ok := netip.AddrFromSlice(r.Dst.IP); ok {
