@@ -598,7 +598,7 @@ func closingServer(t *testing.T, l *Lab, target string, port int) {
 // agent destroys it) and new connections are refused as on the overlay;
 // deleting the rule restores the fast path and empties INPUT.
 func TestSocketsPolicy(t *testing.T) {
-	l := newLab(t, Config{Name: "tskpol", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
+	l := newLab(t, Config{Name: "tskpol", Hosts: 2, ContainersPerHost: 2, Mode: "sockets"})
 	ctx := context.Background()
 	srvIP := replacedServer(t, l, pyEcho, "h2/c1").Addr()
 	cliIP, _ := l.IP("h2/c1")
@@ -628,15 +628,19 @@ func TestSocketsPolicy(t *testing.T) {
 	// New connections are refused at once: a container's by its own host's
 	// FORWARD chain, as on the overlay; a remote host's process, which takes
 	// the overlay path into h1's host stack (denied by a rule for any
-	// source), with a reset.
+	// source), with a reset; so is an overlay client on the server's host,
+	// whose packets go into lo.
 	anyRule := rule
 	anyRule.ID, anyRule.Src = "no-echo-any", netip.Prefix{}
 	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, anyRule); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ from, want string }{{"h2/c1", "EHOSTUNREACH"}, {"h2", "ECONNREFUSED"}} {
+	for _, c := range []struct{ from, opt, want string }{
+		{"h2/c1", "SKIFF_SOCKETS=on", "EHOSTUNREACH"}, {"h2", "SKIFF_SOCKETS=on", "ECONNREFUSED"},
+		{"h1/c2", "SKIFF_SOCKETS=off", "ECONNREFUSED"},
+	} {
 		if _, err := eventually(3*time.Second, func() error {
-			out, _ := l.Command(ctx, c.from, "python3", "-c", pyConnectError, srvIP.String(), "7000")
+			out, _ := l.Command(ctx, c.from, "env", c.opt, "python3", "-c", pyConnectError, srvIP.String(), "7000")
 			b, _ := out.Output()
 			if got := strings.TrimSpace(string(b)); got != c.want {
 				return fmt.Errorf("new connection from %s: %s, want %s", c.from, got, c.want)
