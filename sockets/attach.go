@@ -72,7 +72,7 @@ func (l *Layer) Setup() error {
 	if err := os.WriteFile(acceptLocalLo, []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("accept local sources on lo: %w", err)
 	}
-	if err := hostStackRoute(lo, l.cfg.Host.Subnet); err != nil {
+	if err := hostStackRoute(l.cfg.Host.Subnet); err != nil {
 		return err
 	}
 	ns, err := os.Open("/proc/thread-self/ns/net")
@@ -133,9 +133,9 @@ const HostStackTOS = 0x1c
 
 // hostStackRoute installs the local route for steered packets and removes
 // the ones for an earlier subnet and an earlier version's rule.
-func hostStackRoute(lo netlink.Link, subnet netip.Prefix) error {
+func hostStackRoute(subnet netip.Prefix) error {
 	dst := &net.IPNet{IP: subnet.Masked().Addr().AsSlice(), Mask: net.CIDRMask(subnet.Bits(), 32)}
-	rt := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst, Table: unix.RT_TABLE_LOCAL,
+	rt := &netlink.Route{LinkIndex: loopbackIndex, Dst: dst, Table: unix.RT_TABLE_LOCAL,
 		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Tos: HostStackTOS}
 	if err := netlink.RouteReplace(rt); err != nil {
 		return fmt.Errorf("local route for TOS %#x: %w", HostStackTOS, err)
