@@ -537,7 +537,8 @@ static int recv_batch_locked(int cloexec)
 		}
 		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, g_batch) : -1;
 		if (r != (ssize_t)sizeof rep || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < 0 || rep.n != (uint32_t)n) {
-			/* EOF, error, garbage (more fds than asked for: CTRUNC) */
+			/* EOF, error, garbage (more fds than asked for: CTRUNC, or
+			 * n > g_batch, whose fds skiff_received_fds closed) */
 			for (int i = 0; i < n; i++) sys_close(fds[i]);
 			return TAKE_BROKEN;
 		}

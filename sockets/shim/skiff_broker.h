@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #ifndef SO_NETNS_COOKIE
 #define SO_NETNS_COOKIE 71
@@ -131,20 +133,40 @@ static inline void skiff_expect_fds(struct msghdr *m, union skiff_fds_cmsg *u, i
 	m->msg_controllen = CMSG_SPACE(max * sizeof(int));
 }
 
+/* Closes every fd of every SCM_RIGHTS cmsg of a received message (a raw
+ * close: the shim interposes close()). */
+static inline void skiff_close_received(struct msghdr *m)
+{
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(m); cm; cm = CMSG_NXTHDR(m, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len < CMSG_LEN(0))
+			continue;
+		size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+			syscall(SYS_close, fd);
+		}
+	}
+}
+
 /* The number of fds a received message carried (copied to fds, at most
- * max), or -1 if its control data is not one SCM_RIGHTS cmsg. */
+ * max), or -1 if its control data is not one SCM_RIGHTS cmsg; then every
+ * fd it carried is closed. */
 static inline int skiff_received_fds(struct msghdr *m, int *fds, int max)
 {
 	struct cmsghdr *cm = CMSG_FIRSTHDR(m);
 	if (!cm)
 		return 0;
 	if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len < CMSG_LEN(0))
-		return -1;
+		goto bad;
 	size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 	if (n > (size_t)max || CMSG_NXTHDR(m, cm))
-		return -1;
+		goto bad;
 	memcpy(fds, CMSG_DATA(cm), n * sizeof(int));
 	return (int)n;
+bad:
+	skiff_close_received(m);
+	return -1;
 }
 
 _Static_assert(sizeof(struct skiff_hello) == 32, "hello layout");

@@ -279,6 +279,40 @@ check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
 check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
 grep '^info' "$TMP/out"
 
+# a broker that sends more sockets than asked for: the shim closes all it got
+# and falls back (under a 128-fd limit the batch is 31, and the message has
+# room for 32)
+too_many_fds() {
+	inc prlimit --nofile=128 env LD_PRELOAD=$SHIM SKIFF_BROKER=skfshim-fake $PY - <<'EOF2'
+import array, os, socket, struct, threading
+ls = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); ls.bind("\0skfshim-fake"); ls.listen(1)
+def fake():
+    c, _ = ls.accept()
+    c.send(struct.pack("=IIIB3xIIQ", 0x31464b53, 4, socket.htonl(0x0a620000), 16, socket.htonl(0x0a620002), 0, 0))
+    op, n = struct.unpack("=BB10x", c.recv(12))
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(n + 1)]
+    c.sendmsg([struct.pack("=I", n + 1)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    for f in fds: os.close(f)
+    closed.set()
+    c.recv(12)  # until the shim hangs up
+closed = threading.Event()
+threading.Thread(target=fake, daemon=True).start()
+def devnull():
+    n = 0
+    for f in os.listdir("/proc/self/fd"):
+        try: n += os.readlink("/proc/self/fd/" + f) == "/dev/null"
+        except FileNotFoundError: pass   # listdir's own
+    return n
+before = devnull()                             # (inherited ones)
+s = socket.socket()                            # falls back: a container socket
+assert s.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) == socket.AF_INET
+assert closed.wait(5)
+assert devnull() == before, "%d received fds left open" % (devnull() - before)
+print("too many fds ok")
+EOF2
+}
+check broker-sends-too-many-fds too_many_fds
+
 # the app clobbers the shim's pool/broker fds (close_range, dup2 onto high fds): the shim must notice
 clobber() {
 	shim $PY - <<'EOF2'
