@@ -69,8 +69,8 @@ func (l *Layer) Setup() error {
 	}
 	// from_host turns the host's packets back into lo; their source is
 	// the host's own bridge address, which lo must then accept.
-	if err := os.WriteFile(acceptLocalLo, []byte("1"), 0o644); err != nil {
-		return fmt.Errorf("accept local sources on lo: %w", err)
+	if err := acceptLocal(l.cfg.StateDir); err != nil {
+		return err
 	}
 	if err := hostStackRoute(l.cfg.Host.Subnet); err != nil {
 		return err
@@ -108,6 +108,50 @@ func (l *Layer) attachRecorder() error {
 // packets a program redirects into lo are looked up by source: the kernel's
 // own loopback traffic keeps its route.
 const acceptLocalLo = "/proc/sys/net/ipv4/conf/lo/accept_local"
+
+// savedAcceptLocal keeps lo's accept_local as the layer found it, for
+// Teardown.
+func savedAcceptLocal(stateDir string) string { return filepath.Join(stateDir, "lo-accept-local") }
+
+// acceptLocal turns on acceptLocalLo, first saving the value it had unless
+// an earlier start of the layer saved it already.
+func acceptLocal(stateDir string) error {
+	saved := savedAcceptLocal(stateDir)
+	if _, err := os.Stat(saved); errors.Is(err, os.ErrNotExist) {
+		v, err := os.ReadFile(acceptLocalLo)
+		if err != nil {
+			return fmt.Errorf("accept local sources on lo: %w", err)
+		}
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			return fmt.Errorf("state directory: %w", err)
+		}
+		if err := os.WriteFile(saved, v, 0o600); err != nil {
+			return fmt.Errorf("save lo's accept_local: %w", err)
+		}
+	}
+	if err := os.WriteFile(acceptLocalLo, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("accept local sources on lo: %w", err)
+	}
+	return nil
+}
+
+// restoreAcceptLocal gives acceptLocalLo back the value acceptLocal saved.
+// Without a saved value (the layer never started, or a version that saved
+// none did) it is left as it is.
+func restoreAcceptLocal(stateDir string) error {
+	saved := savedAcceptLocal(stateDir)
+	v, err := os.ReadFile(saved)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("lo's saved accept_local: %w", err)
+	}
+	if err := os.WriteFile(acceptLocalLo, v, 0o644); err != nil {
+		return fmt.Errorf("restore lo's accept_local: %w", err)
+	}
+	return os.Remove(saved)
+}
 
 // JudgeInput has the overlay's policy judge the overlay packets the layer
 // delivers to the host stack (on INPUT; they pass no FORWARD) while the
@@ -355,7 +399,7 @@ func Teardown(pinDir, stateDir string) error {
 	for _, lk := range links {
 		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName), tc.Detach(h, lk, tc.Egress, filterName))
 	}
-	os.WriteFile(acceptLocalLo, []byte("0"), 0o644) // the default; nothing else needs it
+	errs = append(errs, restoreAcceptLocal(stateDir))
 	removeHostStackRoutes(netip.Prefix{})
 	removeEarlierRule()
 	overlay.UnjudgeInput(Mark)

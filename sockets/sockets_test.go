@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
+	"golang.org/x/sys/unix"
 )
 
 var testHost = cluster.Host{
@@ -187,5 +189,48 @@ func TestReadBrokerStats(t *testing.T) {
 	}
 	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{}) {
 		t.Fatalf("counters from a file without the magic: %+v", st)
+	}
+}
+
+// TestAcceptLocalRestored: Teardown gives lo's accept_local back the value
+// the layer found, also across restarts of the layer. In a network
+// namespace of its own (the test's thread, discarded at the end).
+func TestAcceptLocalRestored(t *testing.T) {
+	runtime.LockOSThread() // never unlocked: the thread ends with the test
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Fatal(err)
+	}
+	read := func() string {
+		v, err := os.ReadFile(acceptLocalLo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(v))
+	}
+	for _, earlier := range []string{"0", "1"} {
+		if err := os.WriteFile(acceptLocalLo, []byte(earlier), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(t.TempDir(), "state")
+		for range 2 { // a restarted agent sets it up again
+			if err := acceptLocal(dir); err != nil {
+				t.Fatal(err)
+			}
+			if v := read(); v != "1" {
+				t.Fatalf("accept_local %s after setup", v)
+			}
+		}
+		if err := restoreAcceptLocal(dir); err != nil {
+			t.Fatal(err)
+		}
+		if v := read(); v != earlier {
+			t.Fatalf("accept_local %s after teardown, was %s", v, earlier)
+		}
+		if err := os.WriteFile(acceptLocalLo, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := restoreAcceptLocal(dir); err != nil || read() != "1" {
+			t.Fatalf("a second teardown changed it (%v): %s", err, read())
+		}
 	}
 }
