@@ -487,6 +487,22 @@ func TestSocketsHostReach(t *testing.T) {
 			t.Errorf("%s %s -> %s:%s: %q, want the container's echo", c.from, c.env, srvIP, c.port, out)
 		}
 	}
+
+	// Under a SYN flood the replaced listener answers with syncookies and
+	// keeps nothing: an overlay client's ACK finds no connection, and the
+	// listener's cookie steers it (tcp_syncookies 2 sends them always).
+	cmd, _ := l.Command(context.Background(), "h1", "sysctl", "-qw", "net.ipv4.tcp_syncookies=2")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("syncookies on h1: %v %s", err, out)
+	}
+	before := appCounters(t, l, "h1")
+	out := strings.Fields(runPy(t, l, "h2/c1", pyOnce, []string{"SKIFF_SOCKETS=off"}, srvIP.String(), "7000"))
+	if len(out) != 3 || out[0] != "ok" || out[2] != srvIP.String() {
+		t.Errorf("overlay client with syncookies -> %s:7000: %q, want the container's echo", srvIP, out)
+	}
+	if d := appDeltas(before, appCounters(t, l, "h1")); d["syncookie_steered"] == 0 {
+		t.Errorf("syncookie_steered on h1 did not move: %v", d)
+	}
 }
 
 // pyPeerServer answers each connection to argv[1]:argv[2] with the peer

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"syscall"
 	"testing"
@@ -302,6 +303,12 @@ func TestToHostStack(t *testing.T) {
 	client := netip.AddrPortFrom(ipClient, 40000)
 	gateway := netip.MustParseAddr("10.244.1.1")
 	const steered = HostStackTOS
+	// A replaced listener under a SYN flood answers with a syncookie and
+	// keeps nothing: the ACK that completes the handshake finds no
+	// connection, and the listener's cookie must take it to the host stack.
+	cookieClient := netip.AddrPortFrom(ipClient, 40002)
+	publish(t, l, listenOn(t, netip.AddrPortFrom(ipServer, 8085)), netip.AddrPortFrom(ipServer, 8085))
+	cookieACK := syncookieACK(t, cookieClient, netip.AddrPortFrom(ipServer, 8085))
 	cases := []struct {
 		name  string
 		pkt   []byte
@@ -317,6 +324,9 @@ func TestToHostStack(t *testing.T) {
 		// replies to it are the container's.
 		{"SYN-ACK to a replaced listener's port", seg(client, ipServer, 8080, tctest.SYN|tctest.ACK), false, 0},
 		{"data to a replaced listener's port, no connection", seg(client, ipServer, 8080, tctest.ACK), false, 0},
+		{"ACK with the listener's syncookie", cookieACK, true, steered},
+		// The listener sent cookies: a wrong one is checked and refused.
+		{"ACK without the listener's syncookie", seg(cookieClient, ipServer, 8085, tctest.ACK), false, 0},
 		{"data to a port the host listens on", seg(client, ipServer, 8082, tctest.ACK), false, 0},
 		{"SYN to a port the host listens on", seg(client, ipServer, 8082, tctest.SYN), false, 0},
 		{"other port", seg(client, ipServer, 8083, tctest.SYN), false, 0},
@@ -343,6 +353,7 @@ func TestToHostStack(t *testing.T) {
 		// Test runs give the packet a socket, as the host's own packets have.
 		{"from_host", l.objs.SksFromHost, loMAC, redirect, false},
 	}
+	before, _ := l.Stats()
 	// No subtests: they would run on other threads, outside the namespace.
 	for _, p := range progs {
 		for _, c := range cases {
@@ -366,6 +377,63 @@ func TestToHostStack(t *testing.T) {
 				t.Errorf("%s: mark %#x", name, skb.Mark)
 			}
 		}
+	}
+	if after, _ := l.Stats(); after["syncookie_steered"] != before["syncookie_steered"]+uint64(len(progs)) {
+		t.Errorf("syncookie_steered %d → %d", before["syncookie_steered"], after["syncookie_steered"])
+	}
+}
+
+// syncookieACK has the listener at server answer a SYN from client with a
+// syncookie (tcp_syncookies 2: always) and returns the frame of the ACK that
+// completes that handshake. The SYN goes out of a raw socket, and the
+// SYN-ACK comes back on one: client has no socket, so nothing else answers.
+func syncookieACK(t *testing.T, client, server netip.AddrPort) []byte {
+	t.Helper()
+	if err := os.WriteFile("/proc/sys/net/ipv4/tcp_syncookies", []byte("2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rx, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(rx)
+	if err := unix.SetsockoptTimeval(rx, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tx)
+	segment := func(flags byte, seq, ack uint32) []byte {
+		tcp := tctest.TCPWithOptions(client.Port(), server.Port(), flags, []byte{2, 4, 0x05, 0xb4}, nil) // MSS 1460
+		binary.BigEndian.PutUint32(tcp[4:], seq)
+		binary.BigEndian.PutUint32(tcp[8:], ack)
+		pseudo := append(append(client.Addr().AsSlice(), server.Addr().AsSlice()...), 0, tctest.ProtoTCP, 0, byte(len(tcp)))
+		binary.BigEndian.PutUint16(tcp[16:], tctest.Csum(append(pseudo, tcp...)))
+		return tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, client.Addr(), server.Addr(), tcp)
+	}
+	const isn = 1000
+	if err := unix.Sendto(tx, segment(tctest.SYN, isn, 0), 0, &unix.SockaddrInet4{Addr: server.Addr().As4()}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1500)
+	for {
+		n, _, err := unix.Recvfrom(rx, buf, 0)
+		if err != nil {
+			t.Fatalf("no SYN-ACK from %s: %v", server, err)
+		}
+		p := buf[:n]
+		if n < 40 || netip.AddrFrom4([4]byte(p[12:16])) != server.Addr() {
+			continue
+		}
+		tcp := p[(p[0]&0xf)*4:]
+		if binary.BigEndian.Uint16(tcp[0:]) != server.Port() || binary.BigEndian.Uint16(tcp[2:]) != client.Port() ||
+			tcp[13] != tctest.SYN|tctest.ACK {
+			continue
+		}
+		cookie := binary.BigEndian.Uint32(tcp[4:])
+		return tctest.Eth(macB, macA, 0x0800, segment(tctest.ACK, isn+1, cookie+1))
 	}
 }
 

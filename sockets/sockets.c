@@ -588,13 +588,34 @@ static __always_inline struct iphdr *for_container(struct __sk_buff *skb)
 	return ip;
 }
 
+// syncookie_ack says whether a segment that found no connection completes a
+// handshake that a replaced listener answered with a syncookie (under a SYN
+// flood it keeps no request for it). Only the listener can tell, by the
+// cookie: the same port may be a container's own client's.
+static __always_inline bool syncookie_ack(struct iphdr *ip, struct tcphdr *th)
+{
+	if (!th->ack || th->syn || th->rst)
+		return false;
+	struct sks_key k = {.ip = ip->daddr, .port = th->dest};
+	struct bpf_sock *l = bpf_map_lookup_elem(&sks_listen, &k);
+	if (!l)
+		return false;
+	long err = bpf_tcp_check_syncookie(l, ip, sizeof(*ip), th, sizeof(*th));
+	bpf_sk_release(l);
+	if (err)
+		return false;
+	count(SKS_SYNCOOKIE_STEERED);
+	return true;
+}
+
 // for_host_stack says whether a packet for a container belongs to a
 // replaced listener or to a connection accepted from one. Only a SYN goes
 // by the listener's overlay address and port: other segments to that port
 // may be a container's own connection that happens to use it (replies to a
 // fallback client). Those go by their 4-tuple, and only a connection
 // counts: the lookup also finds listeners, the host's own ones included,
-// which must never take a container's traffic.
+// which must never take a container's traffic. A segment of no connection
+// may still complete a syncookie handshake (syncookie_ack).
 static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *ip)
 {
 	void *data_end = (void *)(long)skb->data_end;
@@ -615,6 +636,8 @@ static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *
 			bpf_sk_release(sk);
 			sk = NULL;
 		}
+		if (!sk)
+			return syncookie_ack(ip, th);
 	}
 	if (!sk)
 		return false;
