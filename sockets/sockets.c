@@ -588,10 +588,12 @@ static __always_inline struct iphdr *for_container(struct __sk_buff *skb)
 	return ip;
 }
 
-// syncookie_ack says whether a segment that found no connection completes a
-// handshake that a replaced listener answered with a syncookie (under a SYN
-// flood it keeps no request for it). Only the listener can tell, by the
-// cookie: the same port may be a container's own client's.
+// syncookie_ack says whether a segment that found a listener but no
+// connection completes a handshake that a replaced listener answered with a
+// syncookie (under a SYN flood it keeps no request for it). Only the
+// listener can tell, by the cookie: the same port may be a container's own
+// client's. The listener is taken from sks_listen, so a host socket found
+// by the lookup (were sk_lookup not attached) never decides.
 static __always_inline bool syncookie_ack(struct iphdr *ip, struct tcphdr *th)
 {
 	if (!th->ack || th->syn || th->rst)
@@ -614,8 +616,8 @@ static __always_inline bool syncookie_ack(struct iphdr *ip, struct tcphdr *th)
 // may be a container's own connection that happens to use it (replies to a
 // fallback client). Those go by their 4-tuple, and only a connection
 // counts: the lookup also finds listeners, the host's own ones included,
-// which must never take a container's traffic. A segment of no connection
-// may still complete a syncookie handshake (syncookie_ack).
+// which must never take a container's traffic. A segment that finds only a
+// listener may still complete a syncookie handshake (syncookie_ack).
 static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *ip)
 {
 	void *data_end = (void *)(long)skb->data_end;
@@ -632,12 +634,13 @@ static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *
 		struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr,
 						    .sport = th->source, .dport = th->dest}};
 		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+		// Without a connection the lookup ends in a listener: for a
+		// container's address, only a replaced one (sks_lookup assigns
+		// it, and refuses the rest), whose cookie may take the segment.
 		if (sk && sk->state == BPF_TCP_LISTEN) {
 			bpf_sk_release(sk);
-			sk = NULL;
-		}
-		if (!sk)
 			return syncookie_ack(ip, th);
+		}
 	}
 	if (!sk)
 		return false;
