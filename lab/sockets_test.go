@@ -655,7 +655,7 @@ func TestSocketsPolicy(t *testing.T) {
 		{"h2/c1", "SKIFF_SOCKETS=on", "EHOSTUNREACH"}, {"h2", "SKIFF_SOCKETS=on", "ECONNREFUSED"},
 		{"h1/c2", "SKIFF_SOCKETS=off", "ECONNREFUSED"},
 	} {
-		if _, err := eventually(3*time.Second, func() error {
+		if _, err := eventually(converges, func() error {
 			out, _ := l.Command(ctx, c.from, "env", c.opt, "python3", "-c", pyConnectError, srvIP.String(), "7000")
 			b, _ := out.Output()
 			if got := strings.TrimSpace(string(b)); got != c.want {
@@ -673,7 +673,7 @@ func TestSocketsPolicy(t *testing.T) {
 	}
 	// Without a policy nothing is judged on INPUT: the rule goes (and
 	// with it the host's INPUT hook).
-	if _, err := eventually(3*time.Second, func() error {
+	if _, err := eventually(converges, func() error {
 		cmd, _ := l.Command(ctx, "h1", "iptables", "-S", "INPUT")
 		out, err := cmd.CombinedOutput()
 		if err != nil || strings.Contains(string(out), "-A INPUT") {
@@ -684,7 +684,7 @@ func TestSocketsPolicy(t *testing.T) {
 		t.Error(err)
 	}
 	fast = counter(t, l, "h2", "connect_fast")
-	if _, err := eventually(3*time.Second, func() error {
+	if _, err := eventually(converges, func() error {
 		hold := startPy(t, l, "h2/c1", pyHold, nil, srvIP.String(), "7000")
 		if s := hold.line(t, 10*time.Second); !strings.HasPrefix(s, "up ") {
 			return fmt.Errorf("after delete: %q", s)
