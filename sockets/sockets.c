@@ -588,6 +588,14 @@ static __always_inline struct iphdr *for_container(struct __sk_buff *skb)
 	return ip;
 }
 
+// replaced_listener returns the replaced listener at a segment's
+// destination (a reference to release), or NULL.
+static __always_inline struct bpf_sock *replaced_listener(struct iphdr *ip, struct tcphdr *th)
+{
+	struct sks_key k = {.ip = ip->daddr, .port = th->dest};
+	return bpf_map_lookup_elem(&sks_listen, &k);
+}
+
 // syncookie_ack says whether a segment that found a listener but no
 // connection completes a handshake that a replaced listener answered with a
 // syncookie (under a SYN flood it keeps no request for it). Only the
@@ -598,8 +606,7 @@ static __always_inline bool syncookie_ack(struct iphdr *ip, struct tcphdr *th)
 {
 	if (!th->ack || th->syn || th->rst)
 		return false;
-	struct sks_key k = {.ip = ip->daddr, .port = th->dest};
-	struct bpf_sock *l = bpf_map_lookup_elem(&sks_listen, &k);
+	struct bpf_sock *l = replaced_listener(ip, th);
 	if (!l)
 		return false;
 	long err = bpf_tcp_check_syncookie(l, ip, sizeof(*ip), th, sizeof(*th));
@@ -628,8 +635,7 @@ static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *
 		return false;
 	struct bpf_sock *sk;
 	if (th->syn && !th->ack) {
-		struct sks_key k = {.ip = ip->daddr, .port = th->dest};
-		sk = bpf_map_lookup_elem(&sks_listen, &k);
+		sk = replaced_listener(ip, th);
 	} else {
 		struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr,
 						    .sport = th->source, .dport = th->dest}};
