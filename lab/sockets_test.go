@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -470,6 +471,9 @@ func TestSocketsHostReach(t *testing.T) {
 			t.Errorf("%s: want the three default rules, a local route with TOS 0x1c and an empty INPUT (%v):\n%s", h, err, out)
 		}
 	}
+	// The steering programs look up the overlay's packets to a container
+	// with a replaced listener; those lookups must not count as refusals.
+	before := appCounters(t, l, "h1")
 	cases := []struct{ from, port, env string }{
 		{"h1", "7000", ""},                     // same host, replaced listener
 		{"h2", "7000", ""},                     // another host, replaced listener
@@ -487,6 +491,9 @@ func TestSocketsHostReach(t *testing.T) {
 			t.Errorf("%s %s -> %s:%s: %q, want the container's echo", c.from, c.env, srvIP, c.port, out)
 		}
 	}
+	if d := appDeltas(before, appCounters(t, l, "h1")); d["overlay_refused"] != 0 {
+		t.Errorf("overlay_refused on h1 moved by %d: connections that were the container's counted as refused", d["overlay_refused"])
+	}
 
 	// Under a SYN flood the replaced listener answers with syncookies and
 	// keeps nothing: an overlay client's ACK finds no connection, and the
@@ -495,7 +502,7 @@ func TestSocketsHostReach(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("syncookies on h1: %v %s", err, out)
 	}
-	before := appCounters(t, l, "h1")
+	before = appCounters(t, l, "h1")
 	out := strings.Fields(runPy(t, l, "h2/c1", pyOnce, []string{"SKIFF_SOCKETS=off"}, srvIP.String(), "7000"))
 	if len(out) != 3 || out[0] != "ok" || out[2] != srvIP.String() {
 		t.Errorf("overlay client with syncookies -> %s:7000: %q, want the container's echo", srvIP, out)
@@ -790,8 +797,19 @@ func TestSocketsFaults(t *testing.T) {
 		t.Error("no fast path after the broker restart")
 	}
 
-	// Agent restarts: the live connection carries on.
+	// Agent restarts: the live connection carries on. An agent marks the
+	// addresses of containers with replaced listeners as served when it
+	// starts (an upgrade from a version without the map): h1's is taken
+	// out first and must come back.
+	served := servedMap(t, l, "h1")
+	if err := served.Delete(ip32(srvIP)); err != nil {
+		t.Fatalf("h1 served map: %v", err)
+	}
 	restartAgents(t, l, "sockets")
+	var yes uint8
+	if err := servedMap(t, l, "h1").Lookup(ip32(srvIP), &yes); err != nil {
+		t.Errorf("%s not served on h1 after the agent restarted: %v", srvIP, err)
+	}
 	select {
 	case s := <-hold.lines:
 		t.Fatalf("the live connection broke across agent restarts: %q %s", s, hold.out.String())
@@ -885,4 +903,22 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 	if err := exchange(l, "h2/c1", "tcp4", netip.AddrPortFrom(srvIP, echoPort+1)); err != nil {
 		t.Fatalf("overlay after switching back: %v", err)
 	}
+}
+
+// servedMap opens host's pinned sks_served map (container addresses in
+// network order, as ip32 gives them), closed when the test ends.
+func servedMap(t *testing.T, l *Lab, host string) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(l.bpfDir(host), "sockets", "sks_served"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// ip32 is an IPv4 address as a map key of network-order bytes.
+func ip32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
 }

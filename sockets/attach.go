@@ -80,9 +80,32 @@ func (l *Layer) Setup() error {
 		return fmt.Errorf("host namespace: %w", err)
 	}
 	defer ns.Close()
-	return l.pinnedLink("lookup", l.objs.SksLookup, func() (link.Link, error) {
+	if err := l.pinnedLink("lookup", l.objs.SksLookup, func() (link.Link, error) {
 		return link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
-	})
+	}); err != nil {
+		return err
+	}
+	return l.seedServed()
+}
+
+// seedServed marks the containers that hold replaced listeners or
+// connections accepted from one as served (sks_served), as sockops does when
+// a listener is published: after an upgrade from a version without the
+// map, their overlay connections would otherwise reach the container.
+func (l *Layer) seedServed() error {
+	conns, err := l.conns()
+	if err != nil {
+		return err
+	}
+	for _, c := range conns {
+		if c.Role != sksSksRoleSKS_LISTEN && c.Role != sksSksRoleSKS_CHILD {
+			continue
+		}
+		if err := l.objs.SksServed.Update(ip32(c.Local.Addr()), uint8(1), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("mark %s served: %w", c.Local.Addr(), err)
+		}
+	}
+	return nil
 }
 
 // attachRecorder attaches the SYN recorder to the underlay's TCX ingress:
@@ -341,10 +364,32 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 	return l.unpinCgroup(id)
 }
 
-// unpinCgroup detaches the programs from cgroup id and forgets it.
+// unpinCgroup detaches the programs from cgroup id and forgets it, and its
+// address unless another container has it now.
 func (l *Layer) unpinCgroup(id uint64) error {
 	err := os.RemoveAll(filepath.Join(l.linkDir(), cgroupLinks(id)))
+	var c sksSksContainer
+	if lerr := l.objs.SksContainers.Lookup(id, &c); lerr != nil {
+		if !errors.Is(lerr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, lerr)
+		}
+		return err
+	}
 	if derr := l.objs.SksContainers.Delete(id); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+		return errors.Join(err, derr)
+	}
+	var other uint64
+	var oc sksSksContainer
+	it := l.objs.SksContainers.Iterate()
+	for it.Next(&other, &oc) {
+		if oc.Ip == c.Ip {
+			return err
+		}
+	}
+	if ierr := it.Err(); ierr != nil {
+		return errors.Join(err, fmt.Errorf("containers: %w", ierr))
+	}
+	if derr := l.objs.SksServed.Delete(c.Ip); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
 		err = errors.Join(err, derr)
 	}
 	return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -174,6 +176,9 @@ func tcpSocket(t *testing.T) int {
 
 func publish(t *testing.T, l *Layer, fd int, at netip.AddrPort) {
 	t.Helper()
+	if err := l.objs.SksServed.Put(ip32(at.Addr()), uint8(1)); err != nil {
+		t.Fatal(err)
+	}
 	if err := l.objs.SksListen.Put(sksSksKey{Ip: ip32(at.Addr()), Port: port16(at.Port())}, uint64(fd)); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +283,9 @@ func TestToHostStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []netip.Addr{ipServer, ipClient} {
+	// A container of this host that never had a replaced listener.
+	ipOther := netip.MustParseAddr("10.244.1.9")
+	for _, a := range []netip.Addr{ipServer, ipClient, ipOther} {
 		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.IP(a.AsSlice()))}); err != nil {
 			t.Fatal(err)
 		}
@@ -292,6 +299,10 @@ func TestToHostStack(t *testing.T) {
 	// the container's), and a host listener on every address, port 8082.
 	conn := connection(t, netip.AddrPortFrom(ipServer, 8081), ipClient)
 	listenOn(t, netip.AddrPortFrom(netip.IPv4Unspecified(), 8082))
+	// Only a replaced listener's connections are the host stack's; the
+	// test makes one for a container that never had one, to show that
+	// its traffic is not even looked up.
+	otherConn := connection(t, netip.AddrPortFrom(ipOther, 8086), ipClient)
 
 	segTOS := func(tos byte, src netip.AddrPort, dst netip.Addr, port uint16, flags byte) []byte {
 		return tctest.Eth(macB, macA, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: tos}, tctest.ProtoTCP, src.Addr(), dst,
@@ -328,6 +339,7 @@ func TestToHostStack(t *testing.T) {
 		// The listener sent cookies: a wrong one is checked and refused.
 		{"ACK without the listener's syncookie", seg(cookieClient, ipServer, 8085, tctest.ACK), false, 0},
 		{"data to a port the host listens on", seg(client, ipServer, 8082, tctest.ACK), false, 0},
+		{"data to a container without a replaced listener", seg(otherConn, ipOther, 8086, tctest.ACK), false, 0},
 		{"SYN to a port the host listens on", seg(client, ipServer, 8082, tctest.SYN), false, 0},
 		{"other port", seg(client, ipServer, 8083, tctest.SYN), false, 0},
 		// Only steered packets may carry the route's TOS to a container.
@@ -353,33 +365,55 @@ func TestToHostStack(t *testing.T) {
 		// Test runs give the packet a socket, as the host's own packets have.
 		{"from_host", l.objs.SksFromHost, loMAC, redirect, false},
 	}
+	ns, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
 	before, _ := l.Stats()
-	// No subtests: they would run on other threads, outside the namespace.
-	for _, p := range progs {
-		for _, c := range cases {
-			name := p.name + ": " + c.name
-			verdict, out, skb := tctest.RunSkb(t, p.prog, c.pkt, nil)
-			want, wantVerdict := append([]byte{}, c.pkt...), uint32(0)
-			if c.steer {
-				copy(want, p.dst)
-				wantVerdict = p.verdict
+	// Without sks_lookup on the namespace, the connection lookup ends in
+	// listeners (the host's on 0.0.0.0:8082 too); with it, as on a host,
+	// the lookup asks sks_lookup, which must neither refuse the segments
+	// nor count them (overlay_refused is the stack's deliveries).
+	for _, attached := range []bool{false, true} {
+		if attached {
+			lk, err := link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if len(want) >= 34 && want[12] == 0x08 {
-				withTOS(want[14:34], c.tos)
-			}
-			if verdict != wantVerdict {
-				t.Errorf("%s: verdict %d, want %d", name, verdict, wantVerdict)
-			}
-			if !bytes.Equal(out[:len(want)], want) {
-				t.Errorf("%s: packet\n%x\nwant\n%x", name, out[:len(want)], want)
-			}
-			if marked := skb.Mark == Mark; marked != (c.steer && p.judge) {
-				t.Errorf("%s: mark %#x", name, skb.Mark)
+			defer lk.Close()
+		}
+		// No subtests: they would run on other threads, outside the namespace.
+		for _, p := range progs {
+			for _, c := range cases {
+				name := fmt.Sprintf("%s (sks_lookup attached: %v): %s", p.name, attached, c.name)
+				verdict, out, skb := tctest.RunSkb(t, p.prog, c.pkt, nil)
+				want, wantVerdict := append([]byte{}, c.pkt...), uint32(0)
+				if c.steer {
+					copy(want, p.dst)
+					wantVerdict = p.verdict
+				}
+				if len(want) >= 34 && want[12] == 0x08 {
+					withTOS(want[14:34], c.tos)
+				}
+				if verdict != wantVerdict {
+					t.Errorf("%s: verdict %d, want %d", name, verdict, wantVerdict)
+				}
+				if !bytes.Equal(out[:len(want)], want) {
+					t.Errorf("%s: packet\n%x\nwant\n%x", name, out[:len(want)], want)
+				}
+				if marked := skb.Mark == Mark; marked != (c.steer && p.judge) {
+					t.Errorf("%s: mark %#x", name, skb.Mark)
+				}
 			}
 		}
 	}
-	if after, _ := l.Stats(); after["syncookie_steered"] != before["syncookie_steered"]+uint64(len(progs)) {
+	after, _ := l.Stats()
+	if after["syncookie_steered"] != before["syncookie_steered"]+2*uint64(len(progs)) {
 		t.Errorf("syncookie_steered %d → %d", before["syncookie_steered"], after["syncookie_steered"])
+	}
+	if after["overlay_refused"] != before["overlay_refused"] {
+		t.Errorf("overlay_refused %d → %d: the steering programs' lookups were counted", before["overlay_refused"], after["overlay_refused"])
 	}
 }
 

@@ -112,7 +112,9 @@ const (
 	sksMapSksEvents          = "sks_events"
 	sksMapSksKill            = "sks_kill"
 	sksMapSksListen          = "sks_listen"
+	sksMapSksProbing         = "sks_probing"
 	sksMapSksRoutes          = "sks_routes"
+	sksMapSksServed          = "sks_served"
 	sksMapSksStats           = "sks_stats"
 	sksMapSksStorage         = "sks_storage"
 	sksMapSksSubnets         = "sks_subnets"
@@ -211,7 +213,9 @@ type sksMapSpecs struct {
 	SksEvents     *ebpf.MapSpec `ebpf:"sks_events"`
 	SksKill       *ebpf.MapSpec `ebpf:"sks_kill"`
 	SksListen     *ebpf.MapSpec `ebpf:"sks_listen"`
+	SksProbing    *ebpf.MapSpec `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.MapSpec `ebpf:"sks_routes"`
+	SksServed     *ebpf.MapSpec `ebpf:"sks_served"`
 	SksStats      *ebpf.MapSpec `ebpf:"sks_stats"`
 	SksStorage    *ebpf.MapSpec `ebpf:"sks_storage"`
 	SksSubnets    *ebpf.MapSpec `ebpf:"sks_subnets"`
@@ -260,7 +264,9 @@ type sksMaps struct {
 	SksEvents     *ebpf.Map `ebpf:"sks_events"`
 	SksKill       *ebpf.Map `ebpf:"sks_kill"`
 	SksListen     *ebpf.Map `ebpf:"sks_listen"`
+	SksProbing    *ebpf.Map `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.Map `ebpf:"sks_routes"`
+	SksServed     *ebpf.Map `ebpf:"sks_served"`
 	SksStats      *ebpf.Map `ebpf:"sks_stats"`
 	SksStorage    *ebpf.Map `ebpf:"sks_storage"`
 	SksSubnets    *ebpf.Map `ebpf:"sks_subnets"`
@@ -273,7 +279,9 @@ func (m *sksMaps) Close() error {
 		m.SksEvents,
 		m.SksKill,
 		m.SksListen,
+		m.SksProbing,
 		m.SksRoutes,
+		m.SksServed,
 		m.SksStats,
 		m.SksStorage,
 		m.SksSubnets,

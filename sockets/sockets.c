@@ -133,6 +133,29 @@ struct {
 	__type(value, __be32); // the host owning the subnet
 } sks_subnets SEC(".maps");
 
+// Container addresses that have had a replaced listener: only they can
+// have connections on the host stack (accepted from one). sockops adds an
+// address when a listener is published; the agent removes it with the
+// container.
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, __u8);
+} sks_served SEC(".maps");
+
+// Set while a steering program looks up a connection: the lookup runs
+// sks_lookup too (the kernel's listener path), which then answers "none"
+// at once instead of judging a delivery. Per CPU: the lookup runs on the
+// program's CPU, with bottom halves off.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sks_probing SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -409,7 +432,9 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
 		if (!k.port)
 			k.port = bpf_htons((__u16)skops->local_port);
-		if (bpf_sock_hash_update(skops, &sks_listen, &k, BPF_NOEXIST) != 0) {
+		__u8 yes = 1;
+		if ((!bpf_map_lookup_elem(&sks_served, &k.ip) && bpf_map_update_elem(&sks_served, &k.ip, &yes, BPF_ANY) != 0) ||
+		    bpf_sock_hash_update(skops, &sks_listen, &k, BPF_NOEXIST) != 0) {
 			count(SKS_LISTENER_FAILED);
 			break;
 		}
@@ -536,6 +561,10 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 {
 	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP)
 		return SK_PASS;
+	__u32 zero = 0;
+	__u32 *probing = bpf_map_lookup_elem(&sks_probing, &zero);
+	if (probing && *probing)
+		return SK_DROP; // connection_for asks for connections only
 	struct sks_tuple t = {
 		.saddr = ctx->remote_ip4,
 		.daddr = ctx->local_ip4,
@@ -596,12 +625,10 @@ static __always_inline struct bpf_sock *replaced_listener(struct iphdr *ip, stru
 	return bpf_map_lookup_elem(&sks_listen, &k);
 }
 
-// syncookie_ack says whether a segment that found a listener but no
-// connection completes a handshake that a replaced listener answered with a
-// syncookie (under a SYN flood it keeps no request for it). Only the
-// listener can tell, by the cookie: the same port may be a container's own
-// client's. The listener is taken from sks_listen, so a host socket found
-// by the lookup (were sk_lookup not attached) never decides.
+// syncookie_ack says whether a segment that found no connection completes
+// a handshake that a replaced listener answered with a syncookie (under a
+// SYN flood it keeps no request for it). Only the listener can tell, by the
+// cookie: the same port may be a container's own client's.
 static __always_inline bool syncookie_ack(struct iphdr *ip, struct tcphdr *th)
 {
 	if (!th->ack || th->syn || th->rst)
@@ -617,14 +644,37 @@ static __always_inline bool syncookie_ack(struct iphdr *ip, struct tcphdr *th)
 	return true;
 }
 
+// connection_for says whether the host stack has a connection (or a
+// request, or a TIME_WAIT) for a segment to a container. Only containers
+// that had a replaced listener can have one. The kernel's lookup ends in
+// the listener path when it finds no connection, which runs sks_lookup:
+// sks_probing has that answer "none" at once, so a listener is never
+// returned, the host's own ones on every address included.
+static __always_inline bool connection_for(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *th)
+{
+	if (!bpf_map_lookup_elem(&sks_served, &ip->daddr))
+		return false;
+	__u32 zero = 0;
+	__u32 *probing = bpf_map_lookup_elem(&sks_probing, &zero);
+	if (!probing)
+		return false;
+	struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest}};
+	*probing = 1;
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	*probing = 0;
+	if (!sk)
+		return syncookie_ack(ip, th);
+	// A listener only where sks_lookup is not attached (tests).
+	bool found = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return found || syncookie_ack(ip, th);
+}
+
 // for_host_stack says whether a packet for a container belongs to a
 // replaced listener or to a connection accepted from one. Only a SYN goes
 // by the listener's overlay address and port: other segments to that port
 // may be a container's own connection that happens to use it (replies to a
-// fallback client). Those go by their 4-tuple, and only a connection
-// counts: the lookup also finds listeners, the host's own ones included,
-// which must never take a container's traffic. A segment that finds only a
-// listener may still complete a syncookie handshake (syncookie_ack).
+// fallback client). Those go by their 4-tuple (connection_for).
 static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *ip)
 {
 	void *data_end = (void *)(long)skb->data_end;
@@ -633,21 +683,9 @@ static __always_inline bool for_host_stack(struct __sk_buff *skb, struct iphdr *
 	struct tcphdr *th = (void *)ip + ip->ihl * 4;
 	if ((void *)(th + 1) > data_end)
 		return false;
-	struct bpf_sock *sk;
-	if (th->syn && !th->ack) {
-		sk = replaced_listener(ip, th);
-	} else {
-		struct bpf_sock_tuple t = {.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr,
-						    .sport = th->source, .dport = th->dest}};
-		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
-		// Without a connection the lookup ends in a listener: for a
-		// container's address, only a replaced one (sks_lookup assigns
-		// it, and refuses the rest), whose cookie may take the segment.
-		if (sk && sk->state == BPF_TCP_LISTEN) {
-			bpf_sk_release(sk);
-			return syncookie_ack(ip, th);
-		}
-	}
+	if (!th->syn || th->ack)
+		return connection_for(skb, ip, th);
+	struct bpf_sock *sk = replaced_listener(ip, th);
 	if (!sk)
 		return false;
 	bpf_sk_release(sk);

@@ -234,3 +234,38 @@ func TestAcceptLocalRestored(t *testing.T) {
 		}
 	}
 }
+
+// TestServedForgottenWithContainer: a container's address stays served
+// (its connections accepted from a replaced listener are the host stack's)
+// until the last container with that address goes.
+func TestServedForgottenWithContainer(t *testing.T) {
+	l := loadTest(t)
+	ip := ip32(ipServer)
+	for _, id := range []uint64{1, 2} {
+		if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: ip}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.objs.SksServed.Put(ip, uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	served := func() bool {
+		var v uint8
+		return l.objs.SksServed.Lookup(ip, &v) == nil
+	}
+	if err := l.unpinCgroup(1); err != nil {
+		t.Fatal(err)
+	}
+	if !served() {
+		t.Fatal("address forgotten while another container has it")
+	}
+	if err := l.unpinCgroup(2); err != nil {
+		t.Fatal(err)
+	}
+	if served() {
+		t.Fatal("address still served after its last container")
+	}
+	if err := l.unpinCgroup(2); err != nil {
+		t.Fatalf("second removal: %v", err)
+	}
+}
