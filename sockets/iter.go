@@ -135,3 +135,56 @@ func (l *Layer) end(kill func(conn) bool) (int, error) {
 	}
 	return len(cookies), l.destroy(cookies)
 }
+
+// Sweep removes the identities of accepted connections that no longer
+// exist. An application's close removes a socket's identity (sock_release),
+// but a listener that closes drops the connections not yet accepted, which
+// no application closes; their identities stay. So after a listener closed
+// (the agent calls Sweep every few seconds, and it only works then), the
+// children that the socket iterator no longer finds go. A child the
+// application still holds after a reset is not in the socket tables either:
+// it loses its identity, and shows 0.0.0.0 as any host socket without one.
+// It returns how many it removed.
+func (l *Layer) Sweep() (int, error) {
+	if !l.sweepDue.Swap(false) {
+		return 0, nil
+	}
+	var (
+		cookie   uint64
+		si       sksSksInfo
+		children []uint64
+	)
+	it := l.objs.SksSocks.Iterate()
+	for it.Next(&cookie, &si) {
+		if sksSksRole(si.Role) == sksSksRoleSKS_CHILD {
+			children = append(children, cookie)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("socket identities: %w", err)
+	}
+	if len(children) == 0 {
+		return 0, nil
+	}
+	conns, err := l.conns()
+	if err != nil {
+		return 0, err
+	}
+	live := make(map[uint64]bool, len(conns))
+	for _, c := range conns {
+		live[c.Cookie] = true
+	}
+	n := 0
+	var errs []error
+	for _, c := range children {
+		if live[c] {
+			continue
+		}
+		if err := l.objs.SksSocks.Delete(c); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
