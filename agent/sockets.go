@@ -62,7 +62,7 @@ func (a *Agent) stopSockets() error {
 
 // publishListeners writes this host's replaced listeners to the store when
 // the kernel reports a change, and every few seconds in case an event was
-// lost or the store was away; then it also sweeps socket identities. Other hosts' agents turn them into fast-path
+// lost or the store was away. Other hosts' agents turn them into fast-path
 // routes.
 func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed <-chan struct{}) {
 	t := time.NewTicker(5 * time.Second)
@@ -83,11 +83,6 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 				return
 			}
 		case <-t.C:
-			if n, err := l.Sweep(); err != nil {
-				a.log.Warn("sweep socket identities", "err", err)
-			} else if n > 0 {
-				a.log.Info("removed identities of connections a closed listener dropped", "connections", n)
-			}
 		}
 	}
 }

@@ -88,38 +88,21 @@ func (l *Layer) Setup() error {
 	return l.seedServed()
 }
 
-// seedServed marks the addresses of replaced listeners and of connections
-// accepted from one as served (sks_served), as sockops does when a listener
-// is published: after an upgrade from a version without the map, their
-// overlay connections would otherwise reach the container. Listeners are
-// taken from sks_listen, which versions that kept identities elsewhere
-// filled too.
+// seedServed marks the containers that hold replaced listeners or
+// connections accepted from one as served (sks_served), as sockops does when
+// a listener is published: after an upgrade from a version without the
+// map, their overlay connections would otherwise reach the container.
 func (l *Layer) seedServed() error {
-	var ips []uint32
-	var k sksSksKey
-	var cookie uint64
-	it := l.objs.SksListen.Iterate()
-	for it.Next(&k, &cookie) {
-		ips = append(ips, k.Ip)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("listeners: %w", err)
-	}
 	conns, err := l.conns()
 	if err != nil {
 		return err
 	}
 	for _, c := range conns {
-		if c.Role == sksSksRoleSKS_LISTEN || c.Role == sksSksRoleSKS_CHILD {
-			ips = append(ips, ip32(c.Local.Addr()))
+		if c.Role != sksSksRoleSKS_LISTEN && c.Role != sksSksRoleSKS_CHILD {
+			continue
 		}
-	}
-	for _, ip := range ips {
-		if ip == 0 {
-			continue // a connection accepted with its addresses unknown
-		}
-		if err := l.objs.SksServed.Update(ip, uint8(1), ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("mark %s served: %w", addrOf(ip), err)
+		if err := l.objs.SksServed.Update(ip32(c.Local.Addr()), uint8(1), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("mark %s served: %w", c.Local.Addr(), err)
 		}
 	}
 	return nil
@@ -300,27 +283,24 @@ func (l *Layer) pinnedLink(name string, prog *ebpf.Program, attach func() (link.
 	return nil
 }
 
-// cgroupProgram is a program attached to each container's cgroup, pinned
-// under name.
-type cgroupProgram struct {
-	name   string
+// cgroupPrograms are the programs attached to each container's cgroup.
+func (l *Layer) cgroupPrograms() map[string]struct {
 	prog   *ebpf.Program
 	attach ebpf.AttachType
-}
-
-// cgroupPrograms lists them in the order they are attached: release before
-// create, so that no socket gets an identity that outlives it.
-func (l *Layer) cgroupPrograms() []cgroupProgram {
+} {
+	type p = struct {
+		prog   *ebpf.Program
+		attach ebpf.AttachType
+	}
 	o := &l.objs
-	return []cgroupProgram{
-		{"sock_release", o.SksSockRelease, ebpf.AttachCgroupInetSockRelease},
-		{"sock_create", o.SksSockCreate, ebpf.AttachCGroupInetSockCreate},
-		{"connect4", o.SksConnect4, ebpf.AttachCGroupInet4Connect},
-		{"bind4", o.SksBind4, ebpf.AttachCGroupInet4Bind},
-		{"getsockname4", o.SksGetsockname4, ebpf.AttachCgroupInet4GetSockname},
-		{"getpeername4", o.SksGetpeername4, ebpf.AttachCgroupInet4GetPeername},
-		{"setsockopt", o.SksSetsockopt, ebpf.AttachCGroupSetsockopt},
-		{"sockops", o.SksSockops, ebpf.AttachCGroupSockOps},
+	return map[string]p{
+		"sock_create":  {o.SksSockCreate, ebpf.AttachCGroupInetSockCreate},
+		"connect4":     {o.SksConnect4, ebpf.AttachCGroupInet4Connect},
+		"bind4":        {o.SksBind4, ebpf.AttachCGroupInet4Bind},
+		"getsockname4": {o.SksGetsockname4, ebpf.AttachCgroupInet4GetSockname},
+		"getpeername4": {o.SksGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+		"setsockopt":   {o.SksSetsockopt, ebpf.AttachCGroupSetsockopt},
+		"sockops":      {o.SksSockops, ebpf.AttachCGroupSockOps},
 	}
 }
 
@@ -358,8 +338,8 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if err := os.MkdirAll(filepath.Join(l.linkDir(), cgroupLinks(id)), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
 	}
-	for _, p := range l.cgroupPrograms() {
-		err := l.pinnedLink(filepath.Join(cgroupLinks(id), p.name), p.prog, func() (link.Link, error) {
+	for name, p := range l.cgroupPrograms() {
+		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.prog, func() (link.Link, error) {
 			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.attach, Program: p.prog})
 		})
 		if err != nil {

@@ -115,8 +115,8 @@ const (
 	sksMapSksProbing         = "sks_probing"
 	sksMapSksRoutes          = "sks_routes"
 	sksMapSksServed          = "sks_served"
-	sksMapSksSocks           = "sks_socks"
 	sksMapSksStats           = "sks_stats"
+	sksMapSksStorage         = "sks_storage"
 	sksMapSksSubnets         = "sks_subnets"
 	sksMapSksSyns            = "sks_syns"
 	sksProgSksBind4          = "sks_bind4"
@@ -132,7 +132,6 @@ const (
 	sksProgSksLookup         = "sks_lookup"
 	sksProgSksSetsockopt     = "sks_setsockopt"
 	sksProgSksSockCreate     = "sks_sock_create"
-	sksProgSksSockRelease    = "sks_sock_release"
 	sksProgSksSockops        = "sks_sockops"
 	sksVarCfgClusterMask     = "cfg_cluster_mask"
 	sksVarCfgClusterNet      = "cfg_cluster_net"
@@ -203,7 +202,6 @@ type sksProgramSpecs struct {
 	SksLookup        *ebpf.ProgramSpec `ebpf:"sks_lookup"`
 	SksSetsockopt    *ebpf.ProgramSpec `ebpf:"sks_setsockopt"`
 	SksSockCreate    *ebpf.ProgramSpec `ebpf:"sks_sock_create"`
-	SksSockRelease   *ebpf.ProgramSpec `ebpf:"sks_sock_release"`
 	SksSockops       *ebpf.ProgramSpec `ebpf:"sks_sockops"`
 }
 
@@ -218,8 +216,8 @@ type sksMapSpecs struct {
 	SksProbing    *ebpf.MapSpec `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.MapSpec `ebpf:"sks_routes"`
 	SksServed     *ebpf.MapSpec `ebpf:"sks_served"`
-	SksSocks      *ebpf.MapSpec `ebpf:"sks_socks"`
 	SksStats      *ebpf.MapSpec `ebpf:"sks_stats"`
+	SksStorage    *ebpf.MapSpec `ebpf:"sks_storage"`
 	SksSubnets    *ebpf.MapSpec `ebpf:"sks_subnets"`
 	SksSyns       *ebpf.MapSpec `ebpf:"sks_syns"`
 }
@@ -269,8 +267,8 @@ type sksMaps struct {
 	SksProbing    *ebpf.Map `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.Map `ebpf:"sks_routes"`
 	SksServed     *ebpf.Map `ebpf:"sks_served"`
-	SksSocks      *ebpf.Map `ebpf:"sks_socks"`
 	SksStats      *ebpf.Map `ebpf:"sks_stats"`
+	SksStorage    *ebpf.Map `ebpf:"sks_storage"`
 	SksSubnets    *ebpf.Map `ebpf:"sks_subnets"`
 	SksSyns       *ebpf.Map `ebpf:"sks_syns"`
 }
@@ -284,8 +282,8 @@ func (m *sksMaps) Close() error {
 		m.SksProbing,
 		m.SksRoutes,
 		m.SksServed,
-		m.SksSocks,
 		m.SksStats,
+		m.SksStorage,
 		m.SksSubnets,
 		m.SksSyns,
 	)
@@ -326,7 +324,6 @@ type sksPrograms struct {
 	SksLookup        *ebpf.Program `ebpf:"sks_lookup"`
 	SksSetsockopt    *ebpf.Program `ebpf:"sks_setsockopt"`
 	SksSockCreate    *ebpf.Program `ebpf:"sks_sock_create"`
-	SksSockRelease   *ebpf.Program `ebpf:"sks_sock_release"`
 	SksSockops       *ebpf.Program `ebpf:"sks_sockops"`
 }
 
@@ -345,7 +342,6 @@ func (p *sksPrograms) Close() error {
 		p.SksLookup,
 		p.SksSetsockopt,
 		p.SksSockCreate,
-		p.SksSockRelease,
 		p.SksSockops,
 	)
 }

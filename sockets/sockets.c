@@ -82,20 +82,13 @@ volatile const __u32 cfg_secure;       // refuse what is not the fast path
 volatile const __u32 cfg_mark;         // overlay packets the host stack takes (policy)
 volatile const __u8 cfg_tos;           // routes them there (TOS bits of a local route)
 
-// Replaced sockets' overlay identity, by socket cookie. A hash rather than
-// socket storage: storage takes two allocations per socket, with memory
-// cgroup charges, a copy into every accepted child and two RCU frees
-// (docs/BENCHMARKS.md). An entry goes with its socket: at release (close),
-// at a listener's close (STATE_CB), and for a child its listener dropped
-// before accept(), at the agent's sweep.
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 1 << 20);
-	__type(key, __u64); // socket cookie
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
+	__type(key, int);
 	__type(value, struct sks_info);
-} sks_socks SEC(".maps");
+} sks_storage SEC(".maps");
 
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -204,12 +197,11 @@ static __always_inline bool local_container(__be32 ip)
 // sockets of the same cgroup are the overlay's and are left alone.
 static __always_inline bool host_socket(void *ctx) { return bpf_get_netns_cookie(ctx) == cfg_host_netns; }
 
-// info_of returns the identity of the socket of ctx (a socket, a sock_addr
-// or a sock_ops context), NULL for sockets the layer did not replace.
-static __always_inline struct sks_info *info_of(void *ctx)
+static __always_inline struct sks_info *info_of(struct bpf_sock *sk)
 {
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	return bpf_map_lookup_elem(&sks_socks, &cookie);
+	if (!sk)
+		return NULL;
+	return bpf_sk_storage_get(&sks_storage, sk, 0, 0);
 }
 
 SEC("cgroup/sock_create")
@@ -221,24 +213,12 @@ int sks_sock_create(struct bpf_sock *sk)
 	struct sks_container *c = bpf_map_lookup_elem(&sks_containers, &cg);
 	if (!c)
 		return 1;
-	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct sks_info si = {.local_ip = c->ip, .role = SKS_FRESH};
-	if (bpf_map_update_elem(&sks_socks, &cookie, &si, BPF_NOEXIST) != 0)
+	struct sks_info *si = bpf_sk_storage_get(&sks_storage, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!si)
 		return 0; // a replaced socket without identity must not exist
+	si->local_ip = c->ip;
+	si->role = SKS_FRESH;
 	count(SKS_STAMPED);
-	return 1;
-}
-
-// A replaced socket's identity goes when the application closes it, but a
-// listener's at its close to the stack (sockops STATE_CB), which still
-// needs it to report the close.
-SEC("cgroup/sock_release")
-int sks_sock_release(struct bpf_sock *sk)
-{
-	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct sks_info *si = bpf_map_lookup_elem(&sks_socks, &cookie);
-	if (si && !(si->role == SKS_LISTEN && sk->state == BPF_TCP_LISTEN))
-		bpf_map_delete_elem(&sks_socks, &cookie);
 	return 1;
 }
 
@@ -251,7 +231,7 @@ int sks_connect4(struct bpf_sock_addr *ctx)
 {
 	if (!host_socket(ctx))
 		return 1;
-	struct sks_info *si = info_of(ctx);
+	struct sks_info *si = info_of(ctx->sk);
 	if (!si)
 		return unstamped();
 	if (si->role != SKS_FRESH || ctx->type != SOCK_STREAM) {
@@ -282,7 +262,7 @@ int sks_bind4(struct bpf_sock_addr *ctx)
 {
 	if (!host_socket(ctx))
 		return 1;
-	struct sks_info *si = info_of(ctx);
+	struct sks_info *si = info_of(ctx->sk);
 	if (!si)
 		return unstamped();
 	if (si->role != SKS_FRESH || ctx->type != SOCK_STREAM ||
@@ -309,25 +289,12 @@ int sks_bind4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-// A host socket of the container's cgroup without an identity (none should
-// exist: an accepted connection without room for one, one the sweep took
-// after a reset) shows 0.0.0.0 in secure mode, never a host address.
-static __always_inline void show_unknown(struct bpf_sock_addr *ctx)
-{
-	if (cfg_secure)
-		ctx->user_ip4 = 0;
-}
-
 SEC("cgroup/getsockname4")
 int sks_getsockname4(struct bpf_sock_addr *ctx)
 {
-	if (!host_socket(ctx))
+	struct sks_info *si = info_of(ctx->sk);
+	if (!si || !host_socket(ctx))
 		return 1;
-	struct sks_info *si = info_of(ctx);
-	if (!si) {
-		show_unknown(ctx);
-		return 1;
-	}
 	ctx->user_ip4 = si->local_ip;
 	if (si->local_port)
 		ctx->user_port = si->local_port;
@@ -337,28 +304,14 @@ int sks_getsockname4(struct bpf_sock_addr *ctx)
 SEC("cgroup/getpeername4")
 int sks_getpeername4(struct bpf_sock_addr *ctx)
 {
-	if (!host_socket(ctx))
+	struct sks_info *si = info_of(ctx->sk);
+	if (!si || !host_socket(ctx))
 		return 1;
-	struct sks_info *si = info_of(ctx);
-	if (!si) {
-		show_unknown(ctx);
-		return 1;
-	}
 	// An unknown peer shows as 0.0.0.0 rather than as a host address.
 	ctx->user_ip4 = si->peer_ip;
 	if (si->peer_port)
 		ctx->user_port = si->peer_port;
 	return 1;
-}
-
-// replaced_socket says whether the socket of a setsockopt call is a host TCP
-// socket of the container's cgroup (the program runs for the socket's
-// cgroup): the broker's, or one accepted from a replaced listener. The hook
-// has no socket cookie to look the identity up by.
-static __always_inline bool replaced_socket(struct bpf_sockopt *ctx)
-{
-	struct bpf_sock *sk = ctx->sk;
-	return sk && sk->family == AF_INET && sk->type == SOCK_STREAM && host_socket(ctx);
 }
 
 SEC("cgroup/setsockopt")
@@ -373,7 +326,7 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 				       name == SO_BINDTOIFINDEX)) ||
 	      (level == SOL_IP && name == IP_TOS) ||
 	      (level == SOL_TCP && name == TCP_SAVE_SYN)) ||
-	    !replaced_socket(ctx)) {
+	    !info_of(ctx->sk) || !host_socket(ctx)) {
 		ctx->optlen = 0;
 		return 1;
 	}
@@ -397,48 +350,6 @@ static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
 	ev->port = port;
 	ev->pad = 0;
 	bpf_ringbuf_submit(ev, 0);
-}
-
-// accepted gives a connection accepted from a replaced listener its
-// identity: the overlay addresses its SYN's option carried (the record stays
-// until here), or for one that came over the overlay, its own addresses.
-static __always_inline void accepted(struct bpf_sock_ops *skops)
-{
-	// Sockops runs for the container's own sockets too; in the host
-	// namespace, its cgroup has only the broker's (and their children).
-	if (!host_socket(skops))
-		return;
-	// The child inherited the listener's state-callback flag.
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
-	struct sks_tuple t = {
-		.saddr = skops->remote_ip4,
-		.daddr = skops->local_ip4,
-		.sport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
-		.dport = bpf_htons((__u16)skops->local_port),
-	};
-	struct sks_info si = {.role = SKS_CHILD};
-	struct sks_pending *p = bpf_map_lookup_elem(&sks_syns, &t);
-	if (p) {
-		si.local_ip = p->dst_ip;
-		si.local_port = p->dst_port;
-		si.peer_ip = p->src_ip;
-		bpf_map_delete_elem(&sks_syns, &t);
-		count(SKS_ACCEPTED);
-	} else if (in_cluster(skops->remote_ip4)) {
-		si.local_ip = skops->local_ip4; // the container's: delivered to it
-		si.peer_ip = skops->remote_ip4;
-		count(SKS_ACCEPTED);
-	} else {
-		// Its record evicted (a SYN flood), or a host process that
-		// connected to the listener's loopback port: the peer shows as
-		// 0.0.0.0 and the local address as the listener's port on
-		// 0.0.0.0, never as a host address.
-		si.local_port = t.dport;
-		count(SKS_ACCEPTED_UNKNOWN);
-	}
-	__u64 cookie = bpf_get_socket_cookie(skops);
-	if (bpf_map_update_elem(&sks_socks, &cookie, &si, BPF_NOEXIST) != 0)
-		count(SKS_IDENTITY_FULL);
 }
 
 SEC("sockops")
@@ -469,11 +380,8 @@ int sks_sockops(struct bpf_sock_ops *skops)
 	default:
 		return 1;
 	}
-	if (skops->op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
-		accepted(skops);
-		return 1;
-	}
-	struct sks_info *si = info_of(skops);
+	struct bpf_sock *sk = skops->sk;
+	struct sks_info *si = info_of(sk);
 	if (!si)
 		return 1;
 	switch (skops->op) {
@@ -537,12 +445,35 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		break;
 	}
 	case BPF_SOCK_OPS_STATE_CB:
-		if (si->role == SKS_LISTEN && skops->args[0] == TCP_LISTEN) {
+		if (si->role == SKS_LISTEN && skops->args[0] == TCP_LISTEN)
 			notify(SKS_EV_CLOSE, si->local_ip, si->local_port);
-			__u64 cookie = bpf_get_socket_cookie(skops);
-			bpf_map_delete_elem(&sks_socks, &cookie);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB: {
+		// The child inherited the listener's storage (BPF_F_CLONE) and
+		// state-callback flag.
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
+		si->role = SKS_CHILD;
+		si->peer_port = 0; // the real port is the peer's
+		struct sks_tuple t = {
+			.saddr = skops->remote_ip4,
+			.daddr = skops->local_ip4,
+			.sport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
+			.dport = bpf_htons((__u16)skops->local_port),
+		};
+		struct sks_pending *p = bpf_map_lookup_elem(&sks_syns, &t);
+		if (p) {
+			si->peer_ip = p->src_ip;
+			bpf_map_delete_elem(&sks_syns, &t);
+			count(SKS_ACCEPTED);
+		} else if (in_cluster(skops->remote_ip4)) {
+			si->peer_ip = skops->remote_ip4; // came over the overlay
+			count(SKS_ACCEPTED);
+		} else {
+			si->peer_ip = 0;
+			count(SKS_ACCEPTED_UNKNOWN);
 		}
 		break;
+	}
 	}
 	return 1;
 }
@@ -864,8 +795,7 @@ static __always_inline struct sks_info *iter_info(struct sock_common *skc, struc
 	*tp = bpf_skc_to_tcp_sock(skc);
 	if (!*tp)
 		return NULL;
-	__u64 cookie = bpf_get_socket_cookie(skc);
-	return bpf_map_lookup_elem(&sks_socks, &cookie);
+	return bpf_sk_storage_get(&sks_storage, *tp, 0, 0);
 }
 
 SEC("iter/tcp")

@@ -19,7 +19,6 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -49,8 +48,6 @@ type Layer struct {
 	underlay netlink.Link
 	log      *slog.Logger
 	brokers  *brokers
-	// sweepDue is set when a listener closed: Sweep has work.
-	sweepDue atomic.Bool
 }
 
 // Load loads the programs with this host's configuration. Maps pinned by an
@@ -149,7 +146,7 @@ var Reasons = []string{
 	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "listener_exposed", "syn_recorded",
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
-	"syncookie_steered", "identity_full",
+	"syncookie_steered",
 }
 
 // Stats returns the counters summed over CPUs, by reason.

@@ -56,7 +56,7 @@ enum sks_role {
 	SKS_CHILD = 4,  // accepted from a replaced listener
 };
 
-// Per-socket overlay identity (sks_socks, by socket cookie).
+// Per-socket overlay identity (socket storage, cloned into accepted children).
 struct sks_info {
 	__be32 local_ip;  // the container's overlay address
 	__be32 peer_ip;   // what getpeername shows
@@ -131,6 +131,5 @@ enum sks_reason {
 	SKS_TOS_CLEARED,      // packet for a container with the route's TOS, not steered
 	SKS_OVERLAY_REFUSED,  // connection to a container address without its listener
 	SKS_SYNCOOKIE_STEERED, // overlay ACK completing a replaced listener's syncookie
-	SKS_IDENTITY_FULL,    // no room for an accepted socket's identity (sks_socks)
 	SKS_REASONS,
 };

@@ -269,31 +269,3 @@ func TestServedForgottenWithContainer(t *testing.T) {
 		t.Fatalf("second removal: %v", err)
 	}
 }
-
-// TestSweep: after a listener closed, the identities of accepted
-// connections that no longer exist go; fresh sockets' stay (the socket
-// iterator never sees unbound sockets), and nothing goes before a close.
-func TestSweep(t *testing.T) {
-	l := loadTest(t)
-	// Cookies no socket of this host has.
-	const child, fresh = uint64(1) << 62, uint64(1)<<62 + 1
-	for cookie, role := range map[uint64]sksSksRole{child: sksSksRoleSKS_CHILD, fresh: sksSksRoleSKS_FRESH} {
-		if err := l.objs.SksSocks.Put(cookie, sksSksInfo{LocalIp: ip32(ipServer), Role: uint8(role)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	has := func(cookie uint64) bool {
-		var si sksSksInfo
-		return l.objs.SksSocks.Lookup(cookie, &si) == nil
-	}
-	if n, err := l.Sweep(); err != nil || n != 0 || !has(child) {
-		t.Fatalf("before a listener closed: swept %d (%v)", n, err)
-	}
-	l.sweepDue.Store(true)
-	if n, err := l.Sweep(); err != nil || n != 1 {
-		t.Fatalf("swept %d, want 1 (%v)", n, err)
-	}
-	if has(child) || !has(fresh) {
-		t.Fatalf("after the sweep: child %v, fresh %v; want only the fresh socket", has(child), has(fresh))
-	}
-}

@@ -139,13 +139,7 @@ func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 				return
 			}
 			var ev sksSksEvent
-			if binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev) != nil {
-				continue
-			}
-			if sksSksEventKind(ev.Kind) == sksSksEventKindSKS_EV_CLOSE {
-				l.sweepDue.Store(true)
-			}
-			if sksSksEventKind(ev.Kind) == sksSksEventKindSKS_EV_EXPOSED {
+			if binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev) == nil && sksSksEventKind(ev.Kind) == sksSksEventKindSKS_EV_EXPOSED {
 				if n, err := l.endExposed(); err != nil {
 					l.log.Warn("end exposed listeners", "err", err)
 				} else if n > 0 {
