@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -802,12 +801,12 @@ func TestSocketsFaults(t *testing.T) {
 	// starts (an upgrade from a version without the map): h1's is taken
 	// out first and must come back.
 	served := servedMap(t, l, "h1")
-	if err := served.Delete(ip32(srvIP)); err != nil {
+	if err := served.Delete(srvIP.As4()); err != nil {
 		t.Fatalf("h1 served map: %v", err)
 	}
 	restartAgents(t, l, "sockets")
 	var yes uint8
-	if err := servedMap(t, l, "h1").Lookup(ip32(srvIP), &yes); err != nil {
+	if err := servedMap(t, l, "h1").Lookup(srvIP.As4(), &yes); err != nil {
 		t.Errorf("%s not served on h1 after the agent restarted: %v", srvIP, err)
 	}
 	select {
@@ -905,8 +904,8 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 	}
 }
 
-// servedMap opens host's pinned sks_served map (container addresses in
-// network order, as ip32 gives them), closed when the test ends.
+// servedMap opens host's pinned sks_served map (keys: container addresses
+// in network order), closed when the test ends.
 func servedMap(t *testing.T, l *Lab, host string) *ebpf.Map {
 	t.Helper()
 	m, err := ebpf.LoadPinnedMap(filepath.Join(l.bpfDir(host), "sockets", "sks_served"), nil)
@@ -915,10 +914,4 @@ func servedMap(t *testing.T, l *Lab, host string) *ebpf.Map {
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
-}
-
-// ip32 is an IPv4 address as a map key of network-order bytes.
-func ip32(a netip.Addr) uint32 {
-	b := a.As4()
-	return binary.NativeEndian.Uint32(b[:])
 }

@@ -186,10 +186,10 @@ func TestVethNameFitsIFNAMSIZ(t *testing.T) {
 	}
 }
 
-// TestJudgeInput: marked packets are judged by SKIFF-FORWARD; the rule
-// replaces the earlier forms (and the earlier chain) and is idempotent;
-// denied marked packets get a reset before the deny chain's ICMP error;
-// UnjudgeInput removes every form, the earlier chain and the reset.
+// TestJudgeInput: marked packets are judged by SKIFF-FORWARD; the rule is
+// idempotent, and RemoveEarlierInput removes the earlier forms (and the
+// earlier chain) beside it; denied marked packets get a reset before the
+// deny chain's ICMP error; UnjudgeInput removes the rule and the reset.
 func TestJudgeInput(t *testing.T) {
 	const mark = 0x5c1ff
 	inTestNetns(t, func() {
@@ -225,6 +225,7 @@ func TestJudgeInput(t *testing.T) {
 			if err := JudgeInput(mark); err != nil {
 				t.Error(err)
 			}
+			RemoveEarlierInput(mark)
 			for name, want := range map[string]string{"INPUT": wantInput, chainDeny: wantDeny} {
 				if got := chain(name); got != want {
 					t.Errorf("%s after JudgeInput #%d:\n%s\nwant\n%s", name, i+1, got, want)
@@ -236,6 +237,7 @@ func TestJudgeInput(t *testing.T) {
 		}
 		addEarlier()
 		UnjudgeInput(mark)
+		RemoveEarlierInput(mark)
 		if got := chain("INPUT"); got != "-P INPUT ACCEPT" {
 			t.Errorf("INPUT after UnjudgeInput:\n%s", got)
 		}

@@ -107,8 +107,10 @@ func earlierInputRules(mark uint32) [][]string {
 	return [][]string{append([]string{"!", "-i", "lo"}, inputRule(mark)...), markedTo(mark, earlierChain)}
 }
 
-// removeEarlierInput removes earlier versions' INPUT rules and chain.
-func removeEarlierInput(mark uint32) {
+// RemoveEarlierInput removes earlier versions' INPUT rules and chain: once
+// a layer's first JudgeInput or UnjudgeInput is done (then no marked packet
+// passes unjudged meanwhile), and at teardown.
+func RemoveEarlierInput(mark uint32) {
 	for _, r := range earlierInputRules(mark) {
 		removeRules("INPUT", r)
 	}
@@ -135,22 +137,15 @@ func markedDeny(mark uint32) []string {
 }
 
 // JudgeInput applies the overlay's policy to packets carrying mark that
-// reach the host's INPUT chain. An earlier version's rule goes only once the
-// new one is in place, so no marked packet passes unjudged meanwhile.
+// reach the host's INPUT chain.
 func JudgeInput(mark uint32) error {
-	if err := errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...)); err != nil {
-		return err
-	}
-	removeEarlierInput(mark)
-	return nil
+	return errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
 }
 
-// UnjudgeInput removes what JudgeInput added (and what earlier versions
-// did); none is fine.
+// UnjudgeInput removes what JudgeInput added; none is fine.
 func UnjudgeInput(mark uint32) {
 	removeRules("INPUT", inputRule(mark))
 	removeRules(chainDeny, markedDeny(mark))
-	removeEarlierInput(mark)
 }
 
 // removeRules deletes every copy of rule from the filter table's chain.

@@ -181,12 +181,19 @@ func restoreAcceptLocal(stateDir string) error {
 // policy has rules. With none there is nothing to judge, and the host's
 // INPUT chain stays empty: iptables then runs no hook there for any of the
 // host's packets.
+// An earlier version's rules go after the first call (several iptables
+// runs that later policy changes need not repeat).
 func (l *Layer) JudgeInput(policy bool) error {
 	if !policy {
 		overlay.UnjudgeInput(Mark)
-		return nil
+	} else if err := overlay.JudgeInput(Mark); err != nil {
+		return err
 	}
-	return overlay.JudgeInput(Mark)
+	if !l.earlierInputGone {
+		overlay.RemoveEarlierInput(Mark)
+		l.earlierInputGone = true
+	}
+	return nil
 }
 
 // HostStackTOS takes overlay packets for replaced listeners to the host
@@ -448,6 +455,7 @@ func Teardown(pinDir, stateDir string) error {
 	removeHostStackRoutes(netip.Prefix{})
 	removeEarlierRule()
 	overlay.UnjudgeInput(Mark)
+	overlay.RemoveEarlierInput(Mark)
 	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))
 	return errors.Join(errs...)
 }

@@ -433,7 +433,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		if (!k.port)
 			k.port = bpf_htons((__u16)skops->local_port);
 		__u8 yes = 1;
-		if ((!bpf_map_lookup_elem(&sks_served, &k.ip) && bpf_map_update_elem(&sks_served, &k.ip, &yes, BPF_ANY) != 0) ||
+		if (bpf_map_update_elem(&sks_served, &k.ip, &yes, BPF_ANY) != 0 ||
 		    bpf_sock_hash_update(skops, &sks_listen, &k, BPF_NOEXIST) != 0) {
 			count(SKS_LISTENER_FAILED);
 			break;
@@ -662,11 +662,10 @@ static __always_inline bool connection_for(struct __sk_buff *skb, struct iphdr *
 	*probing = 1;
 	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
 	*probing = 0;
-	if (!sk)
-		return syncookie_ack(ip, th);
-	// A listener only where sks_lookup is not attached (tests).
-	bool found = sk->state != BPF_TCP_LISTEN;
-	bpf_sk_release(sk);
+	// A listener comes back only where sks_lookup is not attached (tests).
+	bool found = sk && sk->state != BPF_TCP_LISTEN;
+	if (sk)
+		bpf_sk_release(sk);
 	return found || syncookie_ack(ip, th);
 }
 
@@ -733,11 +732,9 @@ int sks_from_overlay(struct __sk_buff *skb)
 // TOS routes it locally. lo accepts sources that are local addresses
 // (accept_local), which routing the packet on the bridge would refuse: the
 // reverse route of a container of this host is then the local route too.
-static __always_inline int into_lo(struct __sk_buff *skb)
+static __always_inline int into_lo(struct iphdr *ip)
 {
-	struct ethhdr *eth = (void *)(long)skb->data;
-	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
-		return TC_ACT_SHOT; // for_container read it: cannot happen
+	struct ethhdr *eth = (void *)ip - sizeof(*eth); // for_container checked it
 	// lo's address is all zeros: any other destination is another host's.
 	for (int i = 0; i < ETH_ALEN; i++)
 		eth->h_dest[i] = 0;
@@ -751,7 +748,7 @@ int sks_from_container(struct __sk_buff *skb)
 	struct iphdr *ip = for_container(skb);
 	if (!ip || !route_container_packet(skb, ip, true))
 		return TC_ACT_OK;
-	return into_lo(skb);
+	return into_lo(ip);
 }
 
 // The host's own connections to a local container (a kubelet probe, a
@@ -768,7 +765,7 @@ int sks_from_host(struct __sk_buff *skb)
 	struct iphdr *ip = for_container(skb);
 	if (!ip || !route_container_packet(skb, ip, false))
 		return TC_ACT_OK;
-	return into_lo(skb);
+	return into_lo(ip);
 }
 
 // Kernel types the socket iterator reads (CO-RE: only the fields named).

@@ -48,6 +48,8 @@ type Layer struct {
 	underlay netlink.Link
 	log      *slog.Logger
 	brokers  *brokers
+	// earlierInputGone: JudgeInput removed earlier versions' INPUT rules.
+	earlierInputGone bool
 }
 
 // Load loads the programs with this host's configuration. Maps pinned by an
