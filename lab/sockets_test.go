@@ -158,6 +158,31 @@ for i in range(3):
     r.send(hdr[:16] + struct.pack("!H", c) + hdr[18:])
 `
 
+// pyForgedTOS sends three datagrams with the steering route's TOS (0x1c)
+// to a container's address argv[1]:argv[2] from a host namespace that has a
+// UDP socket of its own on every address and that port, and prints "host N"
+// (the datagrams that socket got). Unconnected: connect() itself fails
+// there (the route makes the destination local, and the source it picks,
+// the container's address, is not the host's).
+const pyForgedTOS = `
+import socket, sys
+dst = (sys.argv[1], int(sys.argv[2]))
+h = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+h.bind(("0.0.0.0", dst[1]))
+h.settimeout(0.3)
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x1c)
+got = 0
+for i in range(3):
+    c.sendto(b"x", dst)
+    try:
+        h.recv(16)
+        got += 1
+    except socket.timeout:
+        pass
+print("host", got)
+`
+
 // proc is a program running in the lab until the test ends. Its output
 // collects in out; started with lines, its stdout lines arrive on lines
 // instead.
@@ -492,6 +517,18 @@ func TestSocketsHostReach(t *testing.T) {
 	}
 	if d := appDeltas(before, appCounters(t, l, "h1")); d["overlay_refused"] != 0 {
 		t.Errorf("overlay_refused on h1 moved by %d: connections that were the container's counted as refused", d["overlay_refused"])
+	}
+
+	// Datagrams with the steering route's TOS, for a container's address,
+	// from the host itself (as from an interface the layer does not watch):
+	// the route takes them to the host stack, where no host socket on every
+	// address may take them.
+	before = appCounters(t, l, "h1")
+	if got := strings.TrimSpace(runPy(t, l, "h1", pyForgedTOS, nil, srvIP.String(), "7200")); got != "host 0" {
+		t.Errorf("UDP with TOS 0x1c from h1 to %s:7200: %q, want none for the host socket", srvIP, got)
+	}
+	if d := appDeltas(before, appCounters(t, l, "h1")); d["overlay_refused"] != 3 {
+		t.Errorf("overlay_refused on h1 moved by %d, want 3", d["overlay_refused"])
 	}
 
 	// Under a SYN flood the replaced listener answers with syncookies and

@@ -204,16 +204,16 @@ type skLookup struct {
 // assigns, failing the test unless the verdict is SK_PASS.
 func lookup(t *testing.T, l *Layer, from, to netip.AddrPort) uint64 {
 	t.Helper()
-	cookie, verdict := lookupVerdict(t, l, from, to)
+	cookie, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, from, to)
 	if verdict != 1 {
 		t.Fatalf("sk_lookup returned %d, want SK_PASS", verdict)
 	}
 	return cookie
 }
 
-func lookupVerdict(t *testing.T, l *Layer, from, to netip.AddrPort) (uint64, uint32) {
+func lookupVerdict(t *testing.T, l *Layer, proto uint32, from, to netip.AddrPort) (uint64, uint32) {
 	t.Helper()
-	in := skLookup{Family: syscall.AF_INET, Protocol: syscall.IPPROTO_TCP, RemoteIP4: from.Addr().As4(),
+	in := skLookup{Family: syscall.AF_INET, Protocol: proto, RemoteIP4: from.Addr().As4(),
 		RemotePort: port16(from.Port()), LocalIP4: to.Addr().As4(), LocalPort: uint32(to.Port())}
 	var out skLookup
 	ret, err := l.objs.SksLookup.Run(&ebpf.RunOptions{Context: in, ContextOut: &out})
@@ -255,11 +255,19 @@ func TestLookup(t *testing.T) {
 	// A container's address without a replaced listener: no host socket
 	// takes the connection (SK_DROP), and the refusal is counted.
 	before, _ := l.Stats()
-	if got, verdict := lookupVerdict(t, l, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(ipServer, 8081)); got != 0 || verdict != 0 {
+	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(ipServer, 8081)); got != 0 || verdict != 0 {
 		t.Fatalf("other port: assigned to %d, verdict %d; want none, SK_DROP", got, verdict)
 	}
-	if after, _ := l.Stats(); after["overlay_refused"] != before["overlay_refused"]+1 {
-		t.Fatalf("overlay_refused %d → %d", before["overlay_refused"], after["overlay_refused"])
+	// Nor a datagram: only a forged TOS takes one to the host stack.
+	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_UDP, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(ipServer, 53)); got != 0 || verdict != 0 {
+		t.Fatalf("UDP to a container: assigned to %d, verdict %d; want none, SK_DROP", got, verdict)
+	}
+	if after, _ := l.Stats(); after["overlay_refused"] != before["overlay_refused"]+2 {
+		t.Fatalf("overlay_refused %d → %d, want two refusals", before["overlay_refused"], after["overlay_refused"])
+	}
+	// UDP for the host's own addresses is the host's (VXLAN among it).
+	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_UDP, netip.AddrPortFrom(ulPeer, 40000), netip.AddrPortFrom(testHost.UnderlayIP, 4789)); got != 0 || verdict != 1 {
+		t.Fatalf("UDP to the host: assigned to %d, verdict %d; want none, SK_PASS", got, verdict)
 	}
 	// The subnet's first two addresses are the host's (VXLAN device,
 	// bridge): the host's own sockets answer there.

@@ -559,8 +559,18 @@ int sks_from_underlay(struct __sk_buff *skb)
 SEC("sk_lookup")
 int sks_lookup(struct bpf_sk_lookup *ctx)
 {
-	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP)
+	if (ctx->family != AF_INET)
 		return SK_PASS;
+	if (ctx->protocol != IPPROTO_TCP) {
+		// Only TCP is steered: a datagram for a container's address got
+		// here through the steering route with a TOS the layer did not set
+		// (on an interface it does not watch, or from the host itself). No
+		// host socket takes it; the kernel answers "port unreachable".
+		if (!local_container(ctx->local_ip4))
+			return SK_PASS;
+		count(SKS_OVERLAY_REFUSED);
+		return SK_DROP;
+	}
 	__u32 zero = 0;
 	__u32 *probing = bpf_map_lookup_elem(&sks_probing, &zero);
 	if (probing && *probing)

@@ -129,7 +129,7 @@ enum sks_reason {
 	SKS_ACCEPTED_UNKNOWN, // child whose peer is unknown (shows 0.0.0.0)
 	SKS_DESTROYED,        // connection ended by a policy change
 	SKS_TOS_CLEARED,      // packet for a container with the route's TOS, not steered
-	SKS_OVERLAY_REFUSED,  // connection to a container address without its listener
+	SKS_OVERLAY_REFUSED,  // connection (or datagram) to a container address without its listener
 	SKS_SYNCOOKIE_STEERED, // overlay ACK completing a replaced listener's syncookie
 	SKS_REASONS,
 };
