@@ -63,8 +63,13 @@ type Result struct {
 	Max         *float64  `json:"max"`
 	Samples     []float64 `json:"samples"`
 	RatioToHost *float64  `json:"ratio_to_host"`
-	CPUPerUnit  *float64  `json:"cpu_per_unit"`
-	CPUUnit     string    `json:"cpu_unit"`
+	// The median of the per-repetition ratios to host, and its 95 %
+	// bootstrap interval (pairedRatio); null for host and below minPairs.
+	PairedRatio *float64 `json:"paired_ratio"`
+	PairedLow   *float64 `json:"paired_low"`
+	PairedHigh  *float64 `json:"paired_high"`
+	CPUPerUnit  *float64 `json:"cpu_per_unit"`
+	CPUUnit     string   `json:"cpu_unit"`
 }
 
 // Failure is one sample that was not used.

@@ -149,6 +149,16 @@ func TestValidateJSONRejects(t *testing.T) {
 			rs := d["results"].([]any)
 			d["results"] = append(rs, rs[0])
 		}, "duplicate row"},
+		{"paired half set", func(d map[string]any) { findRow(d, "tcp_rr", "overlay")["paired_ratio"] = 0.8 }, "not all set or all null"},
+		{"paired outside its interval", func(d map[string]any) {
+			r := findRow(d, "tcp_rr", "overlay")
+			r["paired_ratio"], r["paired_low"], r["paired_high"] = 0.7, 0.75, 0.8
+		}, "does not hold"},
+		{"paired on host", func(d map[string]any) {
+			r := findRow(d, "tcp_rr", "host")
+			r["paired_ratio"], r["paired_low"], r["paired_high"] = 1.0, 1.0, 1.0
+		}, "host row"},
+		{"paired not a number", func(d map[string]any) { findRow(d, "tcp_rr", "overlay")["paired_low"] = "low" }, "paired_low: not a number"},
 		{"failure rep 0", func(d map[string]any) { d["failures"].([]any)[0].(map[string]any)["rep"] = 0.0 }, "failures[0].rep"},
 		{"failure no error", func(d map[string]any) { d["failures"].([]any)[0].(map[string]any)["error"] = "" }, "failures[0].error: empty"},
 		{"failures not array", func(d map[string]any) { d["failures"] = nil }, "failures: not an array"},
@@ -212,6 +222,56 @@ func TestWriteTableAndMarkdown(t *testing.T) {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md.String())
 		}
+	}
+}
+
+// TestReportPaired: with minPairs repetitions or more, a mode's row carries
+// the median of its ratios to host's cell of the same repetition and the
+// interval, and the table shows them in the ratio column.
+func TestReportPaired(t *testing.T) {
+	ws, err := resolveWorkloads([]string{"tcp_rr"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{
+		lab: &fakeLab{mode: "overlay"}, prof: fullProfile, duration: time.Second, repeat: 6, connects: 10000,
+		modes: []Mode{Modes["host"], Modes["overlay"]}, workloads: ws, outcomes: map[cellKey]*cellOutcome{},
+	}
+	rr := func(rate float64) sample {
+		return sample{Values: map[string]float64{"rate": rate, "p50": 1e6 / rate, "p99": 2e6 / rate}}
+	}
+	for rep := 1; rep <= 6; rep++ {
+		r.record(cell{Workload: ws[0], Mode: Modes["host"], Rep: rep}, rr(1000*float64(rep)), 10)
+		c := cell{Workload: ws[0], Mode: Modes["overlay"], Rep: rep}
+		if rep == 2 {
+			r.fail(c, errors.New("lost"))
+			continue
+		}
+		r.record(c, rr(800*float64(rep)), 10)
+	}
+	rep := r.report(time.Date(2026, 11, 22, 5, 0, 0, 0, time.UTC))
+	ov, _ := rep.find("tcp_rr", "overlay", "rate")
+	if ov.PairedRatio == nil || !near(*ov.PairedRatio, 0.8) || !near(*ov.PairedLow, 0.8) || !near(*ov.PairedHigh, 0.8) {
+		t.Fatalf("overlay rate paired = %v %v %v, want 0.8 (0.8–0.8)", ov.PairedRatio, ov.PairedLow, ov.PairedHigh)
+	}
+	if lat, _ := rep.find("tcp_rr", "overlay", "p50"); lat.PairedRatio == nil || !near(*lat.PairedRatio, 1.25) {
+		t.Errorf("overlay p50 paired = %v, want 1.25", lat.PairedRatio)
+	}
+	if host, _ := rep.find("tcp_rr", "host", "rate"); host.PairedRatio != nil {
+		t.Errorf("host has a paired ratio: %v", *host.PairedRatio)
+	}
+	var js, table bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if err := ValidateJSON(js.Bytes()); err != nil {
+		t.Fatalf("own output rejected: %v", err)
+	}
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "0.80× (0.80–0.80)") || !strings.Contains(table.String(), "bootstrap interval") {
+		t.Errorf("table lacks the paired ratio or its footnote:\n%s", table.String())
 	}
 }
 

@@ -320,6 +320,7 @@ func (r *runner) record(c cell, s sample, cpu float64) {
 		o = &cellOutcome{}
 		r.outcomes[key] = o
 	}
+	s.Rep = c.Rep
 	o.Samples = append(o.Samples, s)
 	o.CPU = append(o.CPU, cpu)
 }
@@ -486,6 +487,7 @@ func (r *runner) report(start time.Time) *Report {
 // metricResults summarises one metric of a workload for every mode.
 func (r *runner) metricResults(w *workload, metric metricDef) []Result {
 	host, hostOK := summarize(r.values(w.Name, HostMode, metric.Name))
+	hostByRep := r.byRep(w.Name, HostMode, metric.Name)
 	var rows []Result
 	for _, m := range r.modes {
 		values := r.values(w.Name, m.Name, metric.Name)
@@ -497,6 +499,9 @@ func (r *runner) metricResults(w *workload, metric metricDef) []Result {
 			row.Median, row.Min, row.Max = ptr(s.Median), ptr(s.Min), ptr(s.Max)
 			if q, ok := ratio(s.Median, host.Median); ok && hostOK {
 				row.RatioToHost = ptr(q)
+			}
+			if p, ok := pairedRatio(r.byRep(w.Name, m.Name, metric.Name), hostByRep); ok && m.Name != HostMode {
+				row.PairedRatio, row.PairedLow, row.PairedHigh = ptr(p.Median), ptr(p.Low), ptr(p.High)
 			}
 		}
 		if o := r.outcomes[cellKey{w.Name, m.Name}]; o != nil {
@@ -517,6 +522,17 @@ func (r *runner) values(workload, mode, metric string) []float64 {
 	var v []float64
 	for _, s := range o.Samples {
 		v = append(v, s.Values[metric])
+	}
+	return v
+}
+
+// byRep is values keyed by repetition.
+func (r *runner) byRep(workload, mode, metric string) map[int]float64 {
+	v := map[int]float64{}
+	if o := r.outcomes[cellKey{workload, mode}]; o != nil {
+		for _, s := range o.Samples {
+			v[s.Rep] = s.Values[metric]
+		}
 	}
 	return v
 }

@@ -5,7 +5,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,6 +41,55 @@ func ratio(value, base float64) (float64, bool) {
 		return 0, false
 	}
 	return value / base, true
+}
+
+// minPairs is the fewest repetitions with a sample of both a mode and host
+// for which a report gives the paired ratio and its interval.
+const minPairs = 5
+
+// bootstrapRounds is how many resamples estimate the paired ratio's interval.
+const bootstrapRounds = 4000
+
+// paired is the median of per-repetition ratios, with a 95 % interval.
+type paired struct {
+	Median, Low, High float64
+}
+
+// pairedRatio compares value with base repetition by repetition (both keyed
+// by repetition): the median of value/base over the repetitions both have,
+// and the 2.5th and 97.5th percentiles of that median over bootstrap
+// resamples of the pairs. Neighbouring cells share the machine's state, so
+// the pairs cancel much of what drifts during a run. The resamples come from
+// a fixed seed: a report is reproducible from its samples. ok is false with
+// fewer than minPairs pairs or a zero base.
+func pairedRatio(value, base map[int]float64) (p paired, ok bool) {
+	var ratios []float64
+	for _, rep := range slices.Sorted(maps.Keys(value)) {
+		b, both := base[rep]
+		if !both {
+			continue
+		}
+		if b == 0 {
+			return paired{}, false
+		}
+		ratios = append(ratios, value[rep]/b)
+	}
+	if len(ratios) < minPairs {
+		return paired{}, false
+	}
+	med, _ := summarize(ratios)
+	rng := rand.New(rand.NewPCG(1, 2))
+	medians := make([]float64, bootstrapRounds)
+	resample := make([]float64, len(ratios))
+	for i := range medians {
+		for j := range resample {
+			resample[j] = ratios[rng.IntN(len(ratios))]
+		}
+		m, _ := summarize(resample)
+		medians[i] = m.Median
+	}
+	sort.Float64s(medians)
+	return paired{Median: med.Median, Low: medians[bootstrapRounds*25/1000], High: medians[bootstrapRounds*975/1000-1]}, true
 }
 
 // clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux ABI.

@@ -76,6 +76,8 @@ func (r *Report) metricRow(workload, metric string, cols []column) []string {
 		switch {
 		case !ok:
 			row = append(row, "")
+		case c.Ratio && res.PairedRatio != nil:
+			row = append(row, fmt.Sprintf("%s (%.2f–%.2f)", formatRatio(res.PairedRatio), *res.PairedLow, *res.PairedHigh))
 		case c.Ratio:
 			row = append(row, formatRatio(res.RatioToHost))
 		default:
@@ -163,7 +165,9 @@ func (r *Report) machineLine() string {
 func (r *Report) footnotes() []string {
 	notes := []string{
 		fmt.Sprintf("Values: median (min–max) over %d repetition(s), modes interleaved (in reverse order every other repetition); [k/N] = only k of N samples succeeded.", r.Config.Repeat),
-		"mode/host = median ÷ host median: above 1 is better for rate and throughput, worse for latency (us), loss and cpu.",
+		fmt.Sprintf("mode/host = median ÷ host median; with %d or more repetitions, the median of the per-repetition ratios (each cell over "+
+			"host's of the same repetition) and its 95 %% bootstrap interval. Above 1 is better for rate and throughput, worse for "+
+			"latency (us), loss and cpu (always median ÷ host median).", minPairs),
 		"cpu: whole-machine CPU time (/proc/stat, all but idle, iowait and steal) during the measured client run, divided by the work done " +
 			"(transactions/requests, or Gbit received). The lab's namespaces share one kernel, so it covers client, server and the " +
 			"data path on both \"hosts\", plus anything else running on the machine.",

@@ -191,7 +191,39 @@ func validateResult(row map[string]any, path string, cfg Config) (resultKey, Res
 	if r.CPUPerUnit, err = getNullableNumber(row, "cpu_per_unit", path); err != nil {
 		return fail(err)
 	}
+	if err := validatePaired(row, path, &r); err != nil {
+		return fail(err)
+	}
 	return resultKey{r.Workload, r.Mode, r.Metric}, r, nil
+}
+
+// validatePaired checks paired_ratio, paired_low and paired_high: all null
+// (or absent, as in reports from before them) or all numbers, low ≤ ratio ≤
+// high, and null on host's rows and rows without a median.
+func validatePaired(row map[string]any, path string, r *Result) error {
+	var err error
+	for _, f := range []struct {
+		key string
+		dst **float64
+	}{{"paired_ratio", &r.PairedRatio}, {"paired_low", &r.PairedLow}, {"paired_high", &r.PairedHigh}} {
+		if _, ok := row[f.key]; !ok {
+			continue
+		}
+		if *f.dst, err = getNullableNumber(row, f.key, path); err != nil {
+			return err
+		}
+	}
+	switch p, lo, hi := r.PairedRatio, r.PairedLow, r.PairedHigh; {
+	case p == nil && lo == nil && hi == nil:
+		return nil
+	case p == nil || lo == nil || hi == nil:
+		return fmt.Errorf("%s: paired_ratio, paired_low and paired_high are not all set or all null", path)
+	case r.Mode == HostMode || r.Median == nil:
+		return fmt.Errorf("%s: a paired ratio on a host row or a row without a median", path)
+	case *lo > *p || *p > *hi:
+		return fmt.Errorf("%s: paired_low %g ≤ paired_ratio %g ≤ paired_high %g does not hold", path, *lo, *p, *hi)
+	}
+	return nil
 }
 
 // validateStats checks median/min/max/samples agree with each other.

@@ -49,6 +49,7 @@ type metricDef struct {
 type sample struct {
 	Values map[string]float64 // by metric name
 	Work   float64            // units of work done, for CPU per unit
+	Rep    int                // the repetition, which pairs it with host's
 }
 
 // cellEnv is everything a workload needs to build its commands.
