@@ -500,8 +500,10 @@ func (r *runner) metricResults(w *workload, metric metricDef) []Result {
 			if q, ok := ratio(s.Median, host.Median); ok && hostOK {
 				row.RatioToHost = ptr(q)
 			}
-			if p, ok := pairedRatio(r.byRep(w.Name, m.Name, metric.Name), hostByRep); ok && m.Name != HostMode {
-				row.PairedRatio, row.PairedLow, row.PairedHigh = ptr(p.Median), ptr(p.Low), ptr(p.High)
+			if m.Name != HostMode {
+				if p, ok := pairedRatio(r.byRep(w.Name, m.Name, metric.Name), hostByRep); ok {
+					row.PairedRatio, row.PairedLow, row.PairedHigh = ptr(p.Median), ptr(p.Low), ptr(p.High)
+				}
 			}
 		}
 		if o := r.outcomes[cellKey{w.Name, m.Name}]; o != nil {
