@@ -65,11 +65,9 @@ type Result struct {
 	RatioToHost *float64  `json:"ratio_to_host"`
 	// The median of the per-repetition ratios to host, and its 95 %
 	// bootstrap interval (pairedRatio); null for host and below minPairs.
-	PairedRatio *float64 `json:"paired_ratio"`
-	PairedLow   *float64 `json:"paired_low"`
-	PairedHigh  *float64 `json:"paired_high"`
-	CPUPerUnit  *float64 `json:"cpu_per_unit"`
-	CPUUnit     string   `json:"cpu_unit"`
+	Paired     *Paired  `json:"paired"`
+	CPUPerUnit *float64 `json:"cpu_per_unit"`
+	CPUUnit    string   `json:"cpu_unit"`
 }
 
 // Failure is one sample that was not used.

@@ -149,16 +149,19 @@ func TestValidateJSONRejects(t *testing.T) {
 			rs := d["results"].([]any)
 			d["results"] = append(rs, rs[0])
 		}, "duplicate row"},
-		{"paired half set", func(d map[string]any) { findRow(d, "tcp_rr", "overlay")["paired_ratio"] = 0.8 }, "not all set or all null"},
+		{"paired not an object", func(d map[string]any) { findRow(d, "tcp_rr", "overlay")["paired"] = 0.8 }, "paired: not an object"},
+		{"paired without high", func(d map[string]any) {
+			findRow(d, "tcp_rr", "overlay")["paired"] = map[string]any{"ratio": 0.8, "low": 0.75}
+		}, "paired.high: missing"},
 		{"paired outside its interval", func(d map[string]any) {
-			r := findRow(d, "tcp_rr", "overlay")
-			r["paired_ratio"], r["paired_low"], r["paired_high"] = 0.7, 0.75, 0.8
+			findRow(d, "tcp_rr", "overlay")["paired"] = map[string]any{"ratio": 0.7, "low": 0.75, "high": 0.8}
 		}, "does not hold"},
 		{"paired on host", func(d map[string]any) {
-			r := findRow(d, "tcp_rr", "host")
-			r["paired_ratio"], r["paired_low"], r["paired_high"] = 1.0, 1.0, 1.0
+			findRow(d, "tcp_rr", "host")["paired"] = map[string]any{"ratio": 1.0, "low": 1.0, "high": 1.0}
 		}, "host row"},
-		{"paired not a number", func(d map[string]any) { findRow(d, "tcp_rr", "overlay")["paired_low"] = "low" }, "paired_low: not a number"},
+		{"paired not a number", func(d map[string]any) {
+			findRow(d, "tcp_rr", "overlay")["paired"] = map[string]any{"ratio": 0.8, "low": "low", "high": 0.9}
+		}, "paired.low: not a number"},
 		{"failure rep 0", func(d map[string]any) { d["failures"].([]any)[0].(map[string]any)["rep"] = 0.0 }, "failures[0].rep"},
 		{"failure no error", func(d map[string]any) { d["failures"].([]any)[0].(map[string]any)["error"] = "" }, "failures[0].error: empty"},
 		{"failures not array", func(d map[string]any) { d["failures"] = nil }, "failures: not an array"},
@@ -251,14 +254,14 @@ func TestReportPaired(t *testing.T) {
 	}
 	rep := r.report(time.Date(2026, 11, 22, 5, 0, 0, 0, time.UTC))
 	ov, _ := rep.find("tcp_rr", "overlay", "rate")
-	if ov.PairedRatio == nil || !near(*ov.PairedRatio, 0.8) || !near(*ov.PairedLow, 0.8) || !near(*ov.PairedHigh, 0.8) {
-		t.Fatalf("overlay rate paired = %v %v %v, want 0.8 (0.8–0.8)", ov.PairedRatio, ov.PairedLow, ov.PairedHigh)
+	if p := ov.Paired; p == nil || !near(p.Ratio, 0.8) || !near(p.Low, 0.8) || !near(p.High, 0.8) {
+		t.Fatalf("overlay rate paired = %+v, want 0.8 (0.8–0.8)", p)
 	}
-	if lat, _ := rep.find("tcp_rr", "overlay", "p50"); lat.PairedRatio == nil || !near(*lat.PairedRatio, 1.25) {
-		t.Errorf("overlay p50 paired = %v, want 1.25", lat.PairedRatio)
+	if lat, _ := rep.find("tcp_rr", "overlay", "p50"); lat.Paired == nil || !near(lat.Paired.Ratio, 1.25) {
+		t.Errorf("overlay p50 paired = %+v, want 1.25", lat.Paired)
 	}
-	if host, _ := rep.find("tcp_rr", "host", "rate"); host.PairedRatio != nil {
-		t.Errorf("host has a paired ratio: %v", *host.PairedRatio)
+	if host, _ := rep.find("tcp_rr", "host", "rate"); host.Paired != nil {
+		t.Errorf("host has a paired ratio: %+v", *host.Paired)
 	}
 	var js, table bytes.Buffer
 	if err := rep.WriteJSON(&js); err != nil {
@@ -266,6 +269,10 @@ func TestReportPaired(t *testing.T) {
 	}
 	if err := ValidateJSON(js.Bytes()); err != nil {
 		t.Fatalf("own output rejected: %v", err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || !reflect.DeepEqual(&back, rep) {
+		t.Fatalf("round trip differs (%v):\n%s", err, js.String())
 	}
 	if err := rep.WriteTable(&table); err != nil {
 		t.Fatal(err)

@@ -502,7 +502,7 @@ func (r *runner) metricResults(w *workload, metric metricDef) []Result {
 			}
 			if m.Name != HostMode {
 				if p, ok := pairedRatio(r.byRep(w.Name, m.Name, metric.Name), hostByRep); ok {
-					row.PairedRatio, row.PairedLow, row.PairedHigh = ptr(p.Median), ptr(p.Low), ptr(p.High)
+					row.Paired = &p
 				}
 			}
 		}

@@ -50,9 +50,12 @@ const minPairs = 5
 // bootstrapRounds is how many resamples estimate the paired ratio's interval.
 const bootstrapRounds = 4000
 
-// paired is the median of per-repetition ratios, with a 95 % interval.
-type paired struct {
-	Median, Low, High float64
+// Paired is the median of per-repetition ratios to host, with its 95 %
+// interval.
+type Paired struct {
+	Ratio float64 `json:"ratio"`
+	Low   float64 `json:"low"`
+	High  float64 `json:"high"`
 }
 
 // pairedRatio compares value with base repetition by repetition (both keyed
@@ -62,7 +65,7 @@ type paired struct {
 // the pairs cancel much of what drifts during a run. The resamples come from
 // a fixed seed: a report is reproducible from its samples. ok is false with
 // fewer than minPairs pairs or a zero base.
-func pairedRatio(value, base map[int]float64) (p paired, ok bool) {
+func pairedRatio(value, base map[int]float64) (p Paired, ok bool) {
 	var ratios []float64
 	for _, rep := range slices.Sorted(maps.Keys(value)) {
 		b, both := base[rep]
@@ -70,12 +73,12 @@ func pairedRatio(value, base map[int]float64) (p paired, ok bool) {
 			continue
 		}
 		if b == 0 {
-			return paired{}, false
+			return Paired{}, false
 		}
 		ratios = append(ratios, value[rep]/b)
 	}
 	if len(ratios) < minPairs {
-		return paired{}, false
+		return Paired{}, false
 	}
 	med, _ := summarize(ratios)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -89,7 +92,7 @@ func pairedRatio(value, base map[int]float64) (p paired, ok bool) {
 		medians[i] = m.Median
 	}
 	sort.Float64s(medians)
-	return paired{Median: med.Median, Low: medians[bootstrapRounds*25/1000], High: medians[bootstrapRounds*975/1000-1]}, true
+	return Paired{Ratio: med.Median, Low: medians[bootstrapRounds*25/1000], High: medians[bootstrapRounds*975/1000-1]}, true
 }
 
 // clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux ABI.

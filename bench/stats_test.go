@@ -65,7 +65,7 @@ func TestPairedRatio(t *testing.T) {
 		}
 	}
 	p, ok := pairedRatio(value, base)
-	if !ok || !near(p.Median, 0.9) || !near(p.Low, 0.9) || !near(p.High, 0.9) {
+	if !ok || !near(p.Ratio, 0.9) || !near(p.Low, 0.9) || !near(p.High, 0.9) {
 		t.Fatalf("drifting pairs = %+v, %v; want 0.9 (0.9–0.9)", p, ok)
 	}
 
@@ -76,7 +76,7 @@ func TestPairedRatio(t *testing.T) {
 		base[i+1], value[i+1] = 1000, 1000*q
 	}
 	p, ok = pairedRatio(value, base)
-	if !ok || !near(p.Median, 0.905) || p.Low > p.Median || p.High < p.Median || p.Low < 0.80 || p.High > 0.99 || p.Low == p.High {
+	if !ok || !near(p.Ratio, 0.905) || p.Low > p.Ratio || p.High < p.Ratio || p.Low < 0.80 || p.High > 0.99 || p.Low == p.High {
 		t.Fatalf("scattered pairs = %+v, %v; want median 0.905 inside a proper interval within 0.80–0.99", p, ok)
 	}
 	if again, _ := pairedRatio(value, base); again != p {

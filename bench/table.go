@@ -76,8 +76,8 @@ func (r *Report) metricRow(workload, metric string, cols []column) []string {
 		switch {
 		case !ok:
 			row = append(row, "")
-		case c.Ratio && res.PairedRatio != nil:
-			row = append(row, fmt.Sprintf("%s (%.2f–%.2f)", formatRatio(res.PairedRatio), *res.PairedLow, *res.PairedHigh))
+		case c.Ratio && res.Paired != nil:
+			row = append(row, fmt.Sprintf("%s (%.2f–%.2f)", formatRatio(&res.Paired.Ratio), res.Paired.Low, res.Paired.High))
 		case c.Ratio:
 			row = append(row, formatRatio(res.RatioToHost))
 		default:

@@ -197,32 +197,31 @@ func validateResult(row map[string]any, path string, cfg Config) (resultKey, Res
 	return resultKey{r.Workload, r.Mode, r.Metric}, r, nil
 }
 
-// validatePaired checks paired_ratio, paired_low and paired_high: all null
-// (or absent, as in reports from before them) or all numbers, low ≤ ratio ≤
-// high, and null on host's rows and rows without a median.
+// validatePaired checks paired: null (or absent, as in reports from before
+// it) or an object of three numbers with low ≤ ratio ≤ high, and null on
+// host's rows and rows without a median.
 func validatePaired(row map[string]any, path string, r *Result) error {
-	var err error
-	for _, f := range []struct {
-		key string
-		dst **float64
-	}{{"paired_ratio", &r.PairedRatio}, {"paired_low", &r.PairedLow}, {"paired_high", &r.PairedHigh}} {
-		if _, ok := row[f.key]; !ok {
-			continue
-		}
-		if *f.dst, err = getNullableNumber(row, f.key, path); err != nil {
+	if v, ok := row["paired"]; !ok || v == nil {
+		return nil
+	}
+	o, err := getObject(row, "paired", path)
+	if err != nil {
+		return err
+	}
+	path += ".paired"
+	var p Paired
+	for key, dst := range map[string]*float64{"ratio": &p.Ratio, "low": &p.Low, "high": &p.High} {
+		if *dst, err = getNumber(o, key, path); err != nil {
 			return err
 		}
 	}
-	switch p, lo, hi := r.PairedRatio, r.PairedLow, r.PairedHigh; {
-	case p == nil && lo == nil && hi == nil:
-		return nil
-	case p == nil || lo == nil || hi == nil:
-		return fmt.Errorf("%s: paired_ratio, paired_low and paired_high are not all set or all null", path)
-	case r.Mode == HostMode || r.Median == nil:
-		return fmt.Errorf("%s: a paired ratio on a host row or a row without a median", path)
-	case *lo > *p || *p > *hi:
-		return fmt.Errorf("%s: paired_low %g ≤ paired_ratio %g ≤ paired_high %g does not hold", path, *lo, *p, *hi)
+	if r.Mode == HostMode || r.Median == nil {
+		return fmt.Errorf("%s: set on a host row or a row without a median", path)
 	}
+	if p.Low > p.Ratio || p.Ratio > p.High {
+		return fmt.Errorf("%s: low %g ≤ ratio %g ≤ high %g does not hold", path, p.Low, p.Ratio, p.High)
+	}
+	r.Paired = &p
 	return nil
 }
 
