@@ -87,9 +87,10 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 	}
 }
 
-// syncSockets applies a cluster change to the sockets layer: fast-path
-// routes for local containers, host subnets for anti-spoofing, programs and
-// brokers for new containers; on a policy change it ends the replaced
+// syncSockets applies a cluster change to the sockets layer: routes to the
+// published listeners and the policy new fast-path connections are judged
+// by, host subnets for anti-spoofing, programs and brokers for new
+// containers; on a policy change it ends the replaced
 // connections the new policy denies, and the overlay's policy judges the
 // overlay packets the layer delivers to the host stack while it has rules.
 // It runs before the overlay applies the rules, so a first rule is judged
@@ -99,7 +100,7 @@ func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []clust
 	if err != nil {
 		return err
 	}
-	errs := []error{a.sockets.Sync(hosts, local, listeners, rules), a.sockets.PruneEndpoints(local)}
+	errs := []error{a.sockets.Sync(hosts, listeners, rules), a.sockets.PruneEndpoints(local)}
 	if !a.socketsAttached {
 		for _, e := range local {
 			errs = append(errs, a.sockets.AddEndpoint(e))
@@ -135,15 +136,11 @@ func (a *Agent) syncRoutes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	local, err := a.store.Endpoints(ctx, a.host.Name)
-	if err != nil {
-		return err
-	}
 	listeners, err := a.store.Listeners(ctx)
 	if err != nil {
 		return err
 	}
-	return a.sockets.Sync(hosts, local, listeners, rules)
+	return a.sockets.Sync(hosts, listeners, rules)
 }
 
 // socketsStatus reports the layer's counters, listeners and containers.

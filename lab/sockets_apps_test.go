@@ -108,10 +108,10 @@ func appServer(t *testing.T, l *Lab, target string, port uint16, clients []strin
 	return p
 }
 
-// appRouteReady reports whether client's host has a fast-path route from
-// client to dst. The routes live in the host's pinned sks_routes map (key
-// struct sks_route: src, dst, port in network order, pad); an agent writes
-// them when it learns of a listener another agent published, so a client
+// appRouteReady reports whether client's host has a fast-path route to
+// dst. The routes live in the host's pinned sks_routes map (key struct
+// sks_key: address and port in network order, pad); an agent writes them
+// when it learns of a listener another agent published, so a client
 // started before that would take the overlay.
 func appRouteReady(l *Lab, client string, dst netip.AddrPort) (bool, error) {
 	c, err := l.Container(client)
@@ -123,11 +123,10 @@ func appRouteReady(l *Lab, client string, dst netip.AddrPort) (bool, error) {
 		return false, err
 	}
 	defer m.Close()
-	var key [12]byte
-	src4, dst4 := c.IP.As4(), dst.Addr().As4()
-	copy(key[0:4], src4[:])
-	copy(key[4:8], dst4[:])
-	binary.BigEndian.PutUint16(key[8:10], dst.Port())
+	var key [8]byte
+	dst4 := dst.Addr().As4()
+	copy(key[0:4], dst4[:])
+	binary.BigEndian.PutUint16(key[4:6], dst.Port())
 	var host uint32
 	err = m.Lookup(key, &host)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {

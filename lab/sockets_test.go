@@ -694,6 +694,7 @@ func TestSocketsPolicy(t *testing.T) {
 	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, anyRule); err != nil {
 		t.Fatal(err)
 	}
+	denied := counter(t, l, "h2", "connect_denied")
 	for _, c := range []struct{ from, opt, want string }{
 		{"h2/c1", "SKIFF_SOCKETS=on", "EHOSTUNREACH"}, {"h2", "SKIFF_SOCKETS=on", "ECONNREFUSED"},
 		{"h1/c2", "SKIFF_SOCKETS=off", "ECONNREFUSED"},
@@ -708,6 +709,10 @@ func TestSocketsPolicy(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The container's connection was refused by connect4 (and fell back).
+	if counter(t, l, "h2", "connect_denied") == denied {
+		t.Error("connect4 denied no connection")
 	}
 	for _, id := range []string{"no-echo", "no-echo-any"} {
 		if err := api.NewClient(l.Hosts[1].Socket).DeletePolicy(ctx, id); err != nil {

@@ -57,7 +57,7 @@ func syn(src, dst netip.Addr, flags byte, opts []byte) []byte {
 func withPeer(t *testing.T, l *Layer) {
 	t.Helper()
 	hosts := []cluster.Host{testHost, {Name: "h2", UnderlayIP: ulPeer, Subnet: subnetB}}
-	if err := l.Sync(hosts, nil, nil, nil); err != nil {
+	if err := l.Sync(hosts, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -283,24 +283,9 @@ func TestLookup(t *testing.T) {
 // lookups to find: the test's thread enters it and is discarded at the end.
 func TestToHostStack(t *testing.T) {
 	l := loadTest(t)
-	runtime.LockOSThread() // never unlocked: the thread ends with the test
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		t.Fatal(err)
-	}
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A container of this host that never had a replaced listener.
 	ipOther := netip.MustParseAddr("10.244.1.9")
-	for _, a := range []netip.Addr{ipServer, ipClient, ipOther} {
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.IP(a.AsSlice()))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
+	ownNetns(t, ipServer, ipClient, ipOther)
 	ln, _ := listener(t)
 	publish(t, l, ln, netip.AddrPortFrom(ipServer, 8080))
 	// A connection accepted from a replaced listener (its local address is
@@ -503,4 +488,26 @@ func connection(t *testing.T, server netip.AddrPort, client netip.Addr) netip.Ad
 		t.Fatal(err)
 	}
 	return netip.AddrPortFrom(client, uint16(sa.(*unix.SockaddrInet4).Port))
+}
+
+// ownNetns moves the test's thread into a network namespace of its own,
+// with lo up and holding addrs; the thread is discarded at the end.
+func ownNetns(t *testing.T, addrs ...netip.Addr) {
+	t.Helper()
+	runtime.LockOSThread() // never unlocked: the thread ends with the test
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Fatal(err)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.IP(a.AsSlice()))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
 }

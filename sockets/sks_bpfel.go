@@ -70,12 +70,22 @@ const (
 	sksSksRoleSKS_CHILD  sksSksRole = 4
 )
 
-type sksSksRoute struct {
-	_    structs.HostLayout
-	Src  uint32
-	Dst  uint32
-	Port uint16
-	Pad  uint16
+type sksSksRule struct {
+	_        structs.HostLayout
+	Src      uint32
+	SrcMask  uint32
+	Dst      uint32
+	DstMask  uint32
+	Port     uint16
+	PortMask uint16
+	Allow    uint32
+}
+
+type sksSksRules struct {
+	_        structs.HostLayout
+	N        uint32
+	Overflow uint32
+	Rules    [1024]sksSksRule
 }
 
 type sksSksSock struct {
@@ -112,6 +122,7 @@ const (
 	sksMapSksEvents          = "sks_events"
 	sksMapSksKill            = "sks_kill"
 	sksMapSksListen          = "sks_listen"
+	sksMapSksPolicy          = "sks_policy"
 	sksMapSksProbing         = "sks_probing"
 	sksMapSksRoutes          = "sks_routes"
 	sksMapSksServed          = "sks_served"
@@ -144,6 +155,7 @@ const (
 	sksVarUnusedSksEvent     = "unused_sks_event"
 	sksVarUnusedSksEventKind = "unused_sks_event_kind"
 	sksVarUnusedSksRole      = "unused_sks_role"
+	sksVarUnusedSksRules     = "unused_sks_rules"
 	sksVarUnusedSksSock      = "unused_sks_sock"
 )
 
@@ -213,6 +225,7 @@ type sksMapSpecs struct {
 	SksEvents     *ebpf.MapSpec `ebpf:"sks_events"`
 	SksKill       *ebpf.MapSpec `ebpf:"sks_kill"`
 	SksListen     *ebpf.MapSpec `ebpf:"sks_listen"`
+	SksPolicy     *ebpf.MapSpec `ebpf:"sks_policy"`
 	SksProbing    *ebpf.MapSpec `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.MapSpec `ebpf:"sks_routes"`
 	SksServed     *ebpf.MapSpec `ebpf:"sks_served"`
@@ -237,6 +250,7 @@ type sksVariableSpecs struct {
 	UnusedSksEvent     *ebpf.VariableSpec `ebpf:"unused_sks_event"`
 	UnusedSksEventKind *ebpf.VariableSpec `ebpf:"unused_sks_event_kind"`
 	UnusedSksRole      *ebpf.VariableSpec `ebpf:"unused_sks_role"`
+	UnusedSksRules     *ebpf.VariableSpec `ebpf:"unused_sks_rules"`
 	UnusedSksSock      *ebpf.VariableSpec `ebpf:"unused_sks_sock"`
 }
 
@@ -264,6 +278,7 @@ type sksMaps struct {
 	SksEvents     *ebpf.Map `ebpf:"sks_events"`
 	SksKill       *ebpf.Map `ebpf:"sks_kill"`
 	SksListen     *ebpf.Map `ebpf:"sks_listen"`
+	SksPolicy     *ebpf.Map `ebpf:"sks_policy"`
 	SksProbing    *ebpf.Map `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.Map `ebpf:"sks_routes"`
 	SksServed     *ebpf.Map `ebpf:"sks_served"`
@@ -279,6 +294,7 @@ func (m *sksMaps) Close() error {
 		m.SksEvents,
 		m.SksKill,
 		m.SksListen,
+		m.SksPolicy,
 		m.SksProbing,
 		m.SksRoutes,
 		m.SksServed,
@@ -304,6 +320,7 @@ type sksVariables struct {
 	UnusedSksEvent     *ebpf.Variable `ebpf:"unused_sks_event"`
 	UnusedSksEventKind *ebpf.Variable `ebpf:"unused_sks_event_kind"`
 	UnusedSksRole      *ebpf.Variable `ebpf:"unused_sks_role"`
+	UnusedSksRules     *ebpf.Variable `ebpf:"unused_sks_rules"`
 	UnusedSksSock      *ebpf.Variable `ebpf:"unused_sks_sock"`
 }
 

@@ -10,9 +10,10 @@
 //                 address (the socket's cgroup, fixed at creation, selects
 //                 every hook below — not the cgroup of whoever calls).
 //   connect4      container cgroup: an overlay destination whose listener is
-//                 replaced and that the policy allows becomes its host's
-//                 underlay address (same port); anything else is refused
-//                 (EPERM) and the shim falls back to a container socket.
+//                 replaced and that the policy (first matching rule) allows
+//                 becomes its host's underlay address (same port); anything
+//                 else is refused (EPERM) and the shim falls back to a
+//                 container socket.
 //   bind4         container cgroup: binds move to 127.0.0.1:<ephemeral>, so
 //                 a replaced listener is unreachable without the SYN option;
 //                 a second listener on the same overlay port gets EADDRINUSE.
@@ -98,13 +99,37 @@ struct {
 	__type(value, struct sks_container);
 } sks_containers SEC(".maps");
 
+// Published replaced listeners of the cluster, by overlay address and
+// port: the value is the listener's host.
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
-	__type(key, struct sks_route);
-	__type(value, __be32); // the listener's host
+	__type(key, struct sks_key);
+	__type(value, __be32);
 } sks_routes SEC(".maps");
+
+// The policy, in the one slot of a map of maps: the agent writes each
+// version into a new inner map and swaps it in, so connect4 reads one
+// version whole, never one half-written. (The pointer, declared first,
+// makes the compiler describe struct sks_rules in full: an inner map's
+// value type is otherwise only forward-declared.)
+const struct sks_rules *unused_sks_rules __attribute__((unused));
+
+struct sks_rules_map {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sks_rules);
+};
+
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct sks_rules_map);
+} sks_policy SEC(".maps");
 
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -226,6 +251,29 @@ int sks_sock_create(struct bpf_sock *sk)
 // should exist) get nothing in secure mode.
 static __always_inline int unstamped(void) { return cfg_secure ? 0 : 1; }
 
+// The policy's verdict on a fast-path connection from src to dst:port.
+// Without a policy (none written yet, or more rules than fit) nothing is
+// allowed: the shim falls back and the overlay judges.
+static __always_inline bool allowed(__be32 src, __be32 dst, __be16 port)
+{
+	__u32 zero = 0;
+	void *inner = bpf_map_lookup_elem(&sks_policy, &zero);
+	if (!inner)
+		return false;
+	struct sks_rules *p = bpf_map_lookup_elem(inner, &zero);
+	if (!p || p->overflow)
+		return false;
+	__u32 n = p->n;
+	for (__u32 i = 0; i < SKS_MAX_RULES && i < n; i++) {
+		struct sks_rule *r = &p->rules[i];
+		__u32 miss = ((src & r->src_mask) ^ r->src) | ((dst & r->dst_mask) ^ r->dst) |
+			     ((port ^ r->port) & r->port_mask);
+		if (!miss)
+			return r->allow;
+	}
+	return true;
+}
+
 SEC("cgroup/connect4")
 int sks_connect4(struct bpf_sock_addr *ctx)
 {
@@ -242,14 +290,18 @@ int sks_connect4(struct bpf_sock_addr *ctx)
 	// The container's own loopback reaches its own replaced listeners.
 	if ((bpf_ntohl(dst) & 0xff000000) == LOOPBACK_NET)
 		steer = si->local_ip;
-	struct sks_route r = {.src = si->local_ip, .dst = steer, .port = (__u16)ctx->user_port};
-	__be32 *host = bpf_map_lookup_elem(&sks_routes, &r);
+	struct sks_key k = {.ip = steer, .port = (__u16)ctx->user_port};
+	__be32 *host = bpf_map_lookup_elem(&sks_routes, &k);
 	if (!host) {
 		count(SKS_CONNECT_REFUSED);
 		return cfg_secure ? 0 : 1;
 	}
+	if (!allowed(si->local_ip, steer, k.port)) {
+		count(SKS_CONNECT_DENIED);
+		return 0;
+	}
 	si->peer_ip = dst;
-	si->peer_port = r.port;
+	si->peer_port = k.port;
 	si->steer_ip = steer;
 	si->role = SKS_CLIENT;
 	ctx->user_ip4 = *host;

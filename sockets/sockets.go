@@ -48,6 +48,10 @@ type Layer struct {
 	underlay netlink.Link
 	log      *slog.Logger
 	brokers  *brokers
+	// rulesSpec makes the inner maps of sks_policy; policy is what the
+	// current one holds (nil: unknown, rewritten at the next Sync).
+	rulesSpec *ebpf.MapSpec
+	policy    *sksSksRules
 	// earlierInputGone: JudgeInput removed earlier versions' INPUT rules.
 	earlierInputGone bool
 }
@@ -68,7 +72,7 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Layer{cfg: cfg, underlay: under, log: log}
+	l := &Layer{cfg: cfg, underlay: under, log: log, rulesSpec: spec.Maps["sks_policy"].InnerMap.Copy()}
 	if err := bpffs.Load(spec, vars, &l.objs, cfg.PinDir, "sks_", log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
@@ -148,7 +152,7 @@ var Reasons = []string{
 	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "listener_exposed", "syn_recorded",
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
-	"syncookie_steered",
+	"syncookie_steered", "connect_denied",
 }
 
 // Stats returns the counters summed over CPUs, by reason.

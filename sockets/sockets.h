@@ -24,13 +24,29 @@ struct sks_key {
 	__u16 pad;
 };
 
-// A connection the fast path may carry: from a local container to an
-// overlay listener the policy allows. The value is the listener's host.
-struct sks_route {
+// One policy rule as connect4 judges it: rules that cannot match TCP are
+// left out by the agent. Prefixes are masked; a zero mask matches anything,
+// and so does a zero port_mask.
+struct sks_rule {
 	__be32 src;
+	__be32 src_mask;
 	__be32 dst;
+	__be32 dst_mask;
 	__be16 port;
-	__u16 pad;
+	__u16 port_mask;
+	__u32 allow;
+};
+
+#define SKS_MAX_RULES 1024
+
+// The policy of fast-path connections, in evaluation order: the first rule
+// that matches decides, and a connection no rule matches is allowed. With
+// more rules than fit (overflow), the fast path carries nothing and the
+// overlay's policy judges every connection.
+struct sks_rules {
+	__u32 n;
+	__u32 overflow;
+	struct sks_rule rules[SKS_MAX_RULES];
 };
 
 // Host-side 4-tuple of a SYN, as seen on the server host.
@@ -131,5 +147,6 @@ enum sks_reason {
 	SKS_TOS_CLEARED,      // packet for a container with the route's TOS, not steered
 	SKS_OVERLAY_REFUSED,  // connection (or datagram) to a container address without its listener
 	SKS_SYNCOOKIE_STEERED, // overlay ACK completing a replaced listener's syncookie
+	SKS_CONNECT_DENIED,   // connect the policy denies (or no policy written): the overlay judges it
 	SKS_REASONS,
 };

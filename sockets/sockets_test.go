@@ -2,6 +2,7 @@ package sockets
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
@@ -30,7 +33,9 @@ var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), H
 
 // loadTest loads the programs (verifier included) with maps pinned in a
 // private bpffs directory, without attaching them.
-func loadTest(t *testing.T) *Layer {
+func loadTest(t *testing.T) *Layer { return loadTestTB(t) }
+
+func loadTestTB(t testing.TB) *Layer {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -68,9 +73,6 @@ func TestSyncRoutes(t *testing.T) {
 	l := loadTest(t)
 	peer := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
 	hosts := []cluster.Host{testHost, peer}
-	a := cluster.Endpoint{ContainerID: "a", IP: netip.MustParsePrefix("10.244.1.5/24"), Cgroup: "/a"}
-	b := cluster.Endpoint{ContainerID: "b", IP: netip.MustParsePrefix("10.244.1.6/24"), Cgroup: "/b"}
-	plain := cluster.Endpoint{ContainerID: "c", IP: netip.MustParsePrefix("10.244.1.7/24")} // no cgroup: overlay only
 	remote := cluster.Listener{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}
 	local := cluster.Listener{Host: "h1", Addr: netip.MustParseAddrPort("10.244.1.6:8080")}
 	gone := cluster.Listener{Host: "h9", Addr: netip.MustParseAddrPort("10.244.9.9:80")} // host left
@@ -82,43 +84,105 @@ func TestSyncRoutes(t *testing.T) {
 	}
 	routes := func() map[string]netip.Addr {
 		out := map[string]netip.Addr{}
-		var k sksSksRoute
+		var k sksSksKey
 		var v uint32
 		it := l.objs.SksRoutes.Iterate()
 		for it.Next(&k, &v) {
-			out[fmt.Sprintf("%s>%s:%d", addrOf(k.Src), addrOf(k.Dst), portOf(k.Port))] = addrOf(v)
+			out[fmt.Sprintf("%s:%d", addrOf(k.Ip), portOf(k.Port))] = addrOf(v)
 		}
 		if err := it.Err(); err != nil {
 			t.Fatal(err)
 		}
 		return out
 	}
-	if err := l.Sync(hosts, []cluster.Endpoint{a, b, plain}, []cluster.Listener{remote, local, gone}, rules); err != nil {
+	if got := inForce(t, l); got != nil {
+		t.Fatalf("a policy before the first sync: %+v", got)
+	}
+	if err := l.Sync(hosts, []cluster.Listener{remote, local, gone}, rules); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]netip.Addr{
-		// a → remote is denied; nothing for the container without a cgroup
-		// or to a listener whose host is gone.
-		"10.244.1.5>10.244.1.6:8080": testHost.UnderlayIP,
-		"10.244.1.6>10.244.2.9:80":   peer.UnderlayIP,
-		"10.244.1.6>10.244.1.6:8080": testHost.UnderlayIP,
-	}
+	// Nothing to the listener whose host is gone.
+	want := map[string]netip.Addr{"10.244.2.9:80": peer.UnderlayIP, "10.244.1.6:8080": testHost.UnderlayIP}
 	if got := routes(); !maps.Equal(got, want) {
 		t.Fatalf("routes %v, want %v", got, want)
+	}
+	if got := inForce(t, l); got == nil || *got != *tcpRules(rules) {
+		t.Fatalf("policy in force %+v, want the rule", got)
 	}
 	var owner uint32
 	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: ip32(netip.MustParseAddr("10.244.2.200"))}, &owner); err != nil || addrOf(owner) != peer.UnderlayIP {
 		t.Fatalf("subnet owner of 10.244.2.200: %v %v", addrOf(owner), err)
 	}
-	// The rule goes, the host goes: routes follow.
-	if err := l.Sync([]cluster.Host{testHost}, []cluster.Endpoint{a}, []cluster.Listener{remote, local}, nil); err != nil {
+	// The rule goes, the host goes: routes and policy follow.
+	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{remote, local}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := routes(); !maps.Equal(got, map[string]netip.Addr{"10.244.1.5>10.244.1.6:8080": testHost.UnderlayIP}) {
+	if got := routes(); !maps.Equal(got, map[string]netip.Addr{"10.244.1.6:8080": testHost.UnderlayIP}) {
 		t.Fatalf("after the change: %v", got)
+	}
+	if got := inForce(t, l); got == nil || got.N != 0 || got.Overflow != 0 {
+		t.Fatalf("policy in force %+v, want none", got)
 	}
 	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: ip32(netip.MustParseAddr("10.244.2.200"))}, &owner); err == nil {
 		t.Fatal("the departed host still owns its subnet")
+	}
+}
+
+// inForce reads the policy connect4 judges by: nil while there is none.
+func inForce(t *testing.T, l *Layer) *sksSksRules {
+	t.Helper()
+	var id ebpf.MapID
+	if err := l.objs.SksPolicy.Lookup(uint32(0), &id); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	var r sksSksRules
+	if err := inner.Lookup(uint32(0), &r); err != nil {
+		t.Fatal(err)
+	}
+	return &r
+}
+
+func TestTCPRules(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	set, err := policy.NewSet([]policy.Rule{
+		{ID: "a", Priority: 1, Action: policy.Deny, Src: pfx("10.244.1.0/24"), Dst: pfx("10.244.2.9/32"), Proto: policy.TCP, Port: 80},
+		{ID: "b", Priority: 2, Action: policy.Allow, Proto: policy.UDP, Port: 53}, // never a TCP connection
+		{ID: "c", Priority: 3, Action: policy.Allow, Dst: pfx("10.244.0.0/16")},   // any protocol
+		{ID: "d", Priority: 4, Action: policy.Deny, Proto: policy.ICMP},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tcpRules(set)
+	be := func(s string) uint32 { return ip32(netip.MustParseAddr(s)) }
+	want := []sksSksRule{
+		{Src: be("10.244.1.0"), SrcMask: be("255.255.255.0"), Dst: be("10.244.2.9"), DstMask: be("255.255.255.255"), Port: port16(80), PortMask: 0xffff},
+		{Dst: be("10.244.0.0"), DstMask: be("255.255.0.0"), Allow: 1},
+	}
+	if got.N != uint32(len(want)) || got.Overflow != 0 || !slices.Equal(got.Rules[:got.N], want) {
+		t.Fatalf("rendered %d rules (overflow %d): %+v, want %+v", got.N, got.Overflow, got.Rules[:got.N], want)
+	}
+	// One rule more than fits: the fast path judges none of them.
+	var many []policy.Rule
+	for i := range len(got.Rules) + 1 {
+		many = append(many, policy.Rule{ID: fmt.Sprintf("r%04d", i), Action: policy.Deny, Proto: policy.TCP, Port: uint16(i + 1)})
+	}
+	big, err := policy.NewSet(many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := tcpRules(big); r.Overflow != 1 || int(r.N) != len(r.Rules) {
+		t.Fatalf("%d rules: n %d overflow %d", len(many), r.N, r.Overflow)
+	}
+	if r := tcpRules(big[:len(got.Rules)]); r.Overflow != 0 {
+		t.Fatalf("%d rules overflow", len(got.Rules))
 	}
 }
 
@@ -267,5 +331,39 @@ func TestServedForgottenWithContainer(t *testing.T) {
 	}
 	if err := l.unpinCgroup(2); err != nil {
 		t.Fatalf("second removal: %v", err)
+	}
+}
+
+// BenchmarkSync is the agent's work per listener event in a cluster of 50
+// hosts with 40 replaced listeners each and a policy of 20 rules: one
+// Sync that finds the maps already right.
+func BenchmarkSync(b *testing.B) {
+	l := loadTestTB(b)
+	var hosts []cluster.Host
+	var listeners []cluster.Listener
+	for h := range 50 {
+		name := fmt.Sprintf("h%d", h)
+		hosts = append(hosts, cluster.Host{Name: name, UnderlayIP: netip.AddrFrom4([4]byte{10, 99, 0, byte(h + 1)}),
+			Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(h), 0}), 24)})
+		for c := range 40 {
+			listeners = append(listeners, cluster.Listener{Host: name, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(h), byte(c + 2)}), 8080)})
+		}
+	}
+	var rules []policy.Rule
+	for i := range 20 {
+		rules = append(rules, policy.Rule{ID: fmt.Sprintf("r%d", i), Action: policy.Deny, Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 250, byte(i), 0}), 24)})
+	}
+	set, err := policy.NewSet(rules)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := l.Sync(hosts, listeners, set); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if err := l.Sync(hosts, listeners, set); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

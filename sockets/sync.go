@@ -53,9 +53,10 @@ func (l *Layer) LocalListeners() ([]cluster.Listener, error) {
 }
 
 // Sync makes the maps match the cluster: which host owns which subnet
-// (anti-spoofing) and which connections local containers may make on the
-// fast path — to published listeners, where the policy allows them.
-func (l *Layer) Sync(hosts []cluster.Host, local []cluster.Endpoint, listeners []cluster.Listener, rules policy.Set) error {
+// (anti-spoofing), where each published listener lives, and the policy
+// connect4 judges fast-path connections by. The policy is written first, so
+// a new route is only ever taken under the policy in force.
+func (l *Layer) Sync(hosts []cluster.Host, listeners []cluster.Listener, rules policy.Set) error {
 	subnets := map[sksSksSubnet]uint32{}
 	underlay := map[string]netip.Addr{}
 	for _, h := range hosts {
@@ -64,25 +65,88 @@ func (l *Layer) Sync(hosts []cluster.Host, local []cluster.Endpoint, listeners [
 			subnets[sksSksSubnet{Prefixlen: uint32(h.Subnet.Bits()), Ip: ip32(h.Subnet.Masked().Addr())}] = ip32(h.UnderlayIP)
 		}
 	}
-	routes := map[sksSksRoute]uint32{}
-	for _, e := range local {
-		if !Replaced(e) {
-			continue
-		}
-		src := e.IP.Addr()
-		for _, li := range listeners {
-			host, ok := underlay[li.Host]
-			if !ok {
-				continue
-			}
-			flow := policy.Flow{Src: src, Dst: li.Addr.Addr(), Proto: policy.TCP, Port: li.Addr.Port()}
-			if !rules.Allowed(flow) {
-				continue
-			}
-			routes[sksSksRoute{Src: ip32(src), Dst: ip32(li.Addr.Addr()), Port: port16(li.Addr.Port())}] = ip32(host)
+	routes := map[sksSksKey]uint32{}
+	for _, li := range listeners {
+		if host, ok := underlay[li.Host]; ok { // a departed host's listeners are gone
+			routes[sksSksKey{Ip: ip32(li.Addr.Addr()), Port: port16(li.Addr.Port())}] = ip32(host)
 		}
 	}
-	return errors.Join(syncMap(l.objs.SksSubnets, subnets), syncMap(l.objs.SksRoutes, routes))
+	return errors.Join(l.setPolicy(rules), syncMap(l.objs.SksSubnets, subnets), syncMap(l.objs.SksRoutes, routes))
+}
+
+// tcpRules renders the rules that can match a TCP connection in connect4's
+// form, in evaluation order. Past maxRules it sets Overflow instead.
+func tcpRules(rules policy.Set) *sksSksRules {
+	var out sksSksRules
+	for _, r := range rules {
+		if r.Proto != "" && r.Proto != policy.TCP {
+			continue
+		}
+		if int(out.N) == len(out.Rules) {
+			out.Overflow = 1
+			break
+		}
+		k := &out.Rules[out.N]
+		k.Src, k.SrcMask = prefix32(r.Src)
+		k.Dst, k.DstMask = prefix32(r.Dst)
+		if r.Port != 0 {
+			k.Port, k.PortMask = port16(r.Port), 0xffff
+		}
+		if r.Action == policy.Allow {
+			k.Allow = 1
+		}
+		out.N++
+	}
+	return &out
+}
+
+// prefix32 is a prefix as connect4 matches it: address and mask in network
+// order; the zero prefix (any) has mask 0.
+func prefix32(p netip.Prefix) (ip, mask32 uint32) {
+	if !p.IsValid() {
+		return 0, 0
+	}
+	m := mask(p)
+	return ip32(p.Masked().Addr()), binary.NativeEndian.Uint32(m[:])
+}
+
+// setPolicy puts the rules in force for new fast-path connections: in a new
+// inner map swapped into sks_policy in one step. On failure it empties the
+// slot, and connect4 then refuses every connection (the overlay judges).
+func (l *Layer) setPolicy(rules policy.Set) error {
+	want := tcpRules(rules)
+	if l.policy != nil && *l.policy == *want {
+		return nil
+	}
+	err := l.swapPolicy(want)
+	if err != nil {
+		if derr := l.objs.SksPolicy.Delete(uint32(0)); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, fmt.Errorf("empty the fast path's policy: %w", derr))
+		}
+		l.policy = nil
+		return err
+	}
+	l.policy = want
+	if want.Overflow != 0 {
+		l.log.Warn("the policy has more TCP rules than the fast path judges: every connection takes the overlay",
+			"limit", len(want.Rules))
+	}
+	return nil
+}
+
+func (l *Layer) swapPolicy(r *sksSksRules) error {
+	inner, err := ebpf.NewMap(l.rulesSpec)
+	if err != nil {
+		return fmt.Errorf("policy map: %w", err)
+	}
+	defer inner.Close() // sks_policy keeps its own reference
+	if err := inner.Put(uint32(0), r); err != nil {
+		return fmt.Errorf("write policy: %w", err)
+	}
+	if err := l.objs.SksPolicy.Put(uint32(0), inner); err != nil {
+		return fmt.Errorf("swap in policy: %w", err)
+	}
+	return nil
 }
 
 // syncMap makes m hold exactly want.

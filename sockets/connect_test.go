@@ -1,0 +1,172 @@
+package sockets
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/policy"
+)
+
+// pyConnect connects a fresh TCP socket to each address:port argument and
+// prints per argument "peer <address>:<port>" (where the socket really
+// went) or "err <errno name>".
+const pyConnect = `
+import errno, select, socket, sys
+for a in sys.argv[1:]:
+    h, p = a.rsplit(":", 1)
+    s = socket.socket()
+    s.setblocking(False)
+    r = s.connect_ex((h, int(p)))
+    if r == errno.EINPROGRESS:
+        select.select([], [s], [], 5)
+        r = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if r == 0:
+        print("peer %s:%d" % s.getpeername())
+    else:
+        print("err " + errno.errorcode[r])
+    s.close()
+`
+
+// TestConnectPolicy runs connect4 in the kernel: a process in a container's
+// cgroup connects host sockets to published listeners, and the policy (the
+// first matching rule decides) says which ones connect4 sends to the
+// listener's host and which it refuses, so that the shim falls back to the
+// overlay. In a network namespace of its own (the test's thread, discarded
+// at the end), which is the host namespace the programs are loaded for.
+func TestConnectPolicy(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("needs python3")
+	}
+	// The hosts' underlay addresses are all this namespace's, with a
+	// listener on the ports the test connects to.
+	ownNetns(t, testHost.UnderlayIP, netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.3"))
+	for _, port := range []string{"80", "81"} {
+		ln, err := net.Listen("tcp4", ":"+port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+	}
+	l := loadTest(t) // after the unshare: the thread's namespace is the host's
+
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, fmt.Sprintf("skiff-test-connect-%d", os.Getpid()))
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { RemoveCgroup(cg) })
+	for _, name := range []string{"sock_create", "connect4"} {
+		p := l.cgroupPrograms()[name]
+		lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: p.attach, Program: p.prog})
+		if err != nil {
+			t.Fatalf("attach %s: %v", name, err)
+		}
+		t.Cleanup(func() { lk.Close() })
+	}
+	id, err := cgroupID(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: ip32(ipServer)}); err != nil {
+		t.Fatal(err)
+	}
+	cgfd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(cgfd) })
+
+	// connects runs the targets from a process of the container cgroup.
+	connects := func(targets ...string) []string {
+		t.Helper()
+		cmd := exec.Command(python, append([]string{"-c", pyConnect}, targets...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgfd}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("connects: %v\n%s", err, out)
+		}
+		return strings.Split(strings.TrimSpace(string(out)), "\n")
+	}
+	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
+	h3 := cluster.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("10.99.0.3"), Subnet: netip.MustParsePrefix("10.244.3.0/24")}
+	listeners := []cluster.Listener{
+		{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")},
+		{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:81")},
+		{Host: "h3", Addr: netip.MustParseAddrPort("10.244.3.7:80")},
+	}
+	targets := []string{"10.244.2.9:80", "10.244.2.9:81", "10.244.3.7:80", "10.244.3.7:82"}
+	pfx := netip.MustParsePrefix
+	openPort := policy.Rule{ID: "open-81", Priority: 1, Action: policy.Allow, Dst: pfx("10.244.2.9/32"), Proto: policy.TCP, Port: 81}
+	closeHost := policy.Rule{ID: "close-h2", Priority: 2, Action: policy.Deny, Dst: pfx("10.244.2.0/24")}
+	udpOnly := policy.Rule{ID: "udp", Priority: 3, Action: policy.Deny, Src: pfx("10.244.1.0/24"), Proto: policy.UDP}
+	fromOther := policy.Rule{ID: "from-other", Priority: 0, Action: policy.Deny, Src: pfx("10.244.1.6/32"), Dst: pfx("10.244.3.0/24")}
+	fromUs := fromOther
+	fromUs.ID, fromUs.Src = "from-us", pfx("10.244.1.0/28")
+	var tooMany []policy.Rule
+	for i := range len(sksSksRules{}.Rules) + 1 {
+		tooMany = append(tooMany, policy.Rule{ID: fmt.Sprintf("r%04d", i), Priority: 100, Action: policy.Deny, Proto: policy.TCP, Port: uint16(9000 + i)})
+	}
+	const (
+		toH2  = "peer 10.99.0.2:80"
+		toH2b = "peer 10.99.0.2:81"
+		toH3  = "peer 10.99.0.3:80"
+		eperm = "err EPERM"
+	)
+	for _, c := range []struct {
+		name   string
+		rules  []policy.Rule
+		want   []string // per target
+		denied uint64   // connect_denied counted
+	}{
+		// A destination without a published listener is refused whatever the policy.
+		{"no rules", nil, []string{toH2, toH2b, toH3, eperm}, 0},
+		{"first match decides", []policy.Rule{openPort, closeHost, udpOnly}, []string{eperm, toH2b, toH3, eperm}, 1},
+		{"another source's rule", []policy.Rule{openPort, closeHost, fromOther}, []string{eperm, toH2b, toH3, eperm}, 1},
+		{"this source's rule", []policy.Rule{openPort, closeHost, fromUs}, []string{eperm, toH2b, eperm, eperm}, 2},
+		{"more rules than fit", tooMany, []string{eperm, eperm, eperm, eperm}, 3},
+		{"the rules gone", nil, []string{toH2, toH2b, toH3, eperm}, 0},
+	} {
+		rules, err := policy.NewSet(c.rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Sync([]cluster.Host{testHost, h2, h3}, listeners, rules); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		before, _ := l.Stats()
+		got := connects(targets...)
+		after, _ := l.Stats()
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+		if d := after["connect_denied"] - before["connect_denied"]; d != c.denied {
+			t.Errorf("%s: connect_denied +%d, want +%d", c.name, d, c.denied)
+		}
+		if after["stamped"]-before["stamped"] != uint64(len(targets)) {
+			t.Errorf("%s: %d sockets stamped, want %d", c.name, after["stamped"]-before["stamped"], len(targets))
+		}
+	}
+	// Without a policy in force (an agent that could not write one),
+	// nothing connects on the fast path.
+	if err := l.objs.SksPolicy.Delete(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if got := connects(targets[0]); got[0] != eperm {
+		t.Errorf("without a policy: %v", got)
+	}
+}
