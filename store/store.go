@@ -292,12 +292,22 @@ func (s *Store) SetListeners(ctx context.Context, host string, ls []cluster.List
 	for k := range have {
 		ops = append(ops, clientv3.OpDelete(k))
 	}
-	if len(ops) == 0 {
-		return nil
+	// etcd takes at most 128 operations in one transaction (its default
+	// --max-txn-ops): a host that publishes more at once (an agent's start,
+	// the store back after an outage) writes them in steps, which watchers
+	// may see one at a time.
+	for len(ops) > 0 {
+		n := min(len(ops), maxTxnOps)
+		if _, err := s.Txn(ctx, nil, ops[:n]); err != nil {
+			return err
+		}
+		ops = ops[n:]
 	}
-	_, err = s.Txn(ctx, nil, ops)
-	return err
+	return nil
 }
+
+// maxTxnOps is etcd's default limit on the operations of one transaction.
+const maxTxnOps = 128
 
 // Policies returns the policy rules in evaluation order.
 func (s *Store) Policies(ctx context.Context) (policy.Set, error) {

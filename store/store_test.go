@@ -152,4 +152,25 @@ func TestListeners(t *testing.T) {
 	if err := s.SetListeners(ctx, "h1", []cluster.Listener{c}); err == nil {
 		t.Error("h1 published h2's listener")
 	}
+	// More listeners than etcd takes in one transaction, then as many
+	// others in their place (twice the changes), then none.
+	many := func(port uint16) []cluster.Listener {
+		var ls []cluster.Listener
+		for i := range 300 {
+			ls = append(ls, cluster.Listener{Host: "h1", Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 1, byte(i%250 + 2)}), port+uint16(i/250))})
+		}
+		return ls
+	}
+	for _, want := range [][]cluster.Listener{many(9000), many(7000), nil} {
+		if err := s.SetListeners(ctx, "h1", want); err != nil {
+			t.Fatalf("%d listeners: %v", len(want), err)
+		}
+		got, err := s.Listeners(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(got) - 1; n != len(want) { // and h2's
+			t.Fatalf("%d listeners stored, want %d", n, len(want))
+		}
+	}
 }
