@@ -280,6 +280,14 @@ func TestReportPaired(t *testing.T) {
 	if !strings.Contains(table.String(), "0.80× (0.80–0.80)") || !strings.Contains(table.String(), "bootstrap interval") {
 		t.Errorf("table lacks the paired ratio or its footnote:\n%s", table.String())
 	}
+	// The chart draws the paired ratio too, with its interval.
+	var svg bytes.Buffer
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	if n := xmlElements(t, svg.Bytes())["path"]; n != 1 || !strings.Contains(svg.String(), "paired median over repetitions 0.80× (95 % interval 0.80–0.80)") {
+		t.Errorf("chart has %d interval whiskers, or lacks the paired ratio:\n%s", n, svg.String())
+	}
 }
 
 func TestWriteSVGWellFormed(t *testing.T) {

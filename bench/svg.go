@@ -38,8 +38,10 @@ type svgChart struct {
 }
 
 // WriteSVG writes a grouped bar chart: one group per workload (its primary
-// metric), one bar per mode, bar height = median ratio to host, with the
-// host = 1.0 line, value labels, direction of "better" and a legend.
+// metric), one bar per mode, bar height = ratio to host as the table gives
+// it (the paired median with its 95 % interval as a whisker where there are
+// enough repetitions, the ratio of medians otherwise), with the host = 1.0
+// line, value labels, direction of "better" and a legend.
 func (r *Report) WriteSVG(w io.Writer) error {
 	c := newSVGChart(r)
 	var b strings.Builder
@@ -66,7 +68,9 @@ func (c *svgChart) maxRatio() float64 {
 	m := 1.0
 	for _, g := range c.groups {
 		for _, res := range g {
-			if res.RatioToHost != nil {
+			if res.Paired != nil {
+				m = math.Max(m, res.Paired.High)
+			} else if res.RatioToHost != nil {
 				m = math.Max(m, *res.RatioToHost)
 			}
 		}
@@ -97,7 +101,7 @@ func (c *svgChart) write(b *strings.Builder) {
 	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n",
 		c.width, c.height, c.width, c.height)
 	fmt.Fprintf(b, `<rect x="0" y="0" width="%.0f" height="%.0f" fill="white"/>`+"\n", c.width, c.height)
-	text(b, svgLeft, 24, "start", `font-size="16" font-weight="bold"`, "skiff bench: median of each mode relative to host (host = 1.0)")
+	text(b, svgLeft, 24, "start", `font-size="16" font-weight="bold"`, "skiff bench: each mode relative to host (host = 1.0)")
 	c.legend(b)
 	c.axis(b)
 	if len(c.groups) == 0 || !slices.Contains(c.r.Config.Modes, HostMode) {
@@ -168,12 +172,23 @@ func (c *svgChart) bar(b *strings.Builder, x float64, j int, res Result, ok bool
 		return
 	}
 	q := *res.RatioToHost
-	top := c.y(q)
-	tip := fmt.Sprintf("%s %s, %s: %s %s = %.2f× host", res.Workload, res.Metric, res.Mode,
+	tip := fmt.Sprintf("%s %s, %s: median %s %s = %.2f× host's", res.Workload, res.Metric, res.Mode,
 		formatValue(*res.Median), res.Unit, q)
+	label := c.y(q) - 4
+	if p := res.Paired; p != nil {
+		q = p.Ratio
+		tip += fmt.Sprintf("; paired median over repetitions %.2f× (95 %% interval %.2f–%.2f)", p.Ratio, p.Low, p.High)
+		label = c.y(p.High) - 4
+	}
+	top := c.y(q)
 	fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%d" height="%.1f" fill="%s"><title>%s</title></rect>`+"\n",
 		x, top, svgBarW, base-top, c.color(j, res.Mode), esc(tip))
-	text(b, x+svgBarW/2, top-4, "middle", `font-size="10"`, fmt.Sprintf("%.2f", q))
+	if p := res.Paired; p != nil {
+		mid, lo, hi := x+svgBarW/2, c.y(p.Low), c.y(p.High)
+		fmt.Fprintf(b, `<path d="M%.1f %.1fV%.1fM%.1f %.1fh8M%.1f %.1fh8" stroke="#222" fill="none"/>`+"\n",
+			mid, lo, hi, mid-4, lo, mid-4, hi)
+	}
+	text(b, x+svgBarW/2, label, "middle", `font-size="10"`, fmt.Sprintf("%.2f", q))
 }
 
 func (c *svgChart) color(i int, mode string) string {
