@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -71,10 +72,12 @@ func Unpin(dir, prefix string) error {
 
 // Load sets spec's configuration constants (volatile const globals) to
 // vars and loads it into objs (a bpf2go objects struct) with its maps
-// pinned in dir, reusing maps an earlier run pinned there. Pinned maps whose
-// definition changed (a new skiff version) are unpinned — every pin whose
-// name starts with prefix — and replaced by empty ones.
-func Load(spec *ebpf.CollectionSpec, vars map[string]any, objs any, dir, prefix string, log *slog.Logger) error {
+// pinned in dir, reusing maps an earlier run pinned there. A pinned map
+// whose definition changed (a new skiff version) is unpinned and replaced
+// by an empty one; the other maps keep what they hold, and pinned links
+// stay attached until the caller updates them, so the hooks never go
+// without a program.
+func Load(spec *ebpf.CollectionSpec, vars map[string]any, objs any, dir string, log *slog.Logger) error {
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -87,18 +90,76 @@ func Load(spec *ebpf.CollectionSpec, vars map[string]any, objs any, dir, prefix 
 	if err := Ensure(dir); err != nil {
 		return err
 	}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
-	err := spec.LoadAndAssign(objs, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		log.Warn("pinned maps do not match this version; starting with empty ones", "dir", dir, "err", err)
-		if err := Unpin(dir, prefix); err != nil {
-			return err
-		}
-		err = spec.LoadAndAssign(objs, opts)
+	stale, err := unpinIncompatible(spec, dir)
+	if err != nil {
+		return err
 	}
+	if len(stale) > 0 {
+		log.Warn("pinned maps do not match this version; they start empty", "dir", dir, "maps", stale)
+	}
+	err = spec.LoadAndAssign(objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
 	var ve *ebpf.VerifierError
 	if errors.As(err, &ve) {
 		return fmt.Errorf("%+v", ve)
 	}
 	return err
+}
+
+// unpinIncompatible removes the pins in dir of spec's maps that this
+// version cannot use, and returns their names.
+func unpinIncompatible(spec *ebpf.CollectionSpec, dir string) ([]string, error) {
+	var stale []string
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			err = compatible(ms, m)
+			m.Close()
+		}
+		if err == nil {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("unpin %s: %w", name, err)
+		}
+		stale = append(stale, name)
+	}
+	slices.Sort(stale)
+	return stale, nil
+}
+
+// compatible reports why m cannot serve as ms: its own definition, or for
+// an array of maps, that of an inner map it holds (the kernel would refuse
+// the new version's inner maps).
+func compatible(ms *ebpf.MapSpec, m *ebpf.Map) error {
+	if err := ms.Compatible(m); err != nil {
+		return err
+	}
+	if ms.Type != ebpf.ArrayOfMaps {
+		return nil
+	}
+	for i := range ms.MaxEntries {
+		var id ebpf.MapID
+		if err := m.Lookup(i, &id); errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		inner, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			return fmt.Errorf("inner map %d: %w", i, err)
+		}
+		err = ms.InnerMap.Compatible(inner)
+		inner.Close()
+		if err != nil {
+			return fmt.Errorf("inner map %d: %w", i, err)
+		}
+	}
+	return nil
 }

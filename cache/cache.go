@@ -76,7 +76,7 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, underlay: under, log: log}
-	if err := bpffs.Load(spec, vars, &c.objs, cfg.PinDir, "skc_", log); err != nil {
+	if err := bpffs.Load(spec, vars, &c.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load cache programs: %w", err)
 	}
 	return c, nil

@@ -841,10 +841,16 @@ func TestSocketsFaults(t *testing.T) {
 	// Agent restarts: the live connection carries on. An agent marks the
 	// addresses of containers with replaced listeners as served when it
 	// starts (an upgrade from a version without the map): h1's is taken
-	// out first and must come back.
+	// out first and must come back. And the restart is an upgrade that
+	// changed one map (sks_routes, back to an earlier version's layout):
+	// only that map starts empty, the replaced listener stays published
+	// and new connections take the fast path again.
 	served := servedMap(t, l, "h1")
 	if err := served.Delete(srvIP.As4()); err != nil {
 		t.Fatalf("h1 served map: %v", err)
+	}
+	for _, h := range []string{"h1", "h2"} {
+		earlierRoutes(t, l, h)
 	}
 	restartAgents(t, l, "sockets")
 	var yes uint8
@@ -855,6 +861,14 @@ func TestSocketsFaults(t *testing.T) {
 	case s := <-hold.lines:
 		t.Fatalf("the live connection broke across agent restarts: %q %s", s, hold.out.String())
 	case <-time.After(1500 * time.Millisecond):
+	}
+	appWaitRoute(t, l, "h2/c1", netip.AddrPortFrom(srvIP, 7000), 5*time.Second)
+	fast = counter(t, l, "h2", "connect_fast")
+	if out := runPy(t, l, "h2/c1", pyOnce, nil, srvIP.String(), "7000"); !strings.HasPrefix(out, "ok ") {
+		t.Fatalf("after the upgrade: %s", out)
+	}
+	if counter(t, l, "h2", "connect_fast") != fast+1 {
+		t.Error("no fast path after the upgrade")
 	}
 
 	// 10 000 sequential short connections through the fast path.
@@ -948,6 +962,24 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 
 // servedMap opens host's pinned sks_served map (keys: container addresses
 // in network order), closed when the test ends.
+// earlierRoutes pins in place of host's sks_routes a map of an earlier
+// layout (key: source, destination, port), as an older agent left it.
+func earlierRoutes(t *testing.T, l *Lab, host string) {
+	t.Helper()
+	path := filepath.Join(l.bpfDir(host), "sockets", "sks_routes")
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 12, ValueSize: 4, MaxEntries: 65536})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func servedMap(t *testing.T, l *Lab, host string) *ebpf.Map {
 	t.Helper()
 	m, err := ebpf.LoadPinnedMap(filepath.Join(l.bpfDir(host), "sockets", "sks_served"), nil)

@@ -73,7 +73,7 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 		return nil, err
 	}
 	l := &Layer{cfg: cfg, underlay: under, log: log, rulesSpec: spec.Maps["sks_policy"].InnerMap.Copy()}
-	if err := bpffs.Load(spec, vars, &l.objs, cfg.PinDir, "sks_", log); err != nil {
+	if err := bpffs.Load(spec, vars, &l.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
 	l.brokers = newBrokers(cfg, log)
