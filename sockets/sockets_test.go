@@ -128,6 +128,28 @@ func TestSyncRoutes(t *testing.T) {
 	}
 }
 
+// TestSyncRoutesFull: more listeners than sks_routes holds. The ones that
+// fit are routed (the others take the overlay) and the error says how many
+// did not, once.
+func TestSyncRoutesFull(t *testing.T) {
+	l := loadTest(t)
+	peer := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
+	size := int(l.objs.SksRoutes.MaxEntries())
+	var listeners []cluster.Listener
+	for i := range size + 10 {
+		listeners = append(listeners, cluster.Listener{Host: "h2",
+			Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 2, byte(i%250 + 2)}), uint16(1000+i/250))})
+	}
+	err := l.Sync([]cluster.Host{testHost, peer}, listeners, nil)
+	if err == nil || !strings.Contains(err.Error(), "10 entries failed") || strings.Count(err.Error(), "\n") != 0 {
+		t.Fatalf("sync of %d listeners into %d entries: %v", len(listeners), size, err)
+	}
+	got, err := entries[sksSksKey](l.objs.SksRoutes)
+	if err != nil || len(got) != size {
+		t.Fatalf("%d routes (%v), want %d", len(got), err, size)
+	}
+}
+
 // inForce reads the policy connect4 judges by: nil while there is none.
 func inForce(t *testing.T, l *Layer) *sksSksRules {
 	t.Helper()

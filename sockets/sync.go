@@ -149,34 +149,81 @@ func (l *Layer) swapPolicy(r *sksSksRules) error {
 	return nil
 }
 
-// syncMap makes m hold exactly want.
+// syncMap makes m hold exactly want. Failed writes (a full map) are
+// reported once per kind, with how many there were.
 func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
-	var errs []error
-	var k K
-	var v uint32
-	var stale []K
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if w, ok := want[k]; !ok {
-			stale = append(stale, k)
-		} else if w == v {
-			delete(want, k) // already right
-		}
+	have, err := entries[K](m)
+	if err != nil {
+		return err
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", m, err)
-	}
-	for _, k := range stale {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete from %s: %w", m, err))
+	var deletes, updates failures
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				deletes.add(err)
+			}
 		}
 	}
 	for k, v := range want {
+		if w, ok := have[k]; ok && w == v {
+			continue // already right
+		}
 		if err := m.Put(k, v); err != nil {
-			errs = append(errs, fmt.Errorf("update %s: %w", m, err))
+			updates.add(err)
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(deletes.err("delete from", m), updates.err("update", m))
+}
+
+// entries reads all of m: in batches, one system call for hundreds of
+// entries, where the map type has them (hash maps); one by one otherwise.
+func entries[K comparable](m *ebpf.Map) (map[K]uint32, error) {
+	out := map[K]uint32{}
+	var cursor ebpf.MapBatchCursor
+	keys, vals := make([]K, 512), make([]uint32, 512)
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			out[keys[i]] = vals[i]
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil // the end
+		}
+		if err != nil {
+			break // no batches for this map type, or a hash bucket larger than a batch
+		}
+	}
+	clear(out)
+	var k K
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", m, err)
+	}
+	return out, nil
+}
+
+// failures counts failed map writes, keeping the first error.
+type failures struct {
+	n     int
+	first error
+}
+
+func (f *failures) add(err error) {
+	if f.n == 0 {
+		f.first = err
+	}
+	f.n++
+}
+
+func (f *failures) err(what string, m *ebpf.Map) error {
+	if f.n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s %s: %d entries failed, the first with: %w", what, m, f.n, f.first)
 }
 
 // WatchListeners signals on the returned channel whenever a replaced
