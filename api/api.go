@@ -72,6 +72,14 @@ type SocketsStatus struct {
 	Counters   map[string]uint64  `json:"counters"`
 	Listeners  []string           `json:"listeners"` // overlay address:port of replaced listeners
 	Containers []SocketsContainer `json:"containers"`
+	Policy     *SocketsPolicy     `json:"policy"` // null: none in force, every connection takes the overlay
+}
+
+// SocketsPolicy is the policy the sockets layer judges new fast-path
+// connections by, at connect.
+type SocketsPolicy struct {
+	Rules    int  `json:"rules"`    // rules that can match TCP
+	Overflow bool `json:"overflow"` // more than the layer takes: every connection takes the overlay
 }
 
 // SocketsContainer is one container's use of host sockets, as its broker

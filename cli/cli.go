@@ -210,6 +210,14 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 func printSockets(env Env, s *api.SocketsStatus) {
 	w := env.Stdout
 	fmt.Fprintf(w, "replaced listeners: %s\n", strings.Join(s.Listeners, " "))
+	switch p := s.Policy; {
+	case p == nil:
+		fmt.Fprintln(w, "fast-path policy: none in force: every connection takes the overlay")
+	case p.Overflow:
+		fmt.Fprintf(w, "fast-path policy: more than %d TCP rules: every connection takes the overlay\n", p.Rules)
+	default:
+		fmt.Fprintf(w, "fast-path policy: %d TCP rules, judged at connect\n", p.Rules)
+	}
 	var rows [][]string
 	for _, c := range s.Containers {
 		broker := "running"

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/skiffnet/skiff/api"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -72,5 +74,24 @@ func TestLabModesFor(t *testing.T) {
 	}
 	if _, err := labModesFor([]string{"host", "warp"}); err == nil || !strings.Contains(err.Error(), `unknown mode "warp"`) {
 		t.Errorf("unknown mode: err = %v", err)
+	}
+}
+
+// TestPrintSocketsPolicy: status says whether the sockets layer judges the
+// policy at connect, or sends every connection to the overlay.
+func TestPrintSocketsPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		policy *api.SocketsPolicy
+		want   string
+	}{
+		{nil, "fast-path policy: none in force: every connection takes the overlay"},
+		{&api.SocketsPolicy{Rules: 3}, "fast-path policy: 3 TCP rules, judged at connect"},
+		{&api.SocketsPolicy{Rules: 1024, Overflow: true}, "fast-path policy: more than 1024 TCP rules: every connection takes the overlay"},
+	} {
+		var out bytes.Buffer
+		printSockets(Env{Stdout: &out}, &api.SocketsStatus{Policy: tc.policy})
+		if !strings.Contains(out.String(), tc.want+"\n") {
+			t.Errorf("policy %+v:\n%s\nwant the line %q", tc.policy, out.String(), tc.want)
+		}
 	}
 }

@@ -695,6 +695,14 @@ func TestSocketsPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	denied := counter(t, l, "h2", "connect_denied")
+	if _, err := eventually(converges, func() error {
+		if p := socketsStatus(t, l, "h2").Policy; p == nil || p.Rules != 2 || p.Overflow {
+			return fmt.Errorf("h2's fast-path policy %+v, want 2 rules", p)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
 	for _, c := range []struct{ from, opt, want string }{
 		{"h2/c1", "SKIFF_SOCKETS=on", "EHOSTUNREACH"}, {"h2", "SKIFF_SOCKETS=on", "ECONNREFUSED"},
 		{"h1/c2", "SKIFF_SOCKETS=off", "ECONNREFUSED"},

@@ -2,7 +2,6 @@ package sockets
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,8 +14,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
@@ -153,22 +150,11 @@ func TestSyncRoutesFull(t *testing.T) {
 // inForce reads the policy connect4 judges by: nil while there is none.
 func inForce(t *testing.T, l *Layer) *sksSksRules {
 	t.Helper()
-	var id ebpf.MapID
-	if err := l.objs.SksPolicy.Lookup(uint32(0), &id); errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := ebpf.NewMapFromID(id)
+	r, err := l.inForce()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer inner.Close()
-	var r sksSksRules
-	if err := inner.Lookup(uint32(0), &r); err != nil {
-		t.Fatal(err)
-	}
-	return &r
+	return r
 }
 
 func TestTCPRules(t *testing.T) {

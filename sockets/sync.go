@@ -134,6 +134,37 @@ func (l *Layer) setPolicy(rules policy.Set) error {
 	return nil
 }
 
+// PolicyInForce reports the policy connect4 judges new connections by: how
+// many rules it reads (the rules that can match TCP), and whether there are
+// more than it takes. ok is false while there is none, when connect4
+// refuses every connection.
+func (l *Layer) PolicyInForce() (rules int, overflow, ok bool, err error) {
+	r, err := l.inForce()
+	if err != nil || r == nil {
+		return 0, false, false, err
+	}
+	return int(r.N), r.Overflow != 0, true, nil
+}
+
+func (l *Layer) inForce() (*sksSksRules, error) {
+	var id ebpf.MapID
+	if err := l.objs.SksPolicy.Lookup(uint32(0), &id); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	inner, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	defer inner.Close()
+	var r sksSksRules
+	if err := inner.Lookup(uint32(0), &r); err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	return &r, nil
+}
+
 func (l *Layer) swapPolicy(r *sksSksRules) error {
 	inner, err := ebpf.NewMap(l.rulesSpec)
 	if err != nil {
