@@ -13,6 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -110,7 +113,14 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.timeout)
 }
 
+// unavailable wraps a failed etcd call: as ErrUnavailable, unless etcd
+// answered that the request itself is wrong (too many operations, too
+// large), which waiting for the store would not mend.
 func unavailable(op string, err error) error {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) && ee.Code() == codes.InvalidArgument {
+		return fmt.Errorf("%s: %w", op, err)
+	}
 	return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
 }
 

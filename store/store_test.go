@@ -3,7 +3,9 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,6 +153,14 @@ func TestListeners(t *testing.T) {
 	}
 	if err := s.SetListeners(ctx, "h1", []cluster.Listener{c}); err == nil {
 		t.Error("h1 published h2's listener")
+	}
+	// A request etcd refuses is not an unreachable store.
+	var ops []clientv3.Op
+	for i := range 129 { // etcd takes 128
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("/skiff-test/%d", i), "x"))
+	}
+	if _, err := s.Txn(ctx, nil, ops); err == nil || errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "too many operations") {
+		t.Errorf("a transaction of %d operations: %v", len(ops), err)
 	}
 	// More listeners than etcd takes in one transaction, then as many
 	// others in their place (twice the changes), then none.
