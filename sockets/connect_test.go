@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -38,19 +40,18 @@ for a in sys.argv[1:]:
     s.close()
 `
 
-// TestConnectPolicy runs connect4 in the kernel: a process in a container's
-// cgroup connects host sockets to published listeners, and the policy (the
-// first matching rule decides) says which ones connect4 sends to the
-// listener's host and which it refuses, so that the shim falls back to the
-// overlay. In a network namespace of its own (the test's thread, discarded
-// at the end), which is the host namespace the programs are loaded for.
-func TestConnectPolicy(t *testing.T) {
-	python, err := exec.LookPath("python3")
+// containerHost makes the test's thread a host of its own (a network
+// namespace, discarded at the end, where the programs are loaded) with a
+// container cgroup holding sock_create and connect4, for a container at
+// ipServer. The hosts' underlay addresses 10.99.0.1–3 are all this
+// namespace's, with listeners on ports 80 and 81 that never accept.
+// python runs a script in the container's cgroup.
+func containerHost(t *testing.T) (l *Layer, python func(script string, args ...string) *exec.Cmd) {
+	t.Helper()
+	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("needs python3")
 	}
-	// The hosts' underlay addresses are all this namespace's, with a
-	// listener on the ports the test connects to.
 	ownNetns(t, testHost.UnderlayIP, netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.3"))
 	for _, port := range []string{"80", "81"} {
 		ln, err := net.Listen("tcp4", ":"+port)
@@ -59,13 +60,13 @@ func TestConnectPolicy(t *testing.T) {
 		}
 		t.Cleanup(func() { ln.Close() })
 	}
-	l := loadTest(t) // after the unshare: the thread's namespace is the host's
+	l = loadTest(t) // after the unshare: the thread's namespace is the host's
 
 	root, err := CgroupRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(root, fmt.Sprintf("skiff-test-connect-%d", os.Getpid()))
+	cg := filepath.Join(root, fmt.Sprintf("skiff-test-%s-%d", strings.ToLower(t.Name()), os.Getpid()))
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -90,13 +91,24 @@ func TestConnectPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(cgfd) })
+	return l, func(script string, args ...string) *exec.Cmd {
+		cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgfd}
+		return cmd
+	}
+}
 
+// TestConnectPolicy runs connect4 in the kernel: a process in a container's
+// cgroup connects host sockets to published listeners, and the policy (the
+// first matching rule decides) says which ones connect4 sends to the
+// listener's host and which it refuses, so that the shim falls back to the
+// overlay.
+func TestConnectPolicy(t *testing.T) {
+	l, python := containerHost(t)
 	// connects runs the targets from a process of the container cgroup.
 	connects := func(targets ...string) []string {
 		t.Helper()
-		cmd := exec.Command(python, append([]string{"-c", pyConnect}, targets...)...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgfd}
-		out, err := cmd.CombinedOutput()
+		out, err := python(pyConnect, targets...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("connects: %v\n%s", err, out)
 		}
@@ -168,5 +180,82 @@ func TestConnectPolicy(t *testing.T) {
 	}
 	if got := connects(targets[0]); got[0] != eperm {
 		t.Errorf("without a policy: %v", got)
+	}
+}
+
+// pyHoldAll connects to each address:port argument, prints "up", waits for
+// a line on stdin and then prints per connection whether it is still
+// "open" or the errno name of its error (ECONNABORTED once destroyed).
+const pyHoldAll = `
+import errno, socket, sys
+socks = []
+for a in sys.argv[1:]:
+    h, p = a.rsplit(":", 1)
+    socks.append(socket.create_connection((h, int(p)), timeout=5))
+print("up", flush=True)
+sys.stdin.readline()
+for s in socks:
+    s.setblocking(False)
+    try:
+        s.recv(1)
+        print("data")
+    except BlockingIOError:
+        print("open")
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+`
+
+// TestDestroyBatches: more connections to end than sks_kill holds at once
+// (here 2 per pass) are ended in passes, every one of them.
+func TestDestroyBatches(t *testing.T) {
+	l, python := containerHost(t)
+	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
+	srv := []cluster.Listener{{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}, {Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:81")}}
+	if err := l.Sync([]cluster.Host{testHost, h2}, srv, nil); err != nil {
+		t.Fatal(err)
+	}
+	targets := []string{"10.244.2.9:80", "10.244.2.9:81", "10.244.2.9:80", "10.244.2.9:81", "10.244.2.9:80"}
+	cmd := python(pyHoldAll, targets...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	var cookies []uint64
+	for deadline := time.Now().Add(5 * time.Second); len(cookies) < len(targets); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d connections up: %s", len(cookies), len(targets), out.String())
+		}
+		conns, err := l.conns()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cookies = cookies[:0]
+		for _, c := range conns {
+			if c.Role == sksSksRoleSKS_CLIENT && c.State == 1 { // established
+				cookies = append(cookies, c.Cookie)
+			}
+		}
+	}
+	if err := l.destroyBatches(cookies, 2); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("\n"))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	want := "up\n" + strings.Repeat("ECONNABORTED\n", len(targets))
+	if out.String() != want {
+		t.Errorf("connections after the destroy:\n%s\nwant\n%s", out.String(), want)
+	}
+	var cookie uint64
+	var mark uint8
+	if l.objs.SksKill.Iterate().Next(&cookie, &mark) {
+		t.Errorf("sks_kill still marks %d", cookie)
 	}
 }

@@ -82,19 +82,36 @@ func runIter(prog *ebpf.Program) ([]byte, error) {
 // destroy ends the given sockets (bpf_sock_destroy: the application's next
 // call fails with ECONNABORTED, the peer gets a RST).
 func (l *Layer) destroy(cookies []uint64) error {
-	if len(cookies) == 0 {
-		return nil
+	return l.destroyBatches(cookies, int(l.objs.SksKill.MaxEntries()))
+}
+
+// destroyBatches marks the sockets to end in sks_kill, at most batch at a
+// time, and runs the destroying iterator over the host's sockets once per
+// batch: a policy change may end more connections than the map holds.
+func (l *Layer) destroyBatches(cookies []uint64, batch int) error {
+	for len(cookies) > 0 {
+		n := min(len(cookies), batch)
+		if err := l.destroyMarked(cookies[:n]); err != nil {
+			return err
+		}
+		cookies = cookies[n:]
 	}
-	var errs []error
-	for _, c := range cookies {
-		errs = append(errs, l.objs.SksKill.Put(c, uint8(1)))
+	return nil
+}
+
+func (l *Layer) destroyMarked(cookies []uint64) error {
+	marks := make([]uint8, len(cookies))
+	for i := range marks {
+		marks[i] = 1
 	}
-	if err := errors.Join(errs...); err != nil {
+	if _, err := l.objs.SksKill.BatchUpdate(cookies, marks, nil); err != nil {
 		return fmt.Errorf("mark sockets to end: %w", err)
 	}
 	_, err := runIter(l.objs.SksDestroy)
-	for _, c := range cookies {
-		l.objs.SksKill.Delete(c)
+	if _, derr := l.objs.SksKill.BatchDelete(cookies, nil); derr != nil {
+		for _, c := range cookies { // one by one past the first that went
+			l.objs.SksKill.Delete(c)
+		}
 	}
 	return err
 }
