@@ -134,11 +134,15 @@ func unpinIncompatible(spec *ebpf.CollectionSpec, dir string) ([]string, error) 
 	return stale, nil
 }
 
-// compatible reports why m cannot serve as ms: its own definition, or for
-// an array of maps, that of an inner map it holds (the kernel would refuse
-// the new version's inner maps).
+// compatible reports why m cannot serve as ms: its own definition (type,
+// sizes, flags, and the layout of key and value), or for an array of maps,
+// that of an inner map it holds (the kernel would refuse the new version's
+// inner maps).
 func compatible(ms *ebpf.MapSpec, m *ebpf.Map) error {
 	if err := ms.Compatible(m); err != nil {
+		return err
+	}
+	if err := sameLayout(ms, m); err != nil {
 		return err
 	}
 	if ms.Type != ebpf.ArrayOfMaps {
@@ -156,6 +160,9 @@ func compatible(ms *ebpf.MapSpec, m *ebpf.Map) error {
 			return fmt.Errorf("inner map %d: %w", i, err)
 		}
 		err = ms.InnerMap.Compatible(inner)
+		if err == nil {
+			err = sameLayout(ms.InnerMap, inner)
+		}
 		inner.Close()
 		if err != nil {
 			return fmt.Errorf("inner map %d: %w", i, err)

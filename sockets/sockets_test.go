@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -53,6 +54,32 @@ func loadTestTB(t testing.TB) *Layer {
 	}
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+// TestReloadKeepsMaps: the same version loaded again (an agent restart)
+// finds every pinned map compatible, layouts included, and keeps what they
+// hold, the policy's inner map too.
+func TestReloadKeepsMaps(t *testing.T) {
+	l := loadTest(t)
+	if err := l.objs.SksServed.Put(ip32(ipServer), uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Sync([]cluster.Host{testHost}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	again, err := Load(l.cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	var yes uint8
+	if err := again.objs.SksServed.Lookup(ip32(ipServer), &yes); err != nil || logs.Len() != 0 {
+		t.Fatalf("reload lost sks_served (%v); log %q", err, logs.String())
+	}
+	if r, err := again.inForce(); err != nil || r == nil {
+		t.Fatalf("reload lost the policy: %v", err)
+	}
 }
 
 func TestLoad(t *testing.T) {
