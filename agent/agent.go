@@ -62,6 +62,9 @@ type Agent struct {
 
 	sockets         *sockets.Layer // nil unless in sockets mode
 	socketsAttached bool           // endpoints found at start have host sockets
+	// listeners is the cluster's published listeners, kept by a watch
+	// (sockets mode; nil until the watch runs). Guarded by mu.
+	listeners *store.ListenerCache
 
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start
@@ -261,10 +264,11 @@ func (a *Agent) converge(ctx context.Context) {
 		}
 		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, endpoints)
 		// Listeners come and go with every server start: they only change
-		// the sockets layer's routes, not worth a full reconcile.
+		// the sockets layer's routes, not worth a full reconcile, nor a
+		// read of every listener of the cluster per change.
 		var listeners <-chan struct{}
 		if a.sockets != nil {
-			listeners = a.store.Watch(ctx, store.ListenerPrefix)
+			listeners = a.watchListeners(ctx)
 		}
 		err := a.reconcile(ctx)
 		if err == nil {

@@ -96,7 +96,7 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 // It runs before the overlay applies the rules, so a first rule is judged
 // on INPUT as soon as on FORWARD.
 func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []cluster.Host, local []cluster.Endpoint, policyChanged bool) error {
-	listeners, err := a.store.Listeners(ctx)
+	listeners, err := a.publishedListeners(ctx)
 	if err != nil {
 		return err
 	}
@@ -123,6 +123,32 @@ func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []clust
 	return nil
 }
 
+// watchListeners keeps a.listeners current from a watch, and signals each
+// change on the returned channel, which closes when the watch ends (and at
+// once if it cannot start: the caller retries).
+func (a *Agent) watchListeners(ctx context.Context) <-chan struct{} {
+	cache, changed, err := a.store.WatchListeners(ctx)
+	a.mu.Lock()
+	a.listeners = cache
+	a.mu.Unlock()
+	if err != nil {
+		a.log.Warn("watch listeners", "err", err)
+		closed := make(chan struct{})
+		close(closed)
+		return closed
+	}
+	return changed
+}
+
+// publishedListeners returns the cluster's published listeners: from the
+// watch, or from the store while there is none. The caller holds a.mu.
+func (a *Agent) publishedListeners(ctx context.Context) ([]cluster.Listener, error) {
+	if a.listeners != nil {
+		return a.listeners.List(), nil
+	}
+	return a.store.Listeners(ctx)
+}
+
 // syncRoutes applies a change of the published listeners: only the
 // sockets layer's routes depend on them.
 func (a *Agent) syncRoutes(ctx context.Context) error {
@@ -136,7 +162,7 @@ func (a *Agent) syncRoutes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	listeners, err := a.store.Listeners(ctx)
+	listeners, err := a.publishedListeners(ctx)
 	if err != nil {
 		return err
 	}

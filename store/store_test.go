@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,4 +184,86 @@ func TestListeners(t *testing.T) {
 			t.Fatalf("%d listeners stored, want %d", n, len(want))
 		}
 	}
+}
+
+// TestWatchListeners: the cache starts from the store's listeners, follows
+// each change (with a signal), and its channel closes with the context.
+func TestWatchListeners(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := func(host, addr string) cluster.Listener {
+		return cluster.Listener{Host: host, Addr: netip.MustParseAddrPort(addr)}
+	}
+	a, b, c := l("h1", "10.244.1.2:80"), l("h1", "10.244.1.10:80"), l("h2", "10.244.2.2:80")
+	if err := s.SetListeners(ctx, "h1", []cluster.Listener{a}); err != nil {
+		t.Fatal(err)
+	}
+	cache, changed, err := s.WatchListeners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cache.List(); !slices.Equal(got, []cluster.Listener{a}) {
+		t.Fatalf("first read: %v", got)
+	}
+	for _, step := range []struct {
+		host string
+		set  []cluster.Listener
+		want []cluster.Listener
+	}{
+		{"h1", []cluster.Listener{a, b}, []cluster.Listener{a, b}},
+		{"h2", []cluster.Listener{c}, []cluster.Listener{a, b, c}},
+		{"h1", []cluster.Listener{b}, []cluster.Listener{b, c}},
+	} {
+		if err := s.SetListeners(ctx, step.host, step.set); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(5 * time.Second)
+		for got := cache.List(); !slices.Equal(got, step.want); got = cache.List() {
+			select {
+			case <-changed:
+			case <-deadline:
+				t.Fatalf("after %s set %v: %v, want %v", step.host, step.set, got, step.want)
+			}
+		}
+	}
+	cancel()
+	for range changed { // drains, and ends when the watch does
+	}
+}
+
+// BenchmarkListeners compares what an agent did per listener change, a
+// read of every listener of the cluster (2 000 on 20 hosts), with what it
+// does now, a copy of the watch's cache.
+func BenchmarkListeners(b *testing.B) {
+	s, _ := storetest.New(b)
+	ctx := context.Background()
+	for h := range 20 {
+		host := fmt.Sprintf("h%d", h)
+		var ls []cluster.Listener
+		for i := range 100 {
+			ls = append(ls, cluster.Listener{Host: host, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(h), byte(i + 2)}), 8080)})
+		}
+		if err := s.SetListeners(ctx, host, ls); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("read", func(b *testing.B) {
+		for b.Loop() {
+			if ls, err := s.Listeners(ctx); err != nil || len(ls) != 2000 {
+				b.Fatal(len(ls), err)
+			}
+		}
+	})
+	b.Run("cache", func(b *testing.B) {
+		cache, _, err := s.WatchListeners(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if ls := cache.List(); len(ls) != 2000 {
+				b.Fatal(len(ls))
+			}
+		}
+	})
 }
