@@ -156,14 +156,10 @@ func compatible(ms *ebpf.MapSpec, m *ebpf.Map) error {
 			return err
 		}
 		inner, err := ebpf.NewMapFromID(id)
-		if err != nil {
-			return fmt.Errorf("inner map %d: %w", i, err)
-		}
-		err = ms.InnerMap.Compatible(inner)
 		if err == nil {
-			err = sameLayout(ms.InnerMap, inner)
+			err = compatible(ms.InnerMap, inner)
+			inner.Close()
 		}
-		inner.Close()
 		if err != nil {
 			return fmt.Errorf("inner map %d: %w", i, err)
 		}
