@@ -65,6 +65,10 @@ type Agent struct {
 	// listeners is the cluster's published listeners, kept by a watch
 	// (sockets mode; nil until the watch runs). Guarded by mu.
 	listeners *store.ListenerCache
+	// synced holds the hosts and policy of the last reconcile that read
+	// them, which a change of the listeners alone syncs against. Guarded
+	// by mu.
+	synced *clusterView
 
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start
@@ -355,10 +359,17 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	all, err := a.store.Endpoints(ctx, "")
+	// Only the caches name other hosts' endpoints: without them, a change
+	// on one host costs the others no read of the whole cluster.
+	scope := a.host.Name
+	if a.cache != nil {
+		scope = ""
+	}
+	all, err := a.store.Endpoints(ctx, scope)
 	if err != nil {
 		return err
 	}
+	a.synced = &clusterView{hosts: hosts, rules: rules}
 	var eps []cluster.Endpoint
 	for _, e := range all {
 		if e.Host == a.host.Name {

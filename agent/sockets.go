@@ -149,24 +149,27 @@ func (a *Agent) publishedListeners(ctx context.Context) ([]cluster.Listener, err
 	return a.store.Listeners(ctx)
 }
 
+// clusterView is what a reconcile read of the hosts and the policy.
+type clusterView struct {
+	hosts []cluster.Host
+	rules policy.Set
+}
+
 // syncRoutes applies a change of the published listeners: only the
-// sockets layer's routes depend on them.
+// sockets layer's routes depend on them. Hosts and policy are those of the
+// last reconcile, which runs on every change of either: a listener change
+// reads nothing from the store.
 func (a *Agent) syncRoutes(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	hosts, err := a.store.Hosts(ctx)
-	if err != nil {
-		return err
-	}
-	rules, err := a.store.Policies(ctx)
-	if err != nil {
-		return err
+	if a.synced == nil {
+		return nil // the first reconcile syncs the routes
 	}
 	listeners, err := a.publishedListeners(ctx)
 	if err != nil {
 		return err
 	}
-	return a.sockets.Sync(hosts, listeners, rules)
+	return a.sockets.Sync(a.synced.hosts, listeners, a.synced.rules)
 }
 
 // socketsStatus reports the layer's counters, listeners and containers.
