@@ -3,16 +3,19 @@ package cache
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/tc/tctest"
@@ -28,7 +31,7 @@ const (
 
 // newTestCache loads the programs as host "h1" (underlay 10.99.0.1, subnet
 // 10.244.1.0/24) into a private bpffs directory, without attaching them.
-func newTestCache(t *testing.T, capacity Capacity) *Cache {
+func newTestCache(t testing.TB, capacity Capacity) *Cache {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("loading eBPF needs root")
@@ -418,7 +421,7 @@ func TestToUnderlayDoesNotLearn(t *testing.T) {
 	}
 }
 
-func count(t *testing.T, m *ebpf.Map) int {
+func count(t testing.TB, m *ebpf.Map) int {
 	t.Helper()
 	n := 0
 	it := m.Iterate()
@@ -551,5 +554,109 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 	}
 	if err := c.RemoveEndpoint(eps[0]); err != nil || count(t, c.objs.SkcIngress) != 0 {
 		t.Errorf("RemoveEndpoint: %v", err)
+	}
+}
+
+// busyHost fills c as on a host of a large cluster: flows between its 100
+// containers and 4 000 containers on 64 other hosts, and returns the
+// endpoints and hosts that make every entry live.
+func busyHost(t testing.TB, c *Cache) ([]cluster.Endpoint, []cluster.Host) {
+	hosts := []cluster.Host{{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24")}}
+	var eps []cluster.Endpoint
+	put := func(m *ebpf.Map, key, val any) {
+		if err := m.Put(key, val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 100 {
+		ip := netip.AddrFrom4([4]byte{10, 244, 1, byte(2 + i)})
+		eps = append(eps, cluster.Endpoint{Host: "h1", IP: netip.PrefixFrom(ip, 24)})
+		put(c.objs.SkcIngress, be32(ip), skcIngressEp{Ifindex: uint32(10 + i), Ready: 1})
+	}
+	var remote []netip.Addr
+	for h := range 64 {
+		ul := netip.AddrFrom4([4]byte{10, 99, 1, byte(h)})
+		hosts = append(hosts, cluster.Host{Name: fmt.Sprint("r", h), UnderlayIP: ul,
+			Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(h), 0}), 24)})
+		put(c.objs.SkcEgressHost, be32(ul), skcEgressHost{Ifindex: 7})
+		for i := range 62 {
+			ip := netip.AddrFrom4([4]byte{10, 245, byte(h), byte(2 + i)})
+			remote = append(remote, ip)
+			eps = append(eps, cluster.Endpoint{Host: fmt.Sprint("r", h), IP: netip.PrefixFrom(ip, 24)})
+			put(c.objs.SkcEgressIp, be32(ip), be32(ul))
+		}
+	}
+	for i := range 12000 {
+		k := skcFlowKey{Laddr: be32(eps[i%100].IP.Addr()), Raddr: be32(remote[i%len(remote)]),
+			Lport: ntohs(uint16(30000 + i)), Rport: ntohs(80), Proto: tctest.ProtoTCP}
+		put(c.objs.SkcFilter, k, skcFilterVal{Egress: 1, Ingress: 1})
+	}
+	return eps, hosts
+}
+
+// A cluster change on a busy host: Sync reads every entry and deletes those
+// of departed containers and hosts, in batches.
+func TestSyncBusyHost(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	eps, hosts := busyHost(t, c)
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, c.objs.SkcFilter); n != 12000 {
+		t.Fatalf("%d flows after a sync that changes nothing, want 12000", n)
+	}
+	// Host r0 leaves with its 62 containers, and the local containers
+	// from the 51st on go: their flows and entries with them.
+	keep := slices.Clone(eps[:50])
+	for _, e := range eps[100:] {
+		if e.Host != "r0" {
+			keep = append(keep, e)
+		}
+	}
+	if err := c.Sync(keep, append(hosts[:1:1], hosts[2:]...)); err != nil {
+		t.Fatal(err)
+	}
+	flows, err := bpfmap.Entries[skcFlowKey, skcFilterVal](c.objs.SkcFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Flow i joins local i%100 and remote i%3968 (r0's are 0–61).
+	want := 0
+	for i := range 12000 {
+		if i%100 < 50 && i%3968 >= 62 {
+			want++
+		}
+	}
+	if len(flows) != want {
+		t.Errorf("%d flows left, want %d", len(flows), want)
+	}
+	for k := range flows {
+		if l := addr32(k.Laddr).As4(); l[3] >= 52 {
+			t.Fatalf("a flow of removed local container %s survived", addr32(k.Laddr))
+		}
+		if r := addr32(k.Raddr).As4(); r[2] == 0 {
+			t.Fatalf("a flow of r0's container %s survived", addr32(k.Raddr))
+		}
+	}
+	if n := count(t, c.objs.SkcIngress); n != 50 {
+		t.Errorf("%d ingress entries, want 50", n)
+	}
+	if n := count(t, c.objs.SkcEgressIp); n != 63*62 {
+		t.Errorf("%d egress entries, want %d", n, 63*62)
+	}
+	if n := count(t, c.objs.SkcEgressHost); n != 63 {
+		t.Errorf("%d egress hosts, want 63", n)
+	}
+}
+
+// BenchmarkSync measures a cluster change on a busy host that leaves its
+// caches as they are (what every host pays for every change elsewhere).
+func BenchmarkSync(b *testing.B) {
+	c := newTestCache(b, Capacity{})
+	eps, hosts := busyHost(b, c)
+	for b.Loop() {
+		if err := c.Sync(eps, hosts); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -29,32 +30,22 @@ func be32(a netip.Addr) uint32 {
 
 // purgeFlows deletes filter entries match selects.
 func (c *Cache) purgeFlows(match func(skcFlowKey) bool) (int, error) {
-	var doomed []skcFlowKey
-	var k skcFlowKey
-	var v skcFilterVal
-	it := c.objs.SkcFilter.Iterate()
-	for it.Next(&k, &v) {
-		if match(k) {
+	return purge(c.objs.SkcFilter, func(k skcFlowKey, _ skcFilterVal) bool { return match(k) })
+}
+
+// purge deletes m's entries stale selects.
+func purge[K comparable, V any](m *ebpf.Map, stale func(K, V) bool) (int, error) {
+	all, err := bpfmap.Entries[K, V](m)
+	if err != nil {
+		return 0, err
+	}
+	var doomed []K
+	for k, v := range all {
+		if stale(k, v) {
 			doomed = append(doomed, k)
 		}
 	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("walk filter cache: %w", err)
-	}
-	return deleteAll(c.objs.SkcFilter, doomed)
-}
-
-func deleteAll[K any](m *ebpf.Map, keys []K) (int, error) {
-	n := 0
-	for _, k := range keys {
-		err := m.Delete(k)
-		if err == nil {
-			n++
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, fmt.Errorf("delete from %s: %w", m, err)
-		}
-	}
-	return n, nil
+	return bpfmap.Delete(m, doomed)
 }
 
 var protoNames = map[uint8]string{6: policy.TCP, 17: policy.UDP, 1: policy.ICMP}
@@ -109,40 +100,16 @@ func (c *Cache) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 	}
 	var errs []error
 	// Egress level 1: remote container → host.
-	var ik, iv [4]byte
-	var staleIPs [][4]byte
-	it := c.objs.SkcEgressIp.Iterate()
-	for it.Next(&ik, &iv) {
-		if h, ok := owner[addr(ik)]; !ok || h != addr(iv) {
-			staleIPs = append(staleIPs, ik)
-		}
-	}
-	errs = append(errs, it.Err())
-	_, err := deleteAll(c.objs.SkcEgressIp, staleIPs)
+	_, err := purge(c.objs.SkcEgressIp, func(ip, host [4]byte) bool {
+		h, ok := owner[addr(ip)]
+		return !ok || h != addr(host)
+	})
 	errs = append(errs, err)
 	// Egress level 2: host → headers.
-	var hv skcEgressHost
-	var staleHosts [][4]byte
-	it = c.objs.SkcEgressHost.Iterate()
-	for it.Next(&ik, &hv) {
-		if !liveHost[addr(ik)] {
-			staleHosts = append(staleHosts, ik)
-		}
-	}
-	errs = append(errs, it.Err())
-	_, err = deleteAll(c.objs.SkcEgressHost, staleHosts)
+	_, err = purge(c.objs.SkcEgressHost, func(host [4]byte, _ skcEgressHost) bool { return !liveHost[addr(host)] })
 	errs = append(errs, err)
 	// Ingress: local containers only.
-	var ev skcIngressEp
-	var staleEps [][4]byte
-	it = c.objs.SkcIngress.Iterate()
-	for it.Next(&ik, &ev) {
-		if !local[addr(ik)] {
-			staleEps = append(staleEps, ik)
-		}
-	}
-	errs = append(errs, it.Err())
-	_, err = deleteAll(c.objs.SkcIngress, staleEps)
+	_, err = purge(c.objs.SkcIngress, func(ip [4]byte, _ skcIngressEp) bool { return !local[addr(ip)] })
 	errs = append(errs, err)
 	// Flows between addresses that no longer both exist.
 	_, err = c.purgeFlows(func(k skcFlowKey) bool {

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -108,10 +109,8 @@ func (l *Layer) destroyMarked(cookies []uint64) error {
 		return fmt.Errorf("mark sockets to end: %w", err)
 	}
 	_, err := runIter(l.objs.SksDestroy)
-	if _, derr := l.objs.SksKill.BatchDelete(cookies, nil); derr != nil {
-		for _, c := range cookies { // one by one past the first that went
-			l.objs.SksKill.Delete(c)
-		}
+	if _, derr := bpfmap.Delete(l.objs.SksKill, cookies); derr != nil {
+		err = errors.Join(err, fmt.Errorf("unmark sockets: %w", derr))
 	}
 	return err
 }

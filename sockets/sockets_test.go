@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 	"golang.org/x/sys/unix"
@@ -168,7 +169,7 @@ func TestSyncRoutesFull(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "10 entries failed") || strings.Count(err.Error(), "\n") != 0 {
 		t.Fatalf("sync of %d listeners into %d entries: %v", len(listeners), size, err)
 	}
-	got, err := entries[sksSksKey](l.objs.SksRoutes)
+	got, err := bpfmap.Entries[sksSksKey, uint32](l.objs.SksRoutes)
 	if err != nil || len(got) != size {
 		t.Fatalf("%d routes (%v), want %d", len(got), err, size)
 	}

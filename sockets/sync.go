@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -183,7 +184,7 @@ func (l *Layer) swapPolicy(r *sksSksRules) error {
 // syncMap makes m hold exactly want. Failed writes (a full map) are
 // reported once per kind, with how many there were.
 func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
-	have, err := entries[K](m)
+	have, err := bpfmap.Entries[K, uint32](m)
 	if err != nil {
 		return err
 	}
@@ -204,37 +205,6 @@ func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
 		}
 	}
 	return errors.Join(deletes.err("delete from", m), updates.err("update", m))
-}
-
-// entries reads all of m: in batches, one system call for hundreds of
-// entries, where the map type has them (hash maps); one by one otherwise.
-func entries[K comparable](m *ebpf.Map) (map[K]uint32, error) {
-	out := map[K]uint32{}
-	var cursor ebpf.MapBatchCursor
-	keys, vals := make([]K, 512), make([]uint32, 512)
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			out[keys[i]] = vals[i]
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil // the end
-		}
-		if err != nil {
-			break // no batches for this map type, or a hash bucket larger than a batch
-		}
-	}
-	clear(out)
-	var k K
-	var v uint32
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", m, err)
-	}
-	return out, nil
 }
 
 // failures counts failed map writes, keeping the first error.
