@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
@@ -385,16 +386,14 @@ func (l *Layer) unpinCgroup(id uint64) error {
 	if derr := l.objs.SksContainers.Delete(id); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
 		return errors.Join(err, derr)
 	}
-	var other uint64
-	var oc sksSksContainer
-	it := l.objs.SksContainers.Iterate()
-	for it.Next(&other, &oc) {
+	all, rerr := bpfmap.Entries[uint64, sksSksContainer](l.objs.SksContainers)
+	if rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	for _, oc := range all {
 		if oc.Ip == c.Ip {
 			return err
 		}
-	}
-	if ierr := it.Err(); ierr != nil {
-		return errors.Join(err, fmt.Errorf("containers: %w", ierr))
 	}
 	if derr := l.objs.SksServed.Delete(c.Ip); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
 		err = errors.Join(err, derr)
