@@ -359,8 +359,8 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Only the caches name other hosts' endpoints: without them, a change
-	// on one host costs the others no read of the whole cluster.
+	// Only the caches need other hosts' endpoints: without them, a
+	// reconcile reads this host's, not every endpoint of the cluster.
 	scope := a.host.Name
 	if a.cache != nil {
 		scope = ""
