@@ -558,7 +558,7 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 }
 
 // busyHost fills c as on a host of a large cluster: flows between its 100
-// containers and 4 000 containers on 64 other hosts, and returns the
+// containers and 3 968 containers on 64 other hosts, and returns the
 // endpoints and hosts that make every entry live.
 func busyHost(t testing.TB, c *Cache) ([]cluster.Endpoint, []cluster.Host) {
 	hosts := []cluster.Host{{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24")}}
