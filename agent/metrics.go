@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cache"
 )
 
@@ -41,10 +44,18 @@ func (a *Agent) ServeMetrics(ctx context.Context, addr string) error {
 }
 
 func (a *Agent) writeMetrics(ctx context.Context, w http.ResponseWriter) {
-	st := a.Status(ctx)
+	w.Write([]byte(renderMetrics(a.Status(ctx))))
+}
+
+// renderMetrics renders a status in the Prometheus text format.
+func renderMetrics(st api.Status) string {
 	b := &strings.Builder{}
+	family := func(name, typ, help string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+	}
 	gauge := func(name, help string, v float64) {
-		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v)
+		family(name, "gauge", help)
+		fmt.Fprintf(b, "%s %g\n", name, v)
 	}
 	boolean := func(v bool) float64 {
 		if v {
@@ -57,12 +68,45 @@ func (a *Agent) writeMetrics(ctx context.Context, w http.ResponseWriter) {
 	gauge("skiff_store_reachable", "Whether the cluster store answers.", boolean(st.StoreReachable))
 	gauge("skiff_ready", "Whether the agent is registered and in sync.", boolean(st.Ready))
 	if st.Cache != nil {
-		fmt.Fprintf(b, "# HELP skiff_cache_packets_total Packets handled by the cache programs, by program and outcome.\n# TYPE skiff_cache_packets_total counter\n")
+		family("skiff_cache_packets_total", "counter", "Packets handled by the cache programs, by program and outcome.")
 		reasons := append([]cache.Reason(nil), cache.Reasons...)
 		sort.Slice(reasons, func(i, j int) bool { return reasons[i].Name < reasons[j].Name })
 		for _, r := range reasons {
 			fmt.Fprintf(b, "skiff_cache_packets_total{program=%q,outcome=%q} %d\n", r.Program, r.Outcome, st.Cache[r.Name])
 		}
 	}
-	w.Write([]byte(b.String()))
+	if s := st.Sockets; s != nil {
+		family("skiff_sockets_events_total", "counter", "Events of the sockets layer's programs (docs/sockets.md, Operating it).")
+		for _, name := range slices.Sorted(maps.Keys(s.Counters)) {
+			fmt.Fprintf(b, "skiff_sockets_events_total{event=%q} %d\n", name, s.Counters[name])
+		}
+		gauge("skiff_sockets_listeners", "Replaced listeners on this host.", float64(len(s.Listeners)))
+		gauge("skiff_sockets_policy_in_force", "Whether connect judges new fast-path connections by a policy; 0: every connection takes the overlay.",
+			boolean(s.Policy != nil && !s.Policy.Overflow))
+		rules := 0
+		if s.Policy != nil {
+			rules = s.Policy.Rules
+		}
+		gauge("skiff_sockets_policy_rules", "TCP rules of the policy the sockets layer judges connections by.", float64(rules))
+		perContainer := []struct {
+			name, typ, help string
+			value           func(api.SocketsContainer) uint64
+		}{
+			{"skiff_sockets_broker_up", "gauge", "Whether the container's socket broker runs.",
+				func(c api.SocketsContainer) uint64 { return uint64(boolean(c.Broker)) }},
+			{"skiff_sockets_handed_out_total", "counter", "Host sockets the broker gave the container's processes.",
+				func(c api.SocketsContainer) uint64 { return c.HandedOut }},
+			{"skiff_sockets_replaced_total", "counter", "Connections and listeners of the container on host sockets.",
+				func(c api.SocketsContainer) uint64 { return c.Replaced }},
+			{"skiff_sockets_fallback_total", "counter", "Sockets of the container that fell back to the overlay.",
+				func(c api.SocketsContainer) uint64 { return c.Fallback }},
+		}
+		for _, m := range perContainer {
+			family(m.name, m.typ, m.help)
+			for _, c := range s.Containers {
+				fmt.Fprintf(b, "%s{container=%q,ip=%q} %d\n", m.name, c.ContainerID, c.IP, m.value(c))
+			}
+		}
+	}
+	return b.String()
 }

@@ -374,9 +374,20 @@ func TestCacheMarksStayInside(t *testing.T) {
 		}
 		c.Close()
 	}
+	body := scrape(t, l, "h1", "127.0.0.1:9473")
+	for _, want := range []string{`skiff_cache_packets_total{program="from_container",outcome="hit"}`, "skiff_ready 1", "skiff_endpoints 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
+}
+
+// scrape returns what the agent of host serves on addr's /metrics.
+func scrape(t *testing.T, l *Lab, host, addr string) string {
+	t.Helper()
 	var body []byte
-	err = l.Do("h1", func() error {
-		c, err := net.Dial("tcp4", "127.0.0.1:9473")
+	err := l.Do(host, func() error {
+		c, err := net.Dial("tcp4", addr)
 		if err != nil {
 			return err
 		}
@@ -389,9 +400,5 @@ func TestCacheMarksStayInside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`skiff_cache_packets_total{program="from_container",outcome="hit"}`, "skiff_ready 1", "skiff_endpoints 1"} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("metrics lack %s:\n%s", want, body)
-		}
-	}
+	return string(body)
 }

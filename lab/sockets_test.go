@@ -657,7 +657,8 @@ func closingServer(t *testing.T, l *Lab, target string, port int) {
 // agent destroys it) and new connections are refused as on the overlay;
 // deleting the rule restores the fast path and empties INPUT.
 func TestSocketsPolicy(t *testing.T) {
-	l := newLab(t, Config{Name: "tskpol", Hosts: 2, ContainersPerHost: 2, Mode: "sockets"})
+	l := newLab(t, Config{Name: "tskpol", Hosts: 2, ContainersPerHost: 2, Mode: "sockets",
+		AgentArgs: []string{"--metrics-addr", "127.0.0.1:9473"}})
 	ctx := context.Background()
 	srvIP := replacedServer(t, l, pyEcho, "h2/c1").Addr()
 	cliIP, _ := l.IP("h2/c1")
@@ -669,6 +670,17 @@ func TestSocketsPolicy(t *testing.T) {
 	}
 	if counter(t, l, "h2", "connect_fast") != fast+1 {
 		t.Fatal("the connection did not take the fast path")
+	}
+	cli, _ := l.Container("h2/c1")
+	metrics := scrape(t, l, "h2", "127.0.0.1:9473")
+	for _, want := range []string{
+		fmt.Sprintf("skiff_sockets_events_total{event=\"connect_fast\"} %d\n", fast+1),
+		"skiff_sockets_policy_in_force 1\n", "skiff_sockets_policy_rules 0\n",
+		fmt.Sprintf("skiff_sockets_broker_up{container=%q,ip=%q} 1\n", cli.ID, cliIP.String()),
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("h2's metrics lack %q:\n%s", want, metrics)
+		}
 	}
 	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Src: netip.PrefixFrom(cliIP, 32),
 		Dst: netip.PrefixFrom(srvIP, 32), Proto: policy.TCP, Port: 7000}
@@ -698,6 +710,9 @@ func TestSocketsPolicy(t *testing.T) {
 	if _, err := eventually(converges, func() error {
 		if p := socketsStatus(t, l, "h2").Policy; p == nil || p.Rules != 2 || p.Overflow {
 			return fmt.Errorf("h2's fast-path policy %+v, want 2 rules", p)
+		}
+		if m := scrape(t, l, "h2", "127.0.0.1:9473"); !strings.Contains(m, "skiff_sockets_policy_rules 2\n") {
+			return fmt.Errorf("h2's metrics do not show 2 rules:\n%s", m)
 		}
 		return nil
 	}); err != nil {

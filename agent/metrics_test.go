@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/skiffnet/skiff/api"
+)
+
+// value returns the value of the metric name whose labels include want.
+func value(t *testing.T, text, name string, want map[string]string) float64 {
+	t.Helper()
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("not the Prometheus text format: %v\n%s", err, text)
+	}
+	f, ok := fams[name]
+	if !ok {
+		t.Fatalf("no %s in\n%s", name, text)
+	}
+metrics:
+	for _, m := range f.Metric {
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue metrics
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		}
+	}
+	t.Fatalf("no %s%v in\n%s", name, want, text)
+	return 0
+}
+
+func TestRenderSocketsMetrics(t *testing.T) {
+	st := api.Status{Ready: true, Endpoints: 2, Sockets: &api.SocketsStatus{
+		Counters:  map[string]uint64{"connect_fast": 7, "connect_denied": 0, "syn_spoofed": 2},
+		Listeners: []string{"10.244.1.2:80", "10.244.1.3:11211"},
+		Policy:    &api.SocketsPolicy{Rules: 3},
+		Containers: []api.SocketsContainer{
+			{ContainerID: "c1", IP: "10.244.1.2", Broker: true, HandedOut: 64, Replaced: 40, Fallback: 1},
+			{ContainerID: "c2", IP: "10.244.1.3"},
+		},
+	}}
+	text := renderMetrics(st)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"skiff_ready", nil, 1},
+		{"skiff_endpoints", nil, 2},
+		{"skiff_sockets_events_total", map[string]string{"event": "connect_fast"}, 7},
+		{"skiff_sockets_events_total", map[string]string{"event": "syn_spoofed"}, 2},
+		{"skiff_sockets_events_total", map[string]string{"event": "connect_denied"}, 0},
+		{"skiff_sockets_listeners", nil, 2},
+		{"skiff_sockets_policy_in_force", nil, 1},
+		{"skiff_sockets_policy_rules", nil, 3},
+		{"skiff_sockets_broker_up", map[string]string{"container": "c1", "ip": "10.244.1.2"}, 1},
+		{"skiff_sockets_broker_up", map[string]string{"container": "c2"}, 0},
+		{"skiff_sockets_handed_out_total", map[string]string{"container": "c1"}, 64},
+		{"skiff_sockets_replaced_total", map[string]string{"container": "c1"}, 40},
+		{"skiff_sockets_fallback_total", map[string]string{"container": "c1"}, 1},
+		{"skiff_sockets_fallback_total", map[string]string{"container": "c2"}, 0},
+	} {
+		if got := value(t, text, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)
+		}
+	}
+	// More rules than the layer takes, or none written: every connection
+	// takes the overlay.
+	st.Sockets.Policy.Overflow = true
+	if got := value(t, renderMetrics(st), "skiff_sockets_policy_in_force", nil); got != 0 {
+		t.Errorf("policy in force with an overflow: %g", got)
+	}
+	st.Sockets.Policy = nil
+	text = renderMetrics(st)
+	if value(t, text, "skiff_sockets_policy_in_force", nil) != 0 || value(t, text, "skiff_sockets_policy_rules", nil) != 0 {
+		t.Error("a policy in force without one")
+	}
+	// Other modes have no sockets families.
+	if text := renderMetrics(api.Status{}); strings.Contains(text, "skiff_sockets") {
+		t.Errorf("sockets metrics without the layer:\n%s", text)
+	}
+}
