@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,6 +66,9 @@ type Agent struct {
 	// listeners is the cluster's published listeners, kept by a watch
 	// (sockets mode; nil until the watch runs). Guarded by mu.
 	listeners *store.ListenerCache
+	// everyEndpoint is every host's endpoints, kept by a watch (cache
+	// mode; nil until the watch runs). Guarded by mu.
+	everyEndpoint *store.Cache[cluster.Endpoint]
 	// synced holds the hosts and policy of the last reconcile that read
 	// them, which a change of the listeners alone syncs against. Guarded
 	// by mu.
@@ -262,17 +266,22 @@ func (a *Agent) saveIdentity() error {
 func (a *Agent) converge(ctx context.Context) {
 	delay := 250 * time.Millisecond
 	for ctx.Err() == nil {
-		endpoints := store.EndpointPrefix + a.host.Name + "/"
+		prefixes := []string{store.HostsPrefix, store.PolicyPrefix}
+		// Every host's caches name every endpoint: in cache mode a watch
+		// keeps them all, and each change reconciles.
+		var endpoints <-chan struct{}
 		if a.cache != nil {
-			endpoints = store.EndpointPrefix // every host's caches name every endpoint
+			endpoints = watchCache(ctx, a, "endpoints", &a.everyEndpoint, a.store.WatchEndpoints)
+		} else {
+			prefixes = append(prefixes, store.EndpointPrefix+a.host.Name+"/")
 		}
-		changed := a.store.Watch(ctx, store.HostsPrefix, store.PolicyPrefix, endpoints)
+		changed := a.store.Watch(ctx, prefixes...)
 		// Listeners come and go with every server start: they only change
 		// the sockets layer's routes, not worth a full reconcile, nor a
 		// read of every listener of the cluster per change.
 		var listeners <-chan struct{}
 		if a.sockets != nil {
-			listeners = a.watchListeners(ctx)
+			listeners = watchCache(ctx, a, "listeners", &a.listeners, a.store.WatchListeners)
 		}
 		err := a.reconcile(ctx)
 		if err == nil {
@@ -286,6 +295,11 @@ func (a *Agent) converge(ctx context.Context) {
 				ticker.Stop()
 				return
 			case _, ok := <-changed:
+				if !ok {
+					break watch
+				}
+				a.reconcile(ctx)
+			case _, ok := <-endpoints:
 				if !ok {
 					break watch
 				}
@@ -359,23 +373,21 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Only the caches need other hosts' endpoints: without them, a
-	// reconcile reads this host's, not every endpoint of the cluster.
-	scope := a.host.Name
-	if a.cache != nil {
-		scope = ""
-	}
-	all, err := a.store.Endpoints(ctx, scope)
+	// This host's endpoints come from the store itself, read under the
+	// lock (see above); the caches also need every other host's.
+	all, err := a.store.Endpoints(ctx, a.host.Name)
 	if err != nil {
 		return err
 	}
-	a.synced = &clusterView{hosts: hosts, rules: rules}
-	var eps []cluster.Endpoint
-	for _, e := range all {
-		if e.Host == a.host.Name {
-			eps = append(eps, e)
+	eps := slices.Clone(all)
+	if a.cache != nil {
+		remote, err := a.remoteEndpoints(ctx)
+		if err != nil {
+			return err
 		}
+		all = append(all, remote...)
 	}
+	a.synced = &clusterView{hosts: hosts, rules: rules}
 	eps = a.collectGarbage(ctx, eps)
 	errs := errors.Join(
 		a.overlay.SyncHosts(hosts),
@@ -419,6 +431,40 @@ func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cl
 		keep = append(keep, e)
 	}
 	return keep
+}
+
+// remoteEndpoints returns the other hosts' endpoints: from the watch, or
+// from the store while there is none. The caller holds a.mu.
+func (a *Agent) remoteEndpoints(ctx context.Context) ([]cluster.Endpoint, error) {
+	var all []cluster.Endpoint
+	if a.everyEndpoint != nil {
+		all = a.everyEndpoint.List()
+	} else {
+		var err error
+		if all, err = a.store.Endpoints(ctx, ""); err != nil {
+			return nil, err
+		}
+	}
+	return slices.DeleteFunc(all, func(e cluster.Endpoint) bool { return e.Host == a.host.Name }), nil
+}
+
+// watchCache starts a watch-fed cache and keeps it in *into (guarded by
+// a.mu), returning the channel that signals each change. The channel
+// closes when the watch ends, and at once if it cannot start: the caller
+// starts again.
+func watchCache[T any](ctx context.Context, a *Agent, what string, into **store.Cache[T],
+	watch func(context.Context) (*store.Cache[T], <-chan struct{}, error)) <-chan struct{} {
+	cache, changed, err := watch(ctx)
+	a.mu.Lock()
+	*into = cache
+	a.mu.Unlock()
+	if err != nil {
+		a.log.Warn("watch "+what, "err", err)
+		closed := make(chan struct{})
+		close(closed)
+		return closed
+	}
+	return changed
 }
 
 func containsHost(hosts []cluster.Host, name string) bool {

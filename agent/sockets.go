@@ -123,23 +123,6 @@ func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []clust
 	return nil
 }
 
-// watchListeners keeps a.listeners current from a watch, and signals each
-// change on the returned channel, which closes when the watch ends (and at
-// once if it cannot start: the caller retries).
-func (a *Agent) watchListeners(ctx context.Context) <-chan struct{} {
-	cache, changed, err := a.store.WatchListeners(ctx)
-	a.mu.Lock()
-	a.listeners = cache
-	a.mu.Unlock()
-	if err != nil {
-		a.log.Warn("watch listeners", "err", err)
-		closed := make(chan struct{})
-		close(closed)
-		return closed
-	}
-	return changed
-}
-
 // publishedListeners returns the cluster's published listeners: from the
 // watch, or from the store while there is none. The caller holds a.mu.
 func (a *Agent) publishedListeners(ctx context.Context) ([]cluster.Listener, error) {
