@@ -21,6 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -31,6 +36,15 @@
 
 #define MAX_POOL 4096
 #define REFILL_STEP 4   /* sockets created between polls while the pool is short */
+/* What one container can hold of the host's sockets without using them:
+ * sockets in flight in replies it has not read are alive, and count against
+ * no limit of its own. The shim asks ahead at most once and asks for at most
+ * 32, so a client gets at most 2 unread replies of 32 (more requests wait
+ * until it reads), and a container at most 1024 clients. */
+#define MAX_CLIENTS 1024
+#define MAX_REPLY   32
+#define MAX_UNREAD  2
+#define LOG_LINES_PER_MIN 120
 
 static const char *g_name = SKIFF_BROKER_NAME;
 static volatile sig_atomic_t g_stop;
@@ -47,10 +61,33 @@ static uint64_t g_host_netns;   /* SO_NETNS_COOKIE of the host netns */
 
 static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
 static int g_nclients, g_capclients;
+/* per client slot, as g_pfd: requests held back until it reads its replies,
+ * and the fewest sockets one of them asked for */
+static int *g_held, *g_held_want;
+static int g_reply_bytes = 1024;   /* what one unread reply adds to SIOCOUTQ */
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
 {
+	/* a client can cause lines (fallback events, bad messages): at most
+	 * LOG_LINES_PER_MIN a minute reach the log, then a count of the rest */
+	static time_t minute;
+	static int lines, dropped;
+	time_t now = time(NULL) / 60;
+	if (now != minute) {
+		if (dropped) {
+			char d[96];
+			int n = snprintf(d, sizeof d, "skiff-broker[%s]: %d log lines suppressed\n", g_name, dropped);
+			ssize_t w = write(2, d, n);
+			(void)w;
+		}
+		minute = now;
+		lines = dropped = 0;
+	}
+	if (++lines > LOG_LINES_PER_MIN) {
+		dropped++;
+		return;
+	}
 	char buf[512];
 	va_list ap;
 	va_start(ap, fmt);
@@ -102,6 +139,8 @@ static void drop_client(int i, const char *why)
 	LOG("client fd %d closed (%s), %d left", g_pfd[i].fd, why, g_nclients - 1);
 	close(g_pfd[i].fd);
 	g_pfd[i] = g_pfd[g_nclients];   /* last client moves into slot i */
+	g_held[i] = g_held[g_nclients];
+	g_held_want[i] = g_held_want[g_nclients];
 	g_nclients--;
 	g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
 }
@@ -140,6 +179,59 @@ static int send_sockets(int c, int want)
 	return -1;
 }
 
+/* Replies c has not read yet (the hello and 'T' answers count too). */
+static int unread(int c)
+{
+	int q;
+	if (ioctl(c, SIOCOUTQ, &q) < 0)
+		return MAX_UNREAD;
+	return (q + g_reply_bytes - 1) / g_reply_bytes;
+}
+
+/* Sends client i the replies it is owed, as far as it has read the earlier
+ * ones. Returns as send_sockets. */
+static int serve_held(int i)
+{
+	while (g_held[i] > 0 && unread(g_pfd[i].fd) < MAX_UNREAD) {
+		int want = g_held_want[i];
+		if (g_npool < want) {   /* pool short (burst or small --pool): top up on the spot */
+			int save = g_pool_target;
+			g_pool_target = g_npool + want > MAX_POOL ? MAX_POOL : g_npool + want;
+			pool_fill(MAX_POOL);
+			g_pool_target = save;
+		}
+		g_held[i]--;
+		int r = send_sockets(g_pfd[i].fd, want);
+		if (r) {
+			g_held[i] = 0;   /* gone, or to be dropped */
+			return r;
+		}
+	}
+	return 0;
+}
+
+/* What one reply adds to SIOCOUTQ until it is read (its buffer's true
+ * size), measured on a socket pair. */
+static int measure_reply_bytes(void)
+{
+	int sv[2], q = 0, fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+		if (fd >= 0) close(fd);
+		return 0;
+	}
+	struct skiff_reply rep = { .n = 1 };
+	struct iovec iov = { &rep, sizeof rep };
+	union skiff_fds_cmsg u;
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	skiff_attach_fds(&m, &u, &fd, 1);
+	if (sendmsg(sv[0], &m, MSG_DONTWAIT) != (ssize_t)sizeof rep || ioctl(sv[0], SIOCOUTQ, &q) < 0)
+		q = 0;
+	close(sv[0]);
+	close(sv[1]);
+	close(fd);
+	return q;
+}
+
 static int sockopt_is(int fd, int level, int name, int want)
 {
 	int v;
@@ -161,6 +253,14 @@ static int make_transparent(int fd)
 	    !sockopt_is(fd, SOL_SOCKET, SO_PROTOCOL, IPPROTO_TCP) ||
 	    getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != g_host_netns)
 		return EINVAL;
+	/* only a bound socket about to listen (the shim binds first): the
+	 * broker's close of a connected socket with SO_LINGER could block it */
+	struct tcp_info ti;
+	struct sockaddr_in a;
+	socklen_t tl = sizeof ti, al = sizeof a;
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0 || ti.tcpi_state != TCP_CLOSE ||
+	    getsockname(fd, (struct sockaddr *)&a, &al) < 0 || a.sin_port == 0)
+		return EINVAL;
 	return setsockopt(fd, SOL_IP, IP_TRANSPARENT, &one, sizeof one) < 0 ? errno : 0;
 }
 
@@ -170,9 +270,10 @@ static const char *reason_name(unsigned r)
 	return r < SKIFF_R_MAX ? names[r] : "?";
 }
 
-/* returns 0 if the client stays, -1 if it must be dropped */
-static int handle_client(int c)
+/* returns 0 if client i stays, -1 if it must be dropped */
+static int handle_client(int i)
 {
+	int c = g_pfd[i].fd;
 	int gone = 0;
 	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
 		struct skiff_msg m;
@@ -217,13 +318,12 @@ static int handle_client(int c)
 			}
 			if (gone)
 				continue;
-			if (g_npool < want) {   /* pool short (burst or small --pool): top up on the spot */
-				int save = g_pool_target;
-				g_pool_target = g_npool + want > MAX_POOL ? MAX_POOL : g_npool + want;
-				pool_fill(MAX_POOL);
-				g_pool_target = save;
-			}
-			if ((gone = send_sockets(c, want)) < 0)
+			if (want > MAX_REPLY)
+				want = MAX_REPLY;   /* a reply may carry fewer than asked */
+			if (!g_held[i] || want < g_held_want[i])
+				g_held_want[i] = want;
+			g_held[i]++;
+			if ((gone = serve_held(i)) < 0)
 				return -1;
 		} else if (m.op == SKIFF_OP_TRANSPARENT) {
 			int err = make_transparent(fd);
@@ -268,6 +368,12 @@ static void accept_clients(int ls, const struct skiff_hello *hello)
 			return;
 		}
 		g_accept_paused = 0;
+		if (g_nclients >= MAX_CLIENTS) {   /* the shim falls back */
+			st_add(SKIFF_ST_ERRORS, 1);
+			LOG("client refused: %d clients already", g_nclients);
+			close(c);
+			continue;
+		}
 		if (send(c, hello, sizeof *hello, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof *hello) {
 			st_add(SKIFF_ST_ERRORS, 1);
 			close(c);
@@ -276,13 +382,19 @@ static void accept_clients(int ls, const struct skiff_hello *hello)
 		if (g_nclients + 1 >= g_capclients) {
 			int cap = g_capclients ? g_capclients * 2 : 64;
 			struct pollfd *p = realloc(g_pfd, cap * sizeof *p);
-			if (!p) { st_add(SKIFF_ST_ERRORS, 1); close(c); continue; }
-			g_pfd = p; g_capclients = cap;
+			if (p) g_pfd = p;
+			int *h = p ? realloc(g_held, cap * sizeof *h) : NULL;
+			if (h) g_held = h;
+			int *w = h ? realloc(g_held_want, cap * sizeof *w) : NULL;
+			if (w) g_held_want = w;
+			if (!w) { st_add(SKIFF_ST_ERRORS, 1); close(c); continue; }
+			g_capclients = cap;
 		}
 		g_nclients++;
 		g_pfd[g_nclients].fd = c;
 		g_pfd[g_nclients].events = POLLIN;
 		g_pfd[g_nclients].revents = 0;
+		g_held[g_nclients] = 0;
 		st_add(SKIFF_ST_CLIENTS_TOTAL, 1);
 		g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
 		LOG("client fd %d connected, %d open", c, g_nclients);
@@ -433,7 +545,12 @@ int main(int argc, char **argv)
 	g_pool = calloc(MAX_POOL, sizeof(int));
 	g_capclients = 64;
 	g_pfd = calloc(g_capclients, sizeof *g_pfd);
-	if (!g_pool || !g_pfd) { fprintf(stderr, "skiff-broker: out of memory\n"); return 1; }
+	g_held = calloc(g_capclients, sizeof *g_held);
+	g_held_want = calloc(g_capclients, sizeof *g_held_want);
+	if (!g_pool || !g_pfd || !g_held || !g_held_want) { fprintf(stderr, "skiff-broker: out of memory\n"); return 1; }
+	int rb = measure_reply_bytes();
+	if (rb > 0)
+		g_reply_bytes = rb;
 	g_pfd[0].fd = ls;
 	g_pfd[0].events = POLLIN;
 
@@ -468,9 +585,13 @@ int main(int argc, char **argv)
 		/* while the pool is short, poll without waiting: it refills a few
 		 * sockets at a time between polls (every 100 ms while socket() fails) */
 		static const struct timespec now = { 0, 0 }, retry = { 0, 100 * 1000 * 1000 };
+		static const struct timespec held = { 0, 5 * 1000 * 1000 };
 		const struct timespec *wait = g_npool >= g_pool_target ? NULL : g_fill_failing ? &retry : &now;
 		if (g_accept_paused && !wait)
 			wait = &retry;
+		/* replies held back: look again soon whether their clients read */
+		for (int i = 1; i <= g_nclients && wait != &now; i++)
+			if (g_held[i]) { wait = &held; break; }
 		int r = ppoll(g_pfd, 1 + g_nclients, wait, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
@@ -486,11 +607,14 @@ int main(int argc, char **argv)
 			if (!re) continue;
 			g_pfd[i].revents = 0;
 			if (re & POLLIN) {
-				if (handle_client(g_pfd[i].fd) < 0) { drop_client(i, "eof/error"); continue; }
+				if (handle_client(i) < 0) { drop_client(i, "eof/error"); continue; }
 			} else if (re & (POLLHUP | POLLERR | POLLNVAL)) {
 				drop_client(i, "hangup");
 			}
 		}
+		for (int i = g_nclients; i >= 1; i--)
+			if (g_held[i] && serve_held(i) < 0)
+				drop_client(i, "eof/error");
 		if (g_pfd[0].revents & POLLIN)
 			accept_clients(ls, &hello);
 		g_pfd[0].revents = 0;

@@ -187,6 +187,20 @@ u = socket.socket()                            # a container-netns TCP socket
 b = conn(); send(b, "T", u.fileno())
 assert struct.unpack("=I", b.recv(4))[0] == 0, "container socket made transparent"
 assert u.getsockopt(socket.SOL_IP, 19) == 0
+# host sockets: only a bound one that is not connected (the shim's listener
+# before listen()); closing a connected one could block the broker (linger)
+def host_socket(b):
+    b.send(struct.pack("=BBHII", ord("S"), 1, 0, 0, 0))
+    msg, fds, _, _ = socket.recv_fds(b, 4, 1)
+    return socket.socket(fileno=fds[0])
+b = conn()
+fresh, connected, bound = host_socket(b), host_socket(b), host_socket(b)
+connected.connect(("10.98.0.1", 7001))
+bound.bind(("0.0.0.0", 0))
+for sk, want in ((fresh, 0), (connected, 0), (bound, 1)):
+    send(b, "T", sk.fileno())
+    got = struct.unpack("=I", b.recv(4))[0]
+    assert got == want and sk.getsockopt(socket.SOL_IP, 19) == want, (sk, got)
 b = conn(); send(b, "S", u.fileno()); assert b.recv(64) == b"", "client passing fds with 'S' not dropped"
 print("broker validates ok")
 EOF2
@@ -194,6 +208,41 @@ EOF2
 	grep "fds where none belong\|not made transparent" "$TMP/broker.log"; [ "$(stat_slot "$TMP/stats" 6)" = 1 ]
 }
 check broker-validates-passed-fds broker_validates
+
+# a client that asks and never reads holds at most 2 replies per connection
+# (the sockets in them are alive and count against no limit of its own);
+# once it reads, it gets the rest
+hoarder() {
+	inc $PY - <<'EOF2'
+import fcntl, os, socket, struct, termios, time
+conns = []
+for _ in range(3):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect("\0skiff-broker")
+    assert len(s.recv(64)) == 32               # hello
+    for _ in range(40):
+        s.send(struct.pack("=BBHII", ord("S"), 64, 0, 0, 0))
+    conns.append(s)
+time.sleep(0.5)
+def queued(s):                                 # replies waiting, 4 bytes each
+    return struct.unpack("i", fcntl.ioctl(s, termios.FIONREAD, b"\0" * 4))[0] // 4
+held = [queued(s) for s in conns]
+assert all(1 <= q <= 2 for q in held), "replies queued unread: %s" % held
+def drain(s):
+    got, deadline = 0, time.time() + 10
+    s.settimeout(1)
+    while got < 40 and time.time() < deadline:
+        msg, fds, _, _ = socket.recv_fds(s, 4, 64)
+        assert 0 < len(fds) <= 32 and struct.unpack("=I", msg)[0] == len(fds), (msg, len(fds))
+        for f in fds: os.close(f)
+        got += 1
+    return got
+got = [drain(s) for s in conns]
+assert got == [40, 40, 40], "replies once read: %s" % got
+print("hoarder ok", held)
+EOF2
+}
+check broker-caps-unread-replies hoarder
 
 # ---------------- fallbacks ----------------
 check fallback-dest-outside-cidr sc_ok shim ./sockcheck client 10.99.0.1 7003 --server-peer 10.98.9.2 --host no
