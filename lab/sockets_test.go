@@ -123,11 +123,20 @@ print(json.dumps(out))
 `
 
 // pyExposed listens on a replaced socket without binding it, bypassing the
-// shim (raw listen syscall), prints the port and waits.
+// shim (raw listen syscall), prints the port and waits. With argv = ip
+// port, the socket first connects there on the fast path and disconnects
+// (connect with AF_UNSPEC), which gives its port back.
 const pyExposed = `
-import ctypes, socket, time
+import ctypes, socket, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
 t = socket.socket()
-if ctypes.CDLL(None, use_errno=True).syscall(50, t.fileno(), 16) != 0:  # SYS_listen
+def sys_connect(addr):
+    if libc.syscall(42, t.fileno(), addr, 16) != 0:  # SYS_connect
+        raise OSError(ctypes.get_errno(), "connect")
+if len(sys.argv) == 3:
+    sys_connect(struct.pack("<H", socket.AF_INET) + struct.pack("!H", int(sys.argv[2])) + socket.inet_aton(sys.argv[1]) + bytes(8))
+    sys_connect(struct.pack("<H", socket.AF_UNSPEC) + bytes(14))
+if libc.syscall(50, t.fileno(), 16) != 0:  # SYS_listen
     raise OSError(ctypes.get_errno(), "listen")
 print(t.getsockname()[1], flush=True)
 time.sleep(60)
@@ -418,26 +427,36 @@ func TestSocketsSecurity(t *testing.T) {
 	}
 
 	// A listener opened without bind (shim bypassed) lands on a host
-	// address; the agent ends it as soon as sockops reports it.
-	exposed := startPy(t, l, "h2/c1", pyExposed, nil)
-	port, err := strconv.Atoi(exposed.line(t, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	took, err := eventually(2*time.Second, func() error {
-		if c, err := dial(l, "h1", "tcp4", netip.AddrPortFrom(l.Hosts[1].UnderlayIP, uint16(port)), 200*time.Millisecond); err == nil {
-			c.Close()
-			return fmt.Errorf("h2:%d (a container's listener without bind) is reachable from h1", port)
+	// address; the agent ends it as soon as sockops reports it. So does
+	// one that connected on the fast path first and disconnected.
+	for _, args := range [][]string{nil, {srvIP.String(), "7000"}} {
+		exposedBefore := counter(t, l, "h2", "listener_exposed")
+		exposed := startPy(t, l, "h2/c1", pyExposed, nil, args...)
+		port, err := strconv.Atoi(exposed.line(t, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Error(err)
+		// Refused, not just unanswered: a listener that never accepts
+		// stops answering once its backlog is full.
+		took, err := eventually(2*time.Second, func() error {
+			c, err := dial(l, "h1", "tcp4", netip.AddrPortFrom(l.Hosts[1].UnderlayIP, uint16(port)), 200*time.Millisecond)
+			if err == nil {
+				c.Close()
+				return fmt.Errorf("h2:%d (a container's listener without bind, after %v) is reachable from h1", port, args)
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				return fmt.Errorf("h2:%d (a container's listener without bind, after %v): %v, want refused", port, args, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		if counter(t, l, "h2", "listener_exposed") == exposedBefore {
+			t.Errorf("the exposed listener (after %v) was not reported", args)
+		}
+		t.Logf("exposed listener (after %v) gone after %v", args, took)
 	}
-	if counter(t, l, "h2", "listener_exposed") == 0 {
-		t.Error("the exposed listener was not reported")
-	}
-	t.Logf("exposed listener gone after %v", took)
 
 	// Forged options, from h2's host namespace: claiming h1's own container
 	// (not on h2) is dropped; claiming h2's container is recorded.

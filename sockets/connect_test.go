@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,12 +43,15 @@ for a in sys.argv[1:]:
 
 // containerHost makes the test's thread a host of its own (a network
 // namespace, discarded at the end, where the programs are loaded) with a
-// container cgroup holding sock_create and connect4, for a container at
-// ipServer. The hosts' underlay addresses 10.99.0.1–3 are all this
+// container cgroup holding sock_create and connect4 (or the programs
+// named), for a container at ipServer. The hosts' underlay addresses 10.99.0.1–3 are all this
 // namespace's, with listeners on ports 80 and 81 that never accept.
 // python runs a script in the container's cgroup.
-func containerHost(t *testing.T) (l *Layer, python func(script string, args ...string) *exec.Cmd) {
+func containerHost(t *testing.T, programs ...string) (l *Layer, python func(script string, args ...string) *exec.Cmd) {
 	t.Helper()
+	if len(programs) == 0 {
+		programs = []string{"sock_create", "connect4"}
+	}
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("needs python3")
@@ -71,7 +75,7 @@ func containerHost(t *testing.T) (l *Layer, python func(script string, args ...s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { RemoveCgroup(cg) })
-	for _, name := range []string{"sock_create", "connect4"} {
+	for _, name := range programs {
 		p := l.cgroupPrograms()[name]
 		lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: p.attach, Program: p.prog})
 		if err != nil {
@@ -257,5 +261,41 @@ func TestDestroyBatches(t *testing.T) {
 	var mark uint8
 	if l.objs.SksKill.Iterate().Next(&cookie, &mark) {
 		t.Errorf("sks_kill still marks %d", cookie)
+	}
+}
+
+// pyBindOptions binds a replaced socket as a listener would, then one with
+// SO_REUSEPORT, and sets IP_OPTIONS (a source route) on a third; it prints
+// "ok" or "err <errno name>" for each.
+const pyBindOptions = `
+import errno, socket
+def attempt(f):
+    try:
+        f()
+        print("ok")
+    except OSError as e:
+        print("err " + errno.errorcode[e.errno])
+attempt(lambda: socket.socket().bind(("0.0.0.0", 8080)))
+def reuseport():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("0.0.0.0", 8081))
+attempt(reuseport)
+attempt(lambda: socket.socket().setsockopt(socket.SOL_IP, socket.IP_OPTIONS, bytes([131, 7, 4, 10, 99, 0, 3, 0])))
+`
+
+// TestBindAndOptions runs bind4 and setsockopt in the kernel: a listener
+// that would share its port (SO_REUSEPORT) is refused, so the shim gives
+// the app a container socket, where the kernel shares ports; and secure
+// mode refuses a source route, which would send the SYN elsewhere than
+// where connect4 sent it.
+func TestBindAndOptions(t *testing.T) {
+	_, python := containerHost(t, "sock_create", "bind4", "setsockopt")
+	out, err := python(pyBindOptions).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got, want := strings.Fields(string(out)), []string{"ok", "err", "EPERM", "err", "EPERM"}; !slices.Equal(got, want) {
+		t.Fatalf("bind, bind with SO_REUSEPORT, IP_OPTIONS: %q, want %q", got, want)
 	}
 }

@@ -115,10 +115,13 @@ func (l *Layer) destroyMarked(cookies []uint64) error {
 	return err
 }
 
-// exposed reports a listener a container made without binding: listen()
-// autobinds it to a host port, where no hook can move it to loopback (the
-// shim never does this; a program bypassing it can).
-func (c conn) exposed() bool { return c.Role == sksSksRoleSKS_FRESH && c.State == tcpListen }
+// exposed reports a listener a container made without binding, and what
+// it accepted: listen() autobinds it to a host address, where no hook can
+// move it to loopback (the shim never does this; a program bypassing it
+// can, after a failed or undone connect too).
+func (c conn) exposed() bool {
+	return c.Role == sksSksRoleSKS_EXPOSED || (c.State == tcpListen && c.Role != sksSksRoleSKS_LISTEN)
+}
 
 // endExposed ends exposed listeners.
 func (l *Layer) endExposed() (int, error) {

@@ -137,6 +137,47 @@ func TestFromUnderlay(t *testing.T) {
 			}
 		})
 	}
+	// A record outlives a handshake that failed (the client's RST ends
+	// the request, not the record). A plain SYN of the same 4-tuple is
+	// the host's own: it removes the record, which would steer it to the
+	// container.
+	tctest.Run(t, l.objs.SksFromUnderlay, syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good))
+	if _, ok := pendingEntry(t, l, ulPeer, testHost.UnderlayIP); !ok {
+		t.Fatal("option SYN not recorded")
+	}
+	if verdict, _ := tctest.Run(t, l.objs.SksFromUnderlay, syn(ulPeer, testHost.UnderlayIP, tctest.SYN, linuxSYNOptions)); verdict != next {
+		t.Fatalf("plain SYN: verdict %d", verdict)
+	}
+	if _, ok := pendingEntry(t, l, ulPeer, testHost.UnderlayIP); ok {
+		t.Fatal("a plain SYN of a recorded 4-tuple left the record")
+	}
+}
+
+// A container's own SYN with the option is forged (only sockops writes it,
+// on host sockets): dropped on the container's veth, wherever it goes.
+func TestFromContainerForgedSYN(t *testing.T) {
+	l := loadTest(t)
+	opt := append(append([]byte{}, linuxSYNOptions...), synOption(netip.AddrPortFrom(ipClient, 8080), ipServer)...)
+	cases := []struct {
+		name    string
+		pkt     []byte
+		verdict uint32
+	}{
+		{"option SYN to another host", syn(ipServer, ulPeer, tctest.SYN, opt), 2},
+		{"option SYN to a container", syn(ipServer, ipClient, tctest.SYN, opt), 2},
+		{"plain SYN", syn(ipServer, ulPeer, tctest.SYN, linuxSYNOptions), 0},
+		{"SYN-ACK with the option", syn(ipServer, ulPeer, tctest.SYN|tctest.ACK, opt), 0},
+	}
+	for _, c := range cases {
+		before, _ := l.Stats()
+		if verdict, _ := tctest.Run(t, l.objs.SksFromContainer, c.pkt); verdict != c.verdict {
+			t.Errorf("%s: verdict %d, want %d", c.name, verdict, c.verdict)
+		}
+		after, _ := l.Stats()
+		if forged := after["syn_forged"] - before["syn_forged"]; forged != uint64(c.verdict/2) {
+			t.Errorf("%s: syn_forged +%d", c.name, forged)
+		}
+	}
 }
 
 // listener returns a TCP listener on loopback, as bind4 leaves a replaced
@@ -234,11 +275,16 @@ func TestLookup(t *testing.T) {
 	if got := lookup(t, l, client, host); got != 0 {
 		t.Fatalf("plain SYN assigned to %d", got)
 	}
-	// A recorded option SYN without its listener: the kernel answers.
+	// A recorded option SYN without its listener: no socket (the kernel
+	// answers with a RST), never a host socket on the port.
 	pkt := syn(ulPeer, testHost.UnderlayIP, tctest.SYN, append(append([]byte{}, linuxSYNOptions...), synOption(server, ipClient)...))
 	tctest.Run(t, l.objs.SksFromUnderlay, pkt)
-	if got := lookup(t, l, client, host); got != 0 {
-		t.Fatalf("assigned to %d without a listener", got)
+	before, _ := l.Stats()
+	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, client, host); got != 0 || verdict != 0 {
+		t.Fatalf("without a listener: assigned to %d, verdict %d; want none, SK_DROP", got, verdict)
+	}
+	if after, _ := l.Stats(); after["no_listener"] != before["no_listener"]+1 {
+		t.Fatal("no_listener not counted")
 	}
 	publish(t, l, ln, server)
 	if got := lookup(t, l, client, host); got != cookie {
@@ -254,7 +300,7 @@ func TestLookup(t *testing.T) {
 	}
 	// A container's address without a replaced listener: no host socket
 	// takes the connection (SK_DROP), and the refusal is counted.
-	before, _ := l.Stats()
+	before, _ = l.Stats()
 	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, netip.AddrPortFrom(ipClient, 40000), netip.AddrPortFrom(ipServer, 8081)); got != 0 || verdict != 0 {
 		t.Fatalf("other port: assigned to %d, verdict %d; want none, SK_DROP", got, verdict)
 	}

@@ -64,10 +64,11 @@ type sksSksPending struct {
 type sksSksRole uint32
 
 const (
-	sksSksRoleSKS_FRESH  sksSksRole = 1
-	sksSksRoleSKS_CLIENT sksSksRole = 2
-	sksSksRoleSKS_LISTEN sksSksRole = 3
-	sksSksRoleSKS_CHILD  sksSksRole = 4
+	sksSksRoleSKS_FRESH   sksSksRole = 1
+	sksSksRoleSKS_CLIENT  sksSksRole = 2
+	sksSksRoleSKS_LISTEN  sksSksRole = 3
+	sksSksRoleSKS_CHILD   sksSksRole = 4
+	sksSksRoleSKS_EXPOSED sksSksRole = 5
 )
 
 type sksSksRule struct {

@@ -60,8 +60,10 @@ char __license[] SEC("license") = "GPL";
 #define SO_PRIORITY 12
 #define SO_MARK 36
 #define SO_BINDTOIFINDEX 62
+#define SO_REUSEPORT 15
 #define SOL_IP 0
 #define IP_TOS 1
+#define IP_OPTIONS 4
 #define SOL_TCP 6
 #define TCP_SAVE_SYN 27
 #define TCPHDR_SYN 0x02
@@ -322,6 +324,14 @@ int sks_bind4(struct bpf_sock_addr *ctx)
 		count(SKS_BIND_REFUSED);
 		return 0;
 	}
+	// Listeners sharing a port (SO_REUSEPORT) cannot share the one entry
+	// of sks_listen: refused (EPERM), so the shim gives the app a
+	// container socket, where the kernel shares the port.
+	int reuse = 0;
+	if (bpf_getsockopt(ctx, SOL_SOCKET, SO_REUSEPORT, &reuse, sizeof(reuse)) == 0 && reuse) {
+		count(SKS_BIND_REFUSED);
+		return 0;
+	}
 	__be16 port = (__u16)ctx->user_port;
 	if (port) {
 		struct sks_key k = {.ip = si->local_ip, .port = port};
@@ -376,7 +386,7 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	if (!cfg_secure ||
 	    !((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
 				       name == SO_BINDTOIFINDEX)) ||
-	      (level == SOL_IP && name == IP_TOS) ||
+	      (level == SOL_IP && (name == IP_TOS || name == IP_OPTIONS)) ||
 	      (level == SOL_TCP && name == TCP_SAVE_SYN)) ||
 	    !info_of(ctx->sk) || !host_socket(ctx)) {
 		ctx->optlen = 0;
@@ -395,8 +405,10 @@ const enum sks_event_kind *unused_sks_event_kind __attribute__((unused));
 static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
 {
 	struct sks_event *ev = bpf_ringbuf_reserve(&sks_events, sizeof(*ev), 0);
-	if (!ev)
-		return; // the agent's periodic resync catches up
+	if (!ev) {
+		count(SKS_EVENT_LOST); // the agent's periodic resync catches up
+		return;
+	}
 	ev->kind = kind;
 	ev->ip = ip;
 	ev->port = port;
@@ -476,7 +488,9 @@ int sks_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_LISTEN_CB: {
 		if (si->role != SKS_LISTEN) {
 			// Autobound by listen() without bind (the shim never does
-			// that): on 0.0.0.0 of the host. The agent ends it at once.
+			// that), whatever the socket did before: on a host address.
+			// The agent ends it at once, and what it accepted.
+			si->role = SKS_EXPOSED;
 			count(SKS_LISTENER_EXPOSED);
 			notify(SKS_EV_EXPOSED, si->local_ip, bpf_htons((__u16)skops->local_port));
 			break;
@@ -502,8 +516,10 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		break;
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB: {
 		// The child inherited the listener's storage (BPF_F_CLONE) and
-		// state-callback flag.
+		// state-callback flag; an exposed listener's child stays exposed.
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
+		if (si->role == SKS_EXPOSED)
+			break;
 		si->role = SKS_CHILD;
 		si->peer_port = 0; // the real port is the peer's
 		struct sks_tuple t = {
@@ -563,6 +579,35 @@ static __always_inline void keep_off_route(struct iphdr *ip)
 // verdict, or none, decides.
 #define TCX_NEXT -1
 
+// ipv4_syn returns the IPv4 header of a TCP SYN (not a SYN-ACK) and its
+// TCP header in *th, or NULL for any other packet.
+static __always_inline struct iphdr *ipv4_syn(struct __sk_buff *skb, struct tcphdr **th)
+{
+	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return NULL;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end || ip->ihl < 5 || ip->protocol != IPPROTO_TCP)
+		return NULL;
+	struct tcphdr *t = (void *)ip + ip->ihl * 4;
+	if ((void *)(t + 1) > data_end || !t->syn || t->ack)
+		return NULL;
+	*th = t;
+	return ip;
+}
+
+// syn_option reads the option of a SYN into *o: whether it carries one,
+// at its place.
+static __always_inline bool syn_option(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *th, struct sks_opt *o)
+{
+	if (th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END)
+		return false;
+	__u32 off = sizeof(struct ethhdr) + ip->ihl * 4 + th->doff * 4 - SKS_OPT_FROM_END;
+	return bpf_skb_load_bytes(skb, off, o, sizeof(*o)) == 0 && o->kind == SKS_OPT_KIND &&
+	       o->len == SKS_OPT_LEN && o->magic == bpf_htons(SKS_OPT_MAGIC);
+}
+
 SEC("tc")
 int sks_from_underlay(struct __sk_buff *skb)
 {
@@ -577,16 +622,17 @@ int sks_from_underlay(struct __sk_buff *skb)
 	// container or the overlay, only steered packets may match the route.
 	if (local_container(ip->daddr))
 		keep_off_route(ip);
-	if (ip->protocol != IPPROTO_TCP)
+	struct tcphdr *th;
+	if (!ipv4_syn(skb, &th))
 		return TCX_NEXT;
-	struct tcphdr *th = (void *)ip + ip->ihl * 4;
-	if ((void *)(th + 1) > data_end || !th->syn || th->ack || th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END)
-		return TCX_NEXT;
+	struct sks_tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest};
 	struct sks_opt o;
-	__u32 off = sizeof(*eth) + ip->ihl * 4 + th->doff * 4 - SKS_OPT_FROM_END;
-	if (bpf_skb_load_bytes(skb, off, &o, sizeof(o)) != 0 || o.kind != SKS_OPT_KIND ||
-	    o.len != SKS_OPT_LEN || o.magic != bpf_htons(SKS_OPT_MAGIC))
+	if (!syn_option(skb, ip, th, &o)) {
+		// A plain SYN is the host's: a record of its 4-tuple (a fast-path
+		// handshake that failed) must not steer it to a container.
+		bpf_map_delete_elem(&sks_syns, &t);
 		return TCX_NEXT;
+	}
 	__be32 src = o.src_ip, dst = o.dst_ip;
 	__be16 port = o.dst_port;
 	// The option is not authenticated: it may only claim a container of the
@@ -601,7 +647,6 @@ int sks_from_underlay(struct __sk_buff *skb)
 		count(SKS_SYN_MALFORMED);
 		return TC_ACT_SHOT;
 	}
-	struct sks_tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest};
 	struct sks_pending p = {.dst_ip = dst, .src_ip = src, .dst_port = port};
 	bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY);
 	count(SKS_SYN_RECORDED);
@@ -649,8 +694,10 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	struct bpf_sock *sk = bpf_map_lookup_elem(&sks_listen, &k);
 	if (!sk) {
 		if (p) {
-			count(SKS_NO_LISTENER); // the kernel answers with a RST
-			return SK_PASS;
+			// The listener closed: the kernel answers with a RST. Never
+			// a host socket on the port (SK_PASS would look one up).
+			count(SKS_NO_LISTENER);
+			return SK_DROP;
 		}
 		// A container's address reaches a replaced listener or nothing:
 		// never a host socket listening on every address (a listener
@@ -660,8 +707,9 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	}
 	long err = bpf_sk_assign(ctx, sk, 0);
 	bpf_sk_release(sk);
-	if (!err)
-		count(p ? SKS_ASSIGNED : SKS_OVERLAY_ASSIGNED);
+	if (err)
+		return SK_DROP; // as without a listener
+	count(p ? SKS_ASSIGNED : SKS_OVERLAY_ASSIGNED);
 	return SK_PASS;
 }
 
@@ -803,10 +851,20 @@ static __always_inline int into_lo(struct iphdr *ip)
 	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
 }
 
-// A local container's packets for a replaced listener on this host.
+// A local container's packets for a replaced listener on this host. A SYN
+// of the container's own carrying the option is forged: only sockops
+// writes it, on host sockets. Masqueraded to the host's address on its way
+// to another host, it would pass that host's check of the claimed source.
 SEC("tc")
 int sks_from_container(struct __sk_buff *skb)
 {
+	struct tcphdr *th;
+	struct iphdr *syn = ipv4_syn(skb, &th);
+	struct sks_opt o;
+	if (syn && syn_option(skb, syn, th, &o)) {
+		count(SKS_SYN_FORGED);
+		return TC_ACT_SHOT;
+	}
 	struct iphdr *ip = for_container(skb);
 	if (!ip || !route_container_packet(skb, ip, true))
 		return TC_ACT_OK;

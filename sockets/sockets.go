@@ -152,7 +152,7 @@ var Reasons = []string{
 	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "listener_exposed", "syn_recorded",
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
-	"syncookie_steered", "connect_denied",
+	"syncookie_steered", "connect_denied", "syn_forged", "event_lost",
 }
 
 // Stats returns the counters summed over CPUs, by reason.

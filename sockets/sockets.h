@@ -70,6 +70,7 @@ enum sks_role {
 	SKS_CLIENT = 2, // connected through the fast path
 	SKS_LISTEN = 3, // bound to an overlay address (really on loopback)
 	SKS_CHILD = 4,  // accepted from a replaced listener
+	SKS_EXPOSED = 5, // listening on a host address (listen without bind), or accepted there: ended
 };
 
 // Per-socket overlay identity (socket storage, cloned into accepted children).
@@ -148,5 +149,7 @@ enum sks_reason {
 	SKS_OVERLAY_REFUSED,  // connection (or datagram) to a container address without its listener
 	SKS_SYNCOOKIE_STEERED, // overlay ACK completing a replaced listener's syncookie
 	SKS_CONNECT_DENIED,   // connect the policy denies (or no policy written): the overlay judges it
+	SKS_SYN_FORGED,       // a container's own SYN carrying the option: dropped
+	SKS_EVENT_LOST,       // the ring buffer was full: the agent sweeps for what it missed
 	SKS_REASONS,
 };

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -229,35 +230,60 @@ func (f *failures) err(what string, m *ebpf.Map) error {
 
 // WatchListeners signals on the returned channel whenever a replaced
 // listener appears or goes away on this host, until ctx ends. Listeners
-// exposed on host addresses are ended as soon as they are reported.
+// exposed on host addresses are ended as soon as they are reported; when
+// the programs found the event buffer full (event_lost), a sweep every 5 s
+// ends what they could not report, and the listeners are published again.
 func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 	rd, err := ringbuf.NewReader(l.objs.SksEvents)
 	if err != nil {
 		return nil, fmt.Errorf("listener events: %w", err)
 	}
-	out := make(chan struct{}, 1)
 	go func() {
 		<-ctx.Done()
 		rd.Close()
 	}()
+	kinds := make(chan sksSksEventKind)
 	go func() {
-		defer close(out)
+		defer close(kinds)
 		for {
 			rec, err := rd.Read()
-			if err != nil {
-				if !errors.Is(err, ringbuf.ErrClosed) {
-					l.log.Warn("listener events", "err", err)
-				}
+			if errors.Is(err, ringbuf.ErrClosed) {
 				return
 			}
-			var ev sksSksEvent
-			if binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev) == nil && sksSksEventKind(ev.Kind) == sksSksEventKindSKS_EV_EXPOSED {
-				if n, err := l.endExposed(); err != nil {
-					l.log.Warn("end exposed listeners", "err", err)
-				} else if n > 0 {
-					l.log.Warn("ended listeners a container opened on a host address (listen without bind)", "listeners", n)
-				}
+			if err != nil {
+				l.log.Warn("listener events", "err", err)
+				time.Sleep(100 * time.Millisecond)
 				continue
+			}
+			var ev sksSksEvent
+			if binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev) == nil {
+				kinds <- sksSksEventKind(ev.Kind)
+			}
+		}
+	}()
+	out := make(chan struct{}, 1)
+	go func() {
+		defer close(out)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		lost := l.eventsLost()
+		for {
+			select {
+			case kind, ok := <-kinds:
+				if !ok {
+					return
+				}
+				if kind == sksSksEventKindSKS_EV_EXPOSED {
+					l.endExposedNow()
+					continue
+				}
+			case <-t.C:
+				n := l.eventsLost()
+				if n == lost {
+					continue
+				}
+				lost = n
+				l.endExposedNow()
 			}
 			select {
 			case out <- struct{}{}:
@@ -266,4 +292,19 @@ func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 		}
 	}()
 	return out, nil
+}
+
+// eventsLost reads the event_lost counter.
+func (l *Layer) eventsLost() uint64 {
+	st, _ := l.Stats()
+	return st["event_lost"]
+}
+
+// endExposedNow ends exposed listeners, and logs it.
+func (l *Layer) endExposedNow() {
+	if n, err := l.endExposed(); err != nil {
+		l.log.Warn("end exposed listeners", "err", err)
+	} else if n > 0 {
+		l.log.Warn("ended listeners a container opened on a host address (listen without bind)", "sockets", n)
+	}
 }
