@@ -340,9 +340,12 @@ static void broker_drop_locked(int backoff)
 	if (backoff) g_retry_at = now_ms() + RETRY_MS;
 }
 
-static int broker_sock(int nonblock)
+/* A connection to the broker, or -1. Non-blocking: a broker that does not
+ * accept (stopped, hung, out of fds) fills its backlog, after which a
+ * blocking connect would wait for ever, holding the broker lock. */
+static int broker_sock(void)
 {
-	int s = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+	int s = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0) return -1;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	size_t nl = strlen(g_name);
@@ -385,7 +388,7 @@ static int recv_exact(int s, void *buf, size_t len)
 /* A new broker connection that sent a valid hello, or -1. */
 static int broker_connect(struct skiff_hello *h)
 {
-	int s = broker_sock(0);
+	int s = broker_sock();
 	if (s < 0) return -1;
 	if (recv_exact(s, h, sizeof *h) < 0 || h->magic != SKIFF_HELLO_MAGIC || h->version != SKIFF_PROTO_VERSION ||
 	    h->prefix > 32) {
@@ -846,16 +849,26 @@ EXPORT int fcntl64(int fd, int cmd, ...)
 }
 
 /* ---------- fork / init / exit ---------- */
+/* The forking thread's t_inshim, kept while it holds both locks: a signal
+ * handler that calls close() or socket() meanwhile must pass through (the
+ * locks are its own thread's). */
+static int g_fork_inshim;
+
 static void atfork_prepare(void)
 {
+	int p = t_inshim;
+	t_inshim = 1;
 	pthread_mutex_lock(&g_broker_mu);
 	pthread_mutex_lock(&g_tab_mu);
+	g_fork_inshim = p;
 }
 
 static void atfork_parent(void)
 {
+	int p = g_fork_inshim;
 	pthread_mutex_unlock(&g_tab_mu);
 	pthread_mutex_unlock(&g_broker_mu);
+	t_inshim = p;
 }
 
 static void atfork_child(void)
@@ -870,9 +883,10 @@ static void atfork_child(void)
 	g_low_water = LOW_WATER;   /* a child learns its own bursts */
 	g_retry_at = 0;
 	g_cnt_replaced = g_cnt_fallback = 0;   /* the parent reports its own */
-	t_inshim = 0;
+	int p = g_fork_inshim;
 	pthread_mutex_unlock(&g_tab_mu);
 	pthread_mutex_unlock(&g_broker_mu);
+	t_inshim = p;
 }
 
 __attribute__((constructor)) static void skiff_init(void)
@@ -917,7 +931,7 @@ __attribute__((destructor)) static void skiff_fini(void)
 	if (g_bfd < 0) {
 		/* e.g. a forked child that only used inherited sockets: a quick
 		 * non-blocking connect just for the flush (hello is left unread) */
-		int s = broker_sock(1);
+		int s = broker_sock();
 		if (s >= 0) broker_adopt(s);
 	}
 	if (g_bfd >= 0) broker_send_locked(SKIFF_OP_FLUSH, SKIFF_R_FLUSH);

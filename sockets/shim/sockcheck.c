@@ -458,12 +458,43 @@ static int do_threads(int nt, int n)
 	return g_fail;
 }
 
+/* forksig: a signal handler that calls close() while the process forks
+ * (the shim's fork handlers hold its locks) must not deadlock. */
+static pthread_t g_main;
+static void on_usr1(int sig) { (void)sig; close(-1); }
+static void *signal_main(void *a)
+{
+	(void)a;
+	for (;;) { pthread_kill(g_main, SIGUSR1); usleep(50); }
+	return NULL;
+}
+
+static int do_forksig(int n)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);   /* one socket the shim tracks */
+	g_main = pthread_self();
+	struct sigaction sa = { .sa_handler = on_usr1, .sa_flags = SA_RESTART };
+	sigaction(SIGUSR1, &sa, NULL);
+	pthread_t t;
+	pthread_create(&t, NULL, signal_main, NULL);
+	for (int i = 0; i < n; i++) {
+		pid_t p = fork();
+		if (p == 0) _exit(0);
+		if (p < 0) { fail("forksig", "fork: %s", strerror(errno)); return g_fail; }
+		while (waitpid(p, NULL, 0) < 0 && errno == EINTR) {}
+	}
+	close(s);
+	ok("forksig");
+	return g_fail;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: sockcheck server IP PORT [--count N] [--expect-net CIDR]\n"
 		"       sockcheck client IP PORT [--expect-net CIDR] [--server-peer IP] [--host yes|no] [--quick]\n"
 		"       sockcheck loop IP PORT N\n"
-		"       sockcheck threads IP PORT NTHREADS NCONN\n");
+		"       sockcheck threads IP PORT NTHREADS NCONN\n"
+		"       sockcheck forksig IP PORT NFORKS\n");
 	exit(2);
 }
 
@@ -489,6 +520,7 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "server")) return do_server(count);
 	if (!strcmp(mode, "loop")) return do_loop(npos ? pos[0] : 100);
 	if (!strcmp(mode, "threads")) return do_threads(npos > 0 ? pos[0] : 8, npos > 1 ? pos[1] : 50);
+	if (!strcmp(mode, "forksig")) return do_forksig(npos ? pos[0] : 1000);
 	if (strcmp(mode, "client")) usage();
 	check_blocking(quick);
 	if (!quick) {

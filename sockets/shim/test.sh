@@ -325,6 +325,7 @@ EOF2
 }
 check small-fd-limit-small-batch small_fd_limit
 check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
+check fork-with-signals-no-deadlock sc_ok timeout 60 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck forksig 10.98.0.1 7001 3000
 check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
 grep '^info' "$TMP/out"
 
@@ -361,6 +362,29 @@ print("too many fds ok")
 EOF2
 }
 check broker-sends-too-many-fds too_many_fds
+
+# a broker that accepts nothing (stopped, hung, out of fds) with a full
+# backlog: socket() falls back at once instead of waiting for ever
+stuck_broker() {
+	inc timeout 10 env LD_PRELOAD=$SHIM SKIFF_BROKER=skfshim-stuck $PY - <<'EOF2'
+import socket, time
+ls = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); ls.bind("\0skfshim-stuck"); ls.listen(0)
+queued = []
+while True:                                    # fill its backlog
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); c.setblocking(False)
+    try:
+        c.connect("\0skfshim-stuck")
+    except BlockingIOError:
+        break
+    queued.append(c)
+start = time.time()
+s = socket.socket()                            # falls back: a container socket
+assert s.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) == socket.AF_INET
+assert time.time() - start < 2, "socket() took %.1fs" % (time.time() - start)
+print("stuck broker ok", len(queued))
+EOF2
+}
+check broker-stuck-falls-back stuck_broker
 
 # the app clobbers the shim's pool/broker fds (close_range, dup2 onto high fds): the shim must notice
 clobber() {
