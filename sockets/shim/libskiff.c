@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -50,6 +51,7 @@
 #define RETRY_MS    1000    /* broker retry back-off */
 #define SOPT_MAX    128     /* max recorded option value size */
 #define NOPTS_MAX   32      /* max recorded options per fd */
+#define NEPOLL_MAX  4       /* max recorded epoll registrations per fresh fd */
 
 /* ---------- real functions ---------- */
 static int (*r_socket)(int, int, int);
@@ -63,6 +65,7 @@ static int (*r_dup2)(int, int);
 static int (*r_dup3)(int, int, int);
 static int (*r_fcntl)(int, int, ...);
 static int (*r_fcntl64)(int, int, ...);
+static int (*r_epoll_ctl)(int, int, int, struct epoll_event *);
 
 /* raw syscalls for the shim's own housekeeping: never interposed, never recurse */
 static int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
@@ -89,6 +92,7 @@ static void resolve(void)
 	if (!r_fcntl) r_fcntl = sym("fcntl");
 	if (!r_fcntl64) r_fcntl64 = sym("fcntl64");
 	if (!r_fcntl64) r_fcntl64 = r_fcntl;
+	if (!r_epoll_ctl) r_epoll_ctl = sym("epoll_ctl");
 	if (!r_socket) r_socket = sym("socket");   /* last: used as "resolved" marker */
 }
 #define RESOLVE(p) do { if (__builtin_expect(!(p), 0)) resolve(); } while (0)
@@ -126,14 +130,19 @@ static uint32_t g_cnt_replaced, g_cnt_fallback;
 /* per-fd state, under g_tab_mu */
 enum { ST_FRESH = 1, ST_BOUND = 2 };
 struct sopt { int level, name; socklen_t len; unsigned char val[SOPT_MAX]; };
+/* An epoll registration of the fd: a fallback's dup3 ends it with the host
+ * socket, and gives it to the container socket. */
+struct epreg { int epfd; struct epoll_event ev; };
 struct fdent {
 	struct fdent *next_free;   /* on g_free */
 	int state;
-	int unreplayable;          /* an option we could not record was set */
+	int unreplayable;          /* an option or registration we could not record */
 	int has_bind;
 	struct sockaddr_in bindaddr;
 	int nopts, capopts;
 	struct sopt *opts;
+	int neps;
+	struct epreg eps[NEPOLL_MAX];
 };
 static pthread_mutex_t g_tab_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct fdent **g_tab;
@@ -276,6 +285,7 @@ static struct fdent *ent_clone(const struct fdent *s)
 		memcpy(e->opts, s->opts, s->nopts * sizeof *e->opts);
 	}
 	e->capopts = s->nopts;
+	e->neps = 0;   /* registrations belong to the number, not the socket */
 	return e;
 }
 
@@ -313,6 +323,24 @@ static void ent_record(struct fdent *e, int level, int name, const void *val, so
 	}
 	o->len = len;
 	if (len) memcpy(o->val, val, len);
+}
+
+/* Applies an epoll_ctl that succeeded to e's registrations. */
+static void ent_epoll(struct fdent *e, int epfd, int op, const struct epoll_event *ev)
+{
+	int i = 0;
+	while (i < e->neps && e->eps[i].epfd != epfd) i++;
+	if (op == EPOLL_CTL_DEL) {
+		if (i < e->neps) e->eps[i] = e->eps[--e->neps];
+		return;
+	}
+	if (i == e->neps) {
+		if (op != EPOLL_CTL_ADD) return;
+		if (e->neps == NEPOLL_MAX) { e->unreplayable = 1; return; }
+		e->neps++;
+		e->eps[i].epfd = epfd;
+	}
+	if (ev) e->eps[i].ev = *ev;
 }
 
 /* ---------- broker connection (caller holds g_broker_mu) ---------- */
@@ -641,6 +669,9 @@ static int swap_to_container(int fd, struct fdent *e, int reason)
 	else if ((fl & O_NONBLOCK) && sys_fcntl(s, F_SETFL, O_NONBLOCK) < 0) er = errno;
 	else if (sys_dup3(s, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) er = errno;
 	sys_close(s);
+	/* the dup3 closed the host socket, and with it its registrations */
+	for (int i = 0; !er && r_epoll_ctl && i < e->neps; i++)
+		r_epoll_ctl(e->eps[i].epfd, EPOLL_CTL_ADD, fd, &e->eps[i].ev);
 	ent_free(e);
 	if (er) { errno = er; return -1; }
 	count_fallback(reason);
@@ -791,6 +822,20 @@ EXPORT int close(int fd)
 		errno = saved;
 	}
 	return r_close(fd);
+}
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	RESOLVE(r_epoll_ctl);
+	if (!r_epoll_ctl) { errno = ENOSYS; return -1; }
+	int r = r_epoll_ctl(epfd, op, fd, ev);
+	if (r == 0 && !t_inshim && tracked_possible()) {
+		int saved = errno, p = tab_lock();
+		if (fd >= 0 && fd < g_tabsz && g_tab[fd]) ent_epoll(g_tab[fd], epfd, op, ev);
+		tab_unlock(p);
+		errno = saved;
+	}
+	return r;
 }
 
 EXPORT int dup(int fd)

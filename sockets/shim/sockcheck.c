@@ -302,6 +302,36 @@ static void check_nonblocking_epoll(void)
 	close(s);
 }
 
+/* An event loop (Netty's epoll transport, for one) registers a socket
+ * before it connects: the registration must survive a fallback, which puts
+ * a container socket under the same number. */
+static void check_epoll_before_connect(void)
+{
+	const char *name = "epoll-before-connect";
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s < 0) { fail(name, "socket: %s", strerror(errno)); return; }
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 7 };
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	ev.events = EPOLLOUT;
+	epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev);
+	int r = connect(s, (struct sockaddr *)&g_dst, sizeof g_dst);
+	if (r < 0 && errno != EINPROGRESS) { fail(name, "connect: %s", strerror(errno)); close(ep); close(s); return; }
+	struct epoll_event got = { 0 };
+	int n = epoll_wait(ep, &got, 1, 5000);
+	int err = -1;
+	socklen_t el = sizeof err;
+	getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el);
+	if (n != 1 || got.data.u64 != 7 || !(got.events & EPOLLOUT) || err != 0)
+		fail(name, "epoll n=%d data=%llu events=%#x SO_ERROR=%d", n, (unsigned long long)got.data.u64, got.events, err);
+	else if (epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev) != 0)
+		fail(name, "registration gone: %s", strerror(errno));
+	else
+		ok(name);
+	close(ep);
+	close(s);
+}
+
 static void check_select_poll(void)
 {
 	const char *name = "select-poll";
@@ -525,6 +555,7 @@ int main(int argc, char **argv)
 	check_blocking(quick);
 	if (!quick) {
 		check_nonblocking_epoll();
+		check_epoll_before_connect();
 		check_select_poll();
 		check_fork();
 		check_dup2();
