@@ -357,19 +357,51 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	return l.brokers.ensure(e, dir)
 }
 
-// RemoveEndpoint takes a container's programs off its cgroup and stops its
-// broker. Connections it still has keep working until they close.
+// RemoveEndpoint takes a container's programs off its cgroup, stops its
+// broker and ends the host sockets that carry its address: the address goes
+// back to IPAM, and a listener that outlived the container (passed to a
+// process elsewhere) would take connections meant for the next container
+// given it, as a connection would keep its identity.
 func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 	l.brokers.stop(e.ContainerID)
-	dir, err := l.cgroupDir(e)
+	ip := e.IP.Addr()
+	_, err := l.end(func(c conn) bool { return c.Local.Addr() == ip })
 	if err != nil {
-		return nil // the cgroup is gone, and its links with it; PruneEndpoints unpins them
+		err = fmt.Errorf("end the sockets of %s: %w", ip, err)
 	}
-	id, err := cgroupID(dir)
+	dir, derr := l.cgroupDir(e)
+	if derr != nil {
+		// The cgroup is gone, and its links with it (PruneEndpoints
+		// unpins them): the address is forgotten all the same.
+		return errors.Join(err, l.forgetAddress(ip))
+	}
+	id, ierr := cgroupID(dir)
+	if ierr != nil {
+		return errors.Join(err, l.forgetAddress(ip))
+	}
+	return errors.Join(err, l.unpinCgroup(id))
+}
+
+// forgetAddress forgets the containers at ip, whose cgroups are gone, and
+// that the address had a replaced listener.
+func (l *Layer) forgetAddress(ip netip.Addr) error {
+	all, err := bpfmap.Entries[uint64, sksSksContainer](l.objs.SksContainers)
 	if err != nil {
-		return nil
+		return err
 	}
-	return l.unpinCgroup(id)
+	var gone []uint64
+	for id, c := range all {
+		if c.Ip == ip32(ip) {
+			gone = append(gone, id)
+		}
+	}
+	if _, err := bpfmap.Delete(l.objs.SksContainers, gone); err != nil {
+		return err
+	}
+	if err := l.objs.SksServed.Delete(ip32(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
 }
 
 // unpinCgroup detaches the programs from cgroup id and forgets it, and its

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -297,5 +298,55 @@ func TestBindAndOptions(t *testing.T) {
 	}
 	if got, want := strings.Fields(string(out)), []string{"ok", "err", "EPERM", "err", "EPERM"}; !slices.Equal(got, want) {
 		t.Fatalf("bind, bind with SO_REUSEPORT, IP_OPTIONS: %q, want %q", got, want)
+	}
+}
+
+// TestRemoveEndpointEndsSockets: removing a container ends the host sockets
+// that carry its address (here connections its processes still hold), and
+// forgets the address even when its cgroup is already gone.
+func TestRemoveEndpointEndsSockets(t *testing.T) {
+	l, python := containerHost(t)
+	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
+	srv := []cluster.Listener{{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}}
+	if err := l.Sync([]cluster.Host{testHost, h2}, srv, nil); err != nil {
+		t.Fatal(err)
+	}
+	cmd := python(pyHoldAll, "10.244.2.9:80", "10.244.2.9:80")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	for deadline := time.Now().Add(5 * time.Second); !strings.HasPrefix(out.String(), "up"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("connections not up: %s", out.String())
+		}
+	}
+	if err := l.objs.SksServed.Put(ip32(ipServer), uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	gone := cluster.Endpoint{ContainerID: "c-gone", IP: netip.PrefixFrom(ipServer, 24), Cgroup: "/nonexistent/c-gone"}
+	if err := l.RemoveEndpoint(gone); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Write([]byte("\n"))
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if want := "up\nECONNABORTED\nECONNABORTED\n"; out.String() != want {
+		t.Errorf("connections after the container's removal:\n%s\nwant\n%s", out.String(), want)
+	}
+	all, err := bpfmap.Entries[uint64, sksSksContainer](l.objs.SksContainers)
+	if err != nil || len(all) != 0 {
+		t.Errorf("containers left: %v (%v)", all, err)
+	}
+	var yes uint8
+	if err := l.objs.SksServed.Lookup(ip32(ipServer), &yes); err == nil {
+		t.Error("the address is still marked served")
 	}
 }
