@@ -589,7 +589,14 @@ static int take_host_socket(int type)
 	pthread_mutex_lock(&g_broker_mu);
 	for (int attempt = 0; attempt < 2 && fd < 0; attempt++) {
 		fd = pool_take_locked(cloexec);
-		if (fd >= 0 || g_npool) break;         /* (g_npool: the app is out of fds) */
+		if (fd >= 0) break;
+		if (g_npool) {
+			/* The app is out of fds, some of them the pool's: it gets
+			 * them back, and socket() falls back to a container socket
+			 * as it would have succeeded without the shim. */
+			pool_drop_locked();
+			break;
+		}
 		if ((g_retry_at && now_ms() < g_retry_at) || broker_ensure_locked() < 0) break;
 		g_retry_at = 0;
 		broker_request_locked();
@@ -659,6 +666,16 @@ static int swap_to_container(int fd, struct fdent *e, int reason)
 	if (!own_fresh(fd)) { ent_free(e); return NOT_OURS; }
 	if (e->unreplayable) { ent_free(e); errno = EPERM; return -1; }
 	int s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0 && errno == EMFILE) {
+		/* the swap needs one more fd: the pool's are the app's first */
+		int p = t_inshim;
+		t_inshim = 1;
+		pthread_mutex_lock(&g_broker_mu);
+		pool_drop_locked();
+		pthread_mutex_unlock(&g_broker_mu);
+		t_inshim = p;
+		s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	}
 	if (s < 0) { int er = errno; ent_free(e); errno = er; return -1; }
 	for (int i = 0; i < e->nopts; i++)
 		r_setsockopt(s, e->opts[i].level, e->opts[i].name, e->opts[i].val, e->opts[i].len);

@@ -324,6 +324,31 @@ assert n >= 16, n
 EOF2
 }
 check small-fd-limit-small-batch small_fd_limit
+
+# out of fds, some of them the pool's: socket() and a fallback's swap (which
+# needs one more fd) still succeed, as they would without the shim
+out_of_fds_app() {
+	inc prlimit --nofile=64 env LD_PRELOAD=$SHIM $PY - <<'EOF2'
+import errno, os, socket
+def fill():
+    fds = []
+    while True:
+        try:
+            fds.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError as e:
+            assert e.errno == errno.EMFILE, e
+            return fds
+socket.socket().close()                        # the pool fills
+fresh = socket.socket()                        # a fresh host socket
+fds = fill()
+fresh.connect(("10.99.0.1", 7003))             # outside the cluster: the swap needs an fd
+fresh.close(); os.close(fds.pop())
+fds += fill()
+s = socket.socket()                            # the pool's fds go back to the app
+print("out of fds ok")
+EOF2
+}
+check out-of-fds-socket-and-swap out_of_fds_app
 check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
 check fork-with-signals-no-deadlock sc_ok timeout 60 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck forksig 10.98.0.1 7001 3000
 check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
