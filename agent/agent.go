@@ -266,56 +266,12 @@ func (a *Agent) saveIdentity() error {
 func (a *Agent) converge(ctx context.Context) {
 	delay := 250 * time.Millisecond
 	for ctx.Err() == nil {
-		prefixes := []string{store.HostsPrefix, store.PolicyPrefix}
-		// Every host's caches name every endpoint: in cache mode a watch
-		// keeps them all, and each change reconciles.
-		var endpoints <-chan struct{}
-		if a.cache != nil {
-			endpoints = watchCache(ctx, a, "endpoints", &a.everyEndpoint, a.store.WatchEndpoints)
-		} else {
-			prefixes = append(prefixes, store.EndpointPrefix+a.host.Name+"/")
-		}
-		changed := a.store.Watch(ctx, prefixes...)
-		// Listeners come and go with every server start: they only change
-		// the sockets layer's routes, not worth a full reconcile, nor a
-		// read of every listener of the cluster per change.
-		var listeners <-chan struct{}
-		if a.sockets != nil {
-			listeners = watchCache(ctx, a, "listeners", &a.listeners, a.store.WatchListeners)
-		}
-		err := a.reconcile(ctx)
-		if err == nil {
+		if a.follow(ctx) {
 			delay = 250 * time.Millisecond
 		}
-		ticker := time.NewTicker(a.cfg.ResyncEvery)
-	watch:
-		for {
-			select {
-			case <-ctx.Done():
-				ticker.Stop()
-				return
-			case _, ok := <-changed:
-				if !ok {
-					break watch
-				}
-				a.reconcile(ctx)
-			case _, ok := <-endpoints:
-				if !ok {
-					break watch
-				}
-				a.reconcile(ctx)
-			case _, ok := <-listeners:
-				if !ok {
-					break watch
-				}
-				if err := a.syncRoutes(ctx); err != nil {
-					a.log.Warn("sync sockets routes", "err", err)
-				}
-			case <-ticker.C:
-				a.reconcile(ctx)
-			}
+		if ctx.Err() != nil {
+			return
 		}
-		ticker.Stop()
 		a.log.Warn("store watch ended; retrying", "in", delay)
 		select {
 		case <-ctx.Done():
@@ -323,6 +279,59 @@ func (a *Agent) converge(ctx context.Context) {
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// follow reconciles, then again on every change and periodically, until
+// one of its watches ends (it ends the others) or ctx does. It reports
+// whether the first reconcile succeeded.
+func (a *Agent) follow(ctx context.Context) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	prefixes := []string{store.HostsPrefix, store.PolicyPrefix}
+	// Every host's caches name every endpoint: in cache mode a watch
+	// keeps them all, and each change reconciles.
+	var endpoints <-chan struct{}
+	if a.cache != nil {
+		endpoints = watchCache(ctx, a, "endpoints", &a.everyEndpoint, a.store.WatchEndpoints)
+	} else {
+		prefixes = append(prefixes, store.EndpointPrefix+a.host.Name+"/")
+	}
+	changed := a.store.Watch(ctx, prefixes...)
+	// Listeners come and go with every server start: they only change
+	// the sockets layer's routes, not worth a full reconcile, nor a
+	// read of every listener of the cluster per change.
+	var listeners <-chan struct{}
+	if a.sockets != nil {
+		listeners = watchCache(ctx, a, "listeners", &a.listeners, a.store.WatchListeners)
+	}
+	ok := a.reconcile(ctx) == nil
+	ticker := time.NewTicker(a.cfg.ResyncEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ok
+		case _, open := <-changed:
+			if !open {
+				return ok
+			}
+			a.reconcile(ctx)
+		case _, open := <-endpoints:
+			if !open {
+				return ok
+			}
+			a.reconcile(ctx)
+		case _, open := <-listeners:
+			if !open {
+				return ok
+			}
+			if err := a.syncRoutes(ctx); err != nil {
+				a.log.Warn("sync sockets routes", "err", err)
+			}
+		case <-ticker.C:
+			a.reconcile(ctx)
+		}
 	}
 }
 

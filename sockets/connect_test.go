@@ -3,6 +3,7 @@ package sockets
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -212,25 +213,38 @@ for s in socks:
 
 // TestDestroyBatches: more connections to end than sks_kill holds at once
 // (here 2 per pass) are ended in passes, every one of them.
-func TestDestroyBatches(t *testing.T) {
-	l, python := containerHost(t)
+// holding publishes listeners on host h2 at the targets (overlay
+// address:port) and starts, in the container's cgroup, pyHoldAll holding a
+// fast-path connection to each; a line on stdin makes it report how each
+// ended, into out.
+func holding(t *testing.T, l *Layer, python func(string, ...string) *exec.Cmd, targets ...string) (stdin io.Writer, cmd *exec.Cmd, out *bytes.Buffer) {
+	t.Helper()
 	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
-	srv := []cluster.Listener{{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}, {Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:81")}}
+	var srv []cluster.Listener
+	for _, a := range targets {
+		srv = append(srv, cluster.Listener{Host: "h2", Addr: netip.MustParseAddrPort(a)})
+	}
 	if err := l.Sync([]cluster.Host{testHost, h2}, srv, nil); err != nil {
 		t.Fatal(err)
 	}
-	targets := []string{"10.244.2.9:80", "10.244.2.9:81", "10.244.2.9:80", "10.244.2.9:81", "10.244.2.9:80"}
-	cmd := python(pyHoldAll, targets...)
-	stdin, err := cmd.StdinPipe()
+	cmd = python(pyHoldAll, targets...)
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out = &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	t.Cleanup(func() { in.Close(); cmd.Wait() })
+	return in, cmd, out
+}
+
+func TestDestroyBatches(t *testing.T) {
+	l, python := containerHost(t)
+	targets := []string{"10.244.2.9:80", "10.244.2.9:81", "10.244.2.9:80", "10.244.2.9:81", "10.244.2.9:80"}
+	stdin, cmd, out := holding(t, l, python, targets...)
 	var cookies []uint64
 	for deadline := time.Now().Add(5 * time.Second); len(cookies) < len(targets); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -306,22 +320,7 @@ func TestBindAndOptions(t *testing.T) {
 // forgets the address even when its cgroup is already gone.
 func TestRemoveEndpointEndsSockets(t *testing.T) {
 	l, python := containerHost(t)
-	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
-	srv := []cluster.Listener{{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}}
-	if err := l.Sync([]cluster.Host{testHost, h2}, srv, nil); err != nil {
-		t.Fatal(err)
-	}
-	cmd := python(pyHoldAll, "10.244.2.9:80", "10.244.2.9:80")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	stdin, cmd, out := holding(t, l, python, "10.244.2.9:80", "10.244.2.9:80")
 	for deadline := time.Now().Add(5 * time.Second); !strings.HasPrefix(out.String(), "up"); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("connections not up: %s", out.String())
