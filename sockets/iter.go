@@ -131,13 +131,32 @@ func (l *Layer) endExposed() (int, error) {
 // Enforce ends replaced connections rules no longer allow, and exposed
 // listeners. It returns how many it ended.
 func (l *Layer) Enforce(rules policy.Set) (int, error) {
-	return l.end(func(c conn) bool {
-		if c.exposed() {
-			return true
-		}
-		known := c.Peer.Addr().IsValid() && !c.Peer.Addr().IsUnspecified()
-		return (c.Role == sksSksRoleSKS_CLIENT || c.Role == sksSksRoleSKS_CHILD) && known && !rules.Allowed(c.flow())
-	})
+	return l.end(func(c conn) bool { return c.exposed() || l.denied(rules, c) })
+}
+
+// denied says whether rules end c, a replaced connection. A peer that
+// cannot be known is left alone, and so is a host's own address: a
+// connection from the host stack (a kubelet probe, steered by from_host),
+// which the overlay's policy does not judge either.
+func (l *Layer) denied(rules policy.Set, c conn) bool {
+	if c.Role != sksSksRoleSKS_CLIENT && c.Role != sksSksRoleSKS_CHILD {
+		return false
+	}
+	p := c.Peer.Addr()
+	if !p.IsValid() || p.IsUnspecified() || l.hostAddress(p) {
+		return false
+	}
+	return !rules.Allowed(c.flow())
+}
+
+// hostAddress says whether a is a host's own address in the cluster: the
+// first two of its subnet (its VXLAN device's and its bridge's).
+func (l *Layer) hostAddress(a netip.Addr) bool {
+	if !l.cfg.Cluster.CIDR.Contains(a) {
+		return false
+	}
+	first := netip.PrefixFrom(a, l.cfg.Cluster.HostPrefix).Masked().Addr()
+	return a == first || a == first.Next()
 }
 
 // end destroys the replaced sockets kill selects.

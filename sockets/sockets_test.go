@@ -242,6 +242,38 @@ func TestConnFlow(t *testing.T) {
 	}
 }
 
+// TestDenied: a policy change ends the replaced connections it denies,
+// except those whose peer is unknown or a host's own address (the host
+// stack's connections, which the overlay's policy does not judge).
+func TestDenied(t *testing.T) {
+	l := &Layer{cfg: Config{Cluster: testCluster}}
+	ap := netip.MustParseAddrPort
+	rules, err := policy.NewSet([]policy.Rule{{ID: "deny", Action: policy.Deny, Src: netip.MustParsePrefix("10.244.0.0/16"),
+		Dst: netip.MustParsePrefix("10.244.1.5/32"), Proto: policy.TCP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := func(peer string) conn {
+		return conn{Role: sksSksRoleSKS_CHILD, Local: ap("10.244.1.5:8080"), Peer: ap(peer)}
+	}
+	for _, c := range []struct {
+		name string
+		c    conn
+		want bool
+	}{
+		{"a container's connection", child("10.244.2.9:0"), true},
+		{"the host's own (bridge)", child("10.244.1.1:0"), false},
+		{"another host's (VXLAN device)", child("10.244.2.0:0"), false},
+		{"unknown peer", child("0.0.0.0:0"), false},
+		{"allowed", conn{Role: sksSksRoleSKS_CLIENT, Local: ap("10.244.1.5:0"), Peer: ap("10.244.2.9:80")}, false},
+		{"a listener", conn{Role: sksSksRoleSKS_LISTEN, Local: ap("10.244.1.5:8080")}, false},
+	} {
+		if got := l.denied(rules, c.c); got != c.want {
+			t.Errorf("%s: denied %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // TestReasonsMatchProgram: Reasons names every counter of enum sks_reason,
 // in order.
 func TestReasonsMatchProgram(t *testing.T) {
