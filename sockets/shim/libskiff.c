@@ -406,11 +406,23 @@ static int broker_valid_locked(void)
 	return 0;
 }
 
+/* Waits until fd is readable or the deadline (now_ms()) has passed:
+ * poll's result. A signal (the app's timers) neither ends the wait early nor
+ * starts it again. */
+static int wait_readable(int fd, uint64_t deadline)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	for (;;) {
+		uint64_t now = now_ms();
+		int r = poll(&p, 1, now < deadline ? (int)(deadline - now) : 0);
+		if (r >= 0 || errno != EINTR) return r;
+	}
+}
+
 /* Receives one message of exactly len bytes, waiting up to WAIT_MS. */
 static int recv_exact(int s, void *buf, size_t len)
 {
-	struct pollfd p = { .fd = s, .events = POLLIN };
-	return poll(&p, 1, WAIT_MS) == 1 && recv(s, buf, len, MSG_DONTWAIT) == (ssize_t)len ? 0 : -1;
+	return wait_readable(s, now_ms() + WAIT_MS) == 1 && recv(s, buf, len, MSG_DONTWAIT) == (ssize_t)len ? 0 : -1;
 }
 
 /* A new broker connection that sent a valid hello, or -1. */
@@ -544,6 +556,7 @@ enum { TAKE_GONE = -1, TAKE_NONE = -2, TAKE_BROKEN = -3 };
  * any) or TAKE_BROKEN. */
 static int recv_batch_locked(int cloexec)
 {
+	uint64_t deadline = now_ms() + WAIT_MS;
 	for (;;) {
 		/* checked before each read: reading another file's data would be
 		 * worse than a stat (once per batch, and after each wait) */
@@ -560,10 +573,7 @@ static int recv_batch_locked(int cloexec)
 			 * once) took the pool faster than the broker refilled it:
 			 * ask earlier from now on. */
 			if (g_primed) g_low_water = g_low_water * 2 > LOW_WATER_MAX ? LOW_WATER_MAX : g_low_water * 2;
-			struct pollfd p = { .fd = g_bfd, .events = POLLIN };
-			int pr;
-			do pr = poll(&p, 1, WAIT_MS); while (pr < 0 && errno == EINTR);
-			if (pr <= 0) return TAKE_BROKEN;   /* hung broker */
+			if (wait_readable(g_bfd, deadline) <= 0) return TAKE_BROKEN;   /* hung broker */
 			continue;
 		}
 		int fds[BATCH], n = r >= 0 ? skiff_received_fds(&m, fds, g_batch) : -1;

@@ -411,6 +411,38 @@ EOF2
 }
 check broker-stuck-falls-back stuck_broker
 
+# the app's timer signals interrupt the shim's wait for the broker's hello:
+# it waits on (here 200 ms, signals every 10 ms) instead of falling back
+signals_during_hello() {
+	inc timeout 10 env LD_PRELOAD=$SHIM SKIFF_BROKER=skfshim-slow $PY - <<'EOF2'
+import signal, socket, struct, threading, time
+ls = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); ls.bind("\0skfshim-slow"); ls.listen(1)
+asked = threading.Event()
+def slow():
+    c, _ = ls.accept()
+    time.sleep(0.2)
+    c.send(struct.pack("=IIIB3xIIQ", 0x31464b53, 4, socket.htonl(0x0a620000), 16, socket.htonl(0x0a620002), 0, 0))
+    c.settimeout(2)
+    try:
+        op, n = struct.unpack("=BB10x", c.recv(12))
+        if op == ord("S"):
+            asked.set()
+        c.send(struct.pack("=I", 0))               # none: the shim falls back
+    except OSError:
+        pass
+threading.Thread(target=slow, daemon=True).start()
+signal.signal(signal.SIGALRM, lambda *_: None)
+signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)  # the handler interrupts poll: EINTR
+start = time.time()
+s = socket.socket()
+took = time.time() - start
+signal.setitimer(signal.ITIMER_REAL, 0)
+assert asked.wait(2), "the shim gave up on the broker's hello at a signal (after %.3fs)" % took
+print("signals during hello ok, socket() took %.3fs" % took)
+EOF2
+}
+check signals-during-hello signals_during_hello
+
 # the app clobbers the shim's pool/broker fds (close_range, dup2 onto high fds): the shim must notice
 clobber() {
 	shim $PY - <<'EOF2'
