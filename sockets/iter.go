@@ -118,7 +118,8 @@ func (l *Layer) destroyMarked(cookies []uint64) error {
 // exposed reports a listener a container made without binding, and what
 // it accepted: listen() autobinds it to a host address, where no hook can
 // move it to loopback (the shim never does this; a program bypassing it
-// can, after a failed or undone connect too).
+// can, after a failed or undone connect too). sockops marks them; the
+// state test catches those an earlier version's programs did not mark.
 func (c conn) exposed() bool {
 	return c.Role == sksSksRoleSKS_EXPOSED || (c.State == tcpListen && c.Role != sksSksRoleSKS_LISTEN)
 }

@@ -579,22 +579,29 @@ static __always_inline void keep_off_route(struct iphdr *ip)
 // verdict, or none, decides.
 #define TCX_NEXT -1
 
-// ipv4_syn returns the IPv4 header of a TCP SYN (not a SYN-ACK) and its
-// TCP header in *th, or NULL for any other packet.
-static __always_inline struct iphdr *ipv4_syn(struct __sk_buff *skb, struct tcphdr **th)
+// ipv4_of returns a packet's IPv4 header, or NULL for any other packet.
+static __always_inline struct iphdr *ipv4_of(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return NULL;
 	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->ihl < 5 || ip->protocol != IPPROTO_TCP)
+	if ((void *)(ip + 1) > data_end || ip->ihl < 5)
 		return NULL;
-	struct tcphdr *t = (void *)ip + ip->ihl * 4;
-	if ((void *)(t + 1) > data_end || !t->syn || t->ack)
-		return NULL;
-	*th = t;
 	return ip;
+}
+
+// syn_of returns the TCP header of a SYN (not a SYN-ACK) in ip, or NULL.
+static __always_inline struct tcphdr *syn_of(struct __sk_buff *skb, struct iphdr *ip)
+{
+	void *data_end = (void *)(long)skb->data_end;
+	if (ip->protocol != IPPROTO_TCP)
+		return NULL;
+	struct tcphdr *th = (void *)ip + ip->ihl * 4;
+	if ((void *)(th + 1) > data_end || !th->syn || th->ack)
+		return NULL;
+	return th;
 }
 
 // syn_option reads the option of a SYN into *o: whether it carries one,
@@ -611,19 +618,15 @@ static __always_inline bool syn_option(struct __sk_buff *skb, struct iphdr *ip, 
 SEC("tc")
 int sks_from_underlay(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return TCX_NEXT;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->ihl < 5)
+	struct iphdr *ip = ipv4_of(skb);
+	if (!ip)
 		return TCX_NEXT;
 	// Straight from the underlay to a container (no overlay): as from a
 	// container or the overlay, only steered packets may match the route.
 	if (local_container(ip->daddr))
 		keep_off_route(ip);
-	struct tcphdr *th;
-	if (!ipv4_syn(skb, &th))
+	struct tcphdr *th = syn_of(skb, ip);
+	if (!th)
 		return TCX_NEXT;
 	struct sks_tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest};
 	struct sks_opt o;
@@ -717,14 +720,8 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 // this host, NULL for anything else.
 static __always_inline struct iphdr *for_container(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return NULL;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->ihl < 5 || !local_container(ip->daddr))
-		return NULL;
-	return ip;
+	struct iphdr *ip = ipv4_of(skb);
+	return ip && local_container(ip->daddr) ? ip : NULL;
 }
 
 // replaced_listener returns the replaced listener at a segment's
@@ -858,15 +855,16 @@ static __always_inline int into_lo(struct iphdr *ip)
 SEC("tc")
 int sks_from_container(struct __sk_buff *skb)
 {
-	struct tcphdr *th;
-	struct iphdr *syn = ipv4_syn(skb, &th);
+	struct iphdr *ip = ipv4_of(skb);
+	if (!ip)
+		return TC_ACT_OK;
+	struct tcphdr *th = syn_of(skb, ip);
 	struct sks_opt o;
-	if (syn && syn_option(skb, syn, th, &o)) {
+	if (th && syn_option(skb, ip, th, &o)) {
 		count(SKS_SYN_FORGED);
 		return TC_ACT_SHOT;
 	}
-	struct iphdr *ip = for_container(skb);
-	if (!ip || !route_container_packet(skb, ip, true))
+	if (!local_container(ip->daddr) || !route_container_packet(skb, ip, true))
 		return TC_ACT_OK;
 	return into_lo(ip);
 }

@@ -182,50 +182,36 @@ func (l *Layer) swapPolicy(r *sksSksRules) error {
 	return nil
 }
 
-// syncMap makes m hold exactly want. Failed writes (a full map) are
-// reported once per kind, with how many there were.
+// syncMap makes m hold exactly want. Failed updates (a full map) are
+// reported once, with how many there were.
 func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
 	have, err := bpfmap.Entries[K, uint32](m)
 	if err != nil {
 		return err
 	}
-	var deletes, updates failures
+	var stale []K
 	for k := range have {
 		if _, ok := want[k]; !ok {
-			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				deletes.add(err)
-			}
+			stale = append(stale, k)
 		}
 	}
+	_, derr := bpfmap.Delete(m, stale)
+	failed, first := 0, error(nil)
 	for k, v := range want {
 		if w, ok := have[k]; ok && w == v {
 			continue // already right
 		}
 		if err := m.Put(k, v); err != nil {
-			updates.add(err)
+			if failed == 0 {
+				first = err
+			}
+			failed++
 		}
 	}
-	return errors.Join(deletes.err("delete from", m), updates.err("update", m))
-}
-
-// failures counts failed map writes, keeping the first error.
-type failures struct {
-	n     int
-	first error
-}
-
-func (f *failures) add(err error) {
-	if f.n == 0 {
-		f.first = err
+	if failed > 0 {
+		return errors.Join(derr, fmt.Errorf("update %s: %d entries failed, the first with: %w", m, failed, first))
 	}
-	f.n++
-}
-
-func (f *failures) err(what string, m *ebpf.Map) error {
-	if f.n == 0 {
-		return nil
-	}
-	return fmt.Errorf("%s %s: %d entries failed, the first with: %w", what, m, f.n, f.first)
+	return derr
 }
 
 // WatchListeners signals on the returned channel whenever a replaced

@@ -117,10 +117,10 @@ static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
 static int g_fill_failing;   /* socket() fails: refill on a timer, log once per streak */
 
-/* Creates up to limit sockets, short of the target. */
-static void pool_fill(int limit)
+/* Creates up to limit sockets, short of target. */
+static void pool_fill(int target, int limit)
 {
-	for (int made = 0; g_npool < g_pool_target && made < limit; made++) {
+	for (int made = 0; g_npool < target && made < limit; made++) {
 		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (s < 0) {
 			st_add(SKIFF_ST_ERRORS, 1);
@@ -194,12 +194,8 @@ static int serve_held(int i)
 {
 	while (g_held[i] > 0 && unread(g_pfd[i].fd) < MAX_UNREAD) {
 		int want = g_held_want[i];
-		if (g_npool < want) {   /* pool short (burst or small --pool): top up on the spot */
-			int save = g_pool_target;
-			g_pool_target = g_npool + want > MAX_POOL ? MAX_POOL : g_npool + want;
-			pool_fill(MAX_POOL);
-			g_pool_target = save;
-		}
+		if (g_npool < want)   /* pool short (burst or small --pool): top up on the spot */
+			pool_fill(want, MAX_POOL);
 		g_held[i]--;
 		int r = send_sockets(g_pfd[i].fd, want);
 		if (r) {
@@ -572,7 +568,7 @@ int main(int argc, char **argv)
 	struct sched_param sp = { 0 };
 	if (sched_setscheduler(0, SCHED_BATCH, &sp) < 0)
 		LOG("SCHED_BATCH: %s", strerror(errno));
-	pool_fill(MAX_POOL);
+	pool_fill(g_pool_target, MAX_POOL);
 	{
 		char nb[INET_ADDRSTRLEN], ib[INET_ADDRSTRLEN];
 		inet_ntop(AF_INET, &hello.net, nb, sizeof nb);
@@ -622,7 +618,7 @@ int main(int argc, char **argv)
 		 * steps: a burst of socket creation would hold up the connections
 		 * of whoever shares this CPU. */
 		if (g_npool < g_pool_target) {
-			pool_fill(REFILL_STEP);
+			pool_fill(g_pool_target, REFILL_STEP);
 			sched_yield();
 		}
 	}
