@@ -249,21 +249,28 @@ func BenchmarkListeners(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	readOrCache(b, 2000, func() ([]cluster.Listener, error) { return s.Listeners(ctx) }, s.WatchListeners)
+}
+
+// readOrCache runs the two ways to get n values: read from the store each
+// time, or copied from a watch's cache.
+func readOrCache[T any](b *testing.B, n int, read func() ([]T, error),
+	watch func(context.Context) (*store.Cache[T], <-chan struct{}, error)) {
 	b.Run("read", func(b *testing.B) {
 		for b.Loop() {
-			if ls, err := s.Listeners(ctx); err != nil || len(ls) != 2000 {
-				b.Fatal(len(ls), err)
+			if vs, err := read(); err != nil || len(vs) != n {
+				b.Fatal(len(vs), err)
 			}
 		}
 	})
 	b.Run("cache", func(b *testing.B) {
-		cache, _, err := s.WatchListeners(ctx)
+		cache, _, err := watch(context.Background())
 		if err != nil {
 			b.Fatal(err)
 		}
 		for b.Loop() {
-			if ls := cache.List(); len(ls) != 2000 {
-				b.Fatal(len(ls))
+			if vs := cache.List(); len(vs) != n {
+				b.Fatal(len(vs))
 			}
 		}
 	})
@@ -348,22 +355,5 @@ func BenchmarkEndpoints(b *testing.B) {
 				IP: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(h), byte(i + 2)}), 24), MAC: "02:42:0a:f4:00:02"})
 		}
 	}
-	b.Run("read", func(b *testing.B) {
-		for b.Loop() {
-			if eps, err := s.Endpoints(ctx, ""); err != nil || len(eps) != 10000 {
-				b.Fatal(len(eps), err)
-			}
-		}
-	})
-	b.Run("cache", func(b *testing.B) {
-		cache, _, err := s.WatchEndpoints(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for b.Loop() {
-			if eps := cache.List(); len(eps) != 10000 {
-				b.Fatal(len(eps))
-			}
-		}
-	})
+	readOrCache(b, 10000, func() ([]cluster.Endpoint, error) { return s.Endpoints(ctx, "") }, s.WatchEndpoints)
 }
