@@ -286,7 +286,13 @@ func TestLookup(t *testing.T) {
 	if after, _ := l.Stats(); after["no_listener"] != before["no_listener"]+1 {
 		t.Fatal("no_listener not counted")
 	}
+	// The refused SYN's record is gone: the same tuple, plain, is the
+	// host's even once the listener is there.
 	publish(t, l, ln, server)
+	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, client, host); got != 0 || verdict != 1 {
+		t.Fatalf("after the refusal: assigned to %d, verdict %d; want the host's lookup (SK_PASS)", got, verdict)
+	}
+	tctest.Run(t, l.objs.SksFromUnderlay, pkt) // the client's retransmit
 	if got := lookup(t, l, client, host); got != cookie {
 		t.Fatalf("recorded SYN assigned to %d, want the listener %d", got, cookie)
 	}

@@ -699,6 +699,11 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 		if (p) {
 			// The listener closed: the kernel answers with a RST. Never
 			// a host socket on the port (SK_PASS would look one up).
+			// The record goes: the client's connect fails, and a later
+			// plain SYN of the tuple (a host process on lo, where no
+			// recorder runs) must not find it. A retransmit of an
+			// option SYN records it again.
+			bpf_map_delete_elem(&sks_syns, &t);
 			count(SKS_NO_LISTENER);
 			return SK_DROP;
 		}

@@ -520,19 +520,20 @@ static void pool_drop_locked(void)
 }
 
 /* A pooled socket at the lowest free fd, or -1 (pool empty, or the app out
- * of fds: errno EMFILE). Each is checked to be the socket the shim pooled: a
- * number the app closed behind the shim's back may hold another file now. */
+ * of fds: errno EMFILE). Each is checked to be the socket the shim pooled
+ * before the shim touches it: a number the app closed or overwrote behind
+ * the shim's back (bash's "exec 800>file") holds the app's file now, and
+ * closing even a duplicate of that would release the app's POSIX locks. */
 static int pool_take_locked(int cloexec)
 {
 	while (g_npool > 0) {
 		struct pooled p = g_pool[--g_npool];
+		if (cookie_of(p.fd) != p.cookie)
+			continue;   /* the app's now: leave it alone */
 		int fd = sys_fcntl(p.fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
-		if (fd < 0) {
-			if (errno != EBADF) { g_npool++; return -1; }
-			continue;
-		}
-		if (cookie_of(fd) == p.cookie) { sys_close(p.fd); return fd; }
-		sys_close(fd);   /* p.fd is the app's now: leave it alone */
+		if (fd < 0) { g_npool++; return -1; }
+		sys_close(p.fd);
+		return fd;
 	}
 	return -1;
 }

@@ -32,6 +32,7 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -518,13 +519,63 @@ static int do_forksig(int n)
 	return g_fail;
 }
 
+/* locks: the app puts a locked file at the numbers where the shim pools
+ * its sockets (bash's "exec 800>file" does that); socket() must leave the
+ * file where it is, and its lock held. */
+static int do_locks(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);   /* the pool fills */
+	char path[] = "/tmp/sockcheck-lock.XXXXXX";
+	int f = mkstemp(path);
+	if (s < 0 || f < 0) { fail("locks", "setup: %s", strerror(errno)); return g_fail; }
+	unlink(path);
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	if (fcntl(f, F_SETLK, &fl) < 0) { fail("locks", "lock: %s", strerror(errno)); return g_fail; }
+	struct stat fst;
+	fstat(f, &fst);
+	int placed[64], np = 0;
+	for (int fd = 100; fd < 4096 && np < 64; fd++) {
+		int dom = 0;
+		socklen_t l = sizeof dom;
+		if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) == 0 && dom == AF_INET && dup2(f, fd) == fd)
+			placed[np++] = fd;
+	}
+	if (!np) { fail("locks", "no pooled socket above fd 100"); return g_fail; }
+	int got[80], ng = 0, bad = 0;
+	for (; ng < 80; ng++) {
+		struct stat st;
+		got[ng] = socket(AF_INET, SOCK_STREAM, 0);
+		if (got[ng] < 0 || fstat(got[ng], &st) < 0 || !S_ISSOCK(st.st_mode)) bad++;
+	}
+	for (int i = 0; i < np; i++) {
+		struct stat st;
+		if (fstat(placed[i], &st) < 0 || st.st_dev != fst.st_dev || st.st_ino != fst.st_ino) {
+			fail("locks", "the app's file at fd %d is gone", placed[i]);
+			return g_fail;
+		}
+	}
+	pid_t p = fork();
+	if (p == 0) {
+		struct flock q = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+		_exit(fcntl(f, F_GETLK, &q) == 0 && q.l_type == F_WRLCK ? 0 : 1);
+	}
+	int status = 1;
+	while (p > 0 && waitpid(p, &status, 0) < 0 && errno == EINTR) {}
+	for (int i = 0; i < ng; i++) if (got[i] >= 0) close(got[i]);
+	if (bad) fail("locks", "%d of %d socket() calls gave no socket", bad, ng);
+	else if (!WIFEXITED(status) || WEXITSTATUS(status)) fail("locks", "the app's lock was released (file at %d pool numbers)", np);
+	else ok("locks");
+	return g_fail;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: sockcheck server IP PORT [--count N] [--expect-net CIDR]\n"
 		"       sockcheck client IP PORT [--expect-net CIDR] [--server-peer IP] [--host yes|no] [--quick]\n"
 		"       sockcheck loop IP PORT N\n"
 		"       sockcheck threads IP PORT NTHREADS NCONN\n"
-		"       sockcheck forksig IP PORT NFORKS\n");
+		"       sockcheck forksig IP PORT NFORKS\n"
+		"       sockcheck locks IP PORT\n");
 	exit(2);
 }
 
@@ -551,6 +602,7 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "loop")) return do_loop(npos ? pos[0] : 100);
 	if (!strcmp(mode, "threads")) return do_threads(npos > 0 ? pos[0] : 8, npos > 1 ? pos[1] : 50);
 	if (!strcmp(mode, "forksig")) return do_forksig(npos ? pos[0] : 1000);
+	if (!strcmp(mode, "locks")) return do_locks();
 	if (strcmp(mode, "client")) usage();
 	check_blocking(quick);
 	if (!quick) {
