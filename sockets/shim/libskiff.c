@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -134,7 +135,6 @@ struct sopt { int level, name; socklen_t len; unsigned char val[SOPT_MAX]; };
  * socket, and gives it to the container socket. */
 struct epreg { int epfd; struct epoll_event ev; };
 struct fdent {
-	struct fdent *next_free;   /* on g_free */
 	int state;
 	int unreplayable;          /* an option or registration we could not record */
 	int has_bind;
@@ -145,14 +145,9 @@ struct fdent {
 	struct epreg eps[NEPOLL_MAX];
 };
 static pthread_mutex_t g_tab_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct fdent **g_tab;
+static struct fdent **g_tab;       /* mmap'd */
 static int g_tabsz;
 static int g_ntracked;             /* atomic; 0 lets close()/dup() skip the lock */
-/* Released entries, kept with their option arrays for the next sockets: a
- * short connection then allocates nothing in the shim. */
-#define FREE_MAX 64
-static struct fdent *g_free;
-static int g_nfree;
 
 static uint64_t now_ms(void)
 {
@@ -170,29 +165,76 @@ static int tracked_possible(void) { return __atomic_load_n(&g_ntracked, __ATOMIC
 static int tab_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&g_tab_mu); return p; }
 static void tab_unlock(int p) { pthread_mutex_unlock(&g_tab_mu); t_inshim = p; }
 
+/* ---------- memory (caller holds g_tab_mu) ----------
+ * The table's memory comes from mmap, never malloc: close(), dup() and
+ * socket() are async-signal-safe, and a handler may call them while the
+ * thread it interrupted is inside malloc, holding its lock (`sockcheck
+ * sigmalloc`). Blocks of 2^k bytes, 128 B to 8 KiB, each size on a free list
+ * of its own, carved from 64 KiB chunks and never given back: the shim's
+ * memory is its peak of fresh sockets. */
+#define MEM_MIN_SHIFT 7
+#define MEM_CLASSES   7
+#define MEM_CHUNK     (64 * 1024)
+static void *g_mem_free[MEM_CLASSES];
+static char *g_chunk;
+static size_t g_chunk_left;
+
+static void *mem_map(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static int mem_class(size_t n)
+{
+	int k = 0;
+	while (k < MEM_CLASSES && ((size_t)1 << (MEM_MIN_SHIFT + k)) < n) k++;
+	return k;
+}
+
+/* n zeroed bytes, or NULL */
+static void *mem_get(size_t n)
+{
+	int k = mem_class(n);
+	if (k == MEM_CLASSES) return NULL;
+	size_t sz = (size_t)1 << (MEM_MIN_SHIFT + k);
+	void *p = g_mem_free[k];
+	if (p) {
+		g_mem_free[k] = *(void **)p;
+		return memset(p, 0, sz);
+	}
+	if (g_chunk_left < sz) {
+		char *c = mem_map(MEM_CHUNK);   /* the old chunk's tail, < 8 KiB, is lost */
+		if (!c) return NULL;
+		g_chunk = c;
+		g_chunk_left = MEM_CHUNK;
+	}
+	p = g_chunk;   /* fresh from mmap: zero */
+	g_chunk += sz;
+	g_chunk_left -= sz;
+	return p;
+}
+
+/* gives back a block mem_get(n) returned */
+static void mem_put(void *p, size_t n)
+{
+	if (!p) return;
+	int k = mem_class(n);
+	*(void **)p = g_mem_free[k];
+	g_mem_free[k] = p;
+}
+
 /* ---------- fd table ---------- */
 /* caller holds g_tab_mu */
 static void ent_release_locked(struct fdent *e)
 {
 	if (!e) return;
-	if (g_nfree >= FREE_MAX) { free(e->opts); free(e); return; }
-	struct sopt *opts = e->opts;
-	int cap = e->capopts;
-	*e = (struct fdent){ .next_free = g_free, .opts = opts, .capopts = cap };
-	g_free = e;
-	g_nfree++;
+	mem_put(e->opts, (size_t)e->capopts * sizeof *e->opts);
+	mem_put(e, sizeof *e);
 }
 
 /* caller holds g_tab_mu; a cleared entry, or NULL */
-static struct fdent *ent_new_locked(void)
-{
-	struct fdent *e = g_free;
-	if (!e) return calloc(1, sizeof *e);
-	g_free = e->next_free;
-	g_nfree--;
-	e->next_free = NULL;
-	return e;
-}
+static struct fdent *ent_new_locked(void) { return mem_get(sizeof(struct fdent)); }
 
 static void ent_free(struct fdent *e)
 {
@@ -219,9 +261,12 @@ static void tab_put_locked(int fd, struct fdent *e)
 	if (fd >= g_tabsz) {
 		int nsz = g_tabsz ? g_tabsz : 256;
 		while (nsz <= fd) nsz *= 2;
-		struct fdent **t = realloc(g_tab, nsz * sizeof *t);
+		struct fdent **t = mem_map(nsz * sizeof *t);
 		if (!t) { ent_release_locked(e); return; }   /* OOM: fd stays an untracked host socket */
-		memset(t + g_tabsz, 0, (nsz - g_tabsz) * sizeof *t);
+		if (g_tab) {
+			memcpy(t, g_tab, g_tabsz * sizeof *t);
+			munmap(g_tab, g_tabsz * sizeof *t);
+		}
 		g_tab = t;
 		g_tabsz = nsz;
 	}
@@ -273,18 +318,20 @@ static void tab_clear(int fd)
 	ent_free(e);
 }
 
-static struct fdent *ent_clone(const struct fdent *s)
+/* caller holds g_tab_mu */
+static struct fdent *ent_clone_locked(const struct fdent *s)
 {
-	struct fdent *e = malloc(sizeof *e);
+	struct fdent *e = ent_new_locked();
 	if (!e) return NULL;
 	*e = *s;
 	e->opts = NULL;
+	e->capopts = 0;
 	if (s->nopts) {
-		e->opts = malloc(s->nopts * sizeof *e->opts);
-		if (!e->opts) { free(e); return NULL; }
+		e->opts = mem_get(s->capopts * sizeof *e->opts);
+		if (!e->opts) { mem_put(e, sizeof *e); return NULL; }
 		memcpy(e->opts, s->opts, s->nopts * sizeof *e->opts);
+		e->capopts = s->capopts;
 	}
-	e->capopts = s->nopts;
 	e->neps = 0;   /* registrations belong to the number, not the socket */
 	return e;
 }
@@ -296,13 +343,14 @@ static void tab_dup(int oldfd, int newfd)
 	int p = tab_lock();
 	ent_release_locked(tab_detach_locked(newfd));
 	if (oldfd >= 0 && oldfd < g_tabsz && g_tab[oldfd]) {
-		struct fdent *c = ent_clone(g_tab[oldfd]);
+		struct fdent *c = ent_clone_locked(g_tab[oldfd]);
 		if (c) tab_put_locked(newfd, c);
 	}
 	tab_unlock(p);
 }
 
-static void ent_record(struct fdent *e, int level, int name, const void *val, socklen_t len)
+/* caller holds g_tab_mu */
+static void ent_record_locked(struct fdent *e, int level, int name, const void *val, socklen_t len)
 {
 	if (len > SOPT_MAX || (len && !val)) { e->unreplayable = 1; return; }
 	struct sopt *o = NULL;
@@ -312,8 +360,10 @@ static void ent_record(struct fdent *e, int level, int name, const void *val, so
 		if (e->nopts >= NOPTS_MAX) { e->unreplayable = 1; return; }
 		if (e->nopts == e->capopts) {
 			int cap = e->capopts ? e->capopts * 2 : 4;
-			struct sopt *n = realloc(e->opts, cap * sizeof *n);
+			struct sopt *n = mem_get(cap * sizeof *n);
 			if (!n) { e->unreplayable = 1; return; }
+			if (e->nopts) memcpy(n, e->opts, e->nopts * sizeof *n);
+			mem_put(e->opts, e->capopts * sizeof *n);
 			e->opts = n;
 			e->capopts = cap;
 		}
@@ -826,7 +876,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (r == 0) {
 		/* recorded (BOUND too): replayed if a connect swaps */
 		int p = tab_lock();
-		if (fd >= 0 && fd < g_tabsz && g_tab[fd]) ent_record(g_tab[fd], level, name, val, len);
+		if (fd >= 0 && fd < g_tabsz && g_tab[fd]) ent_record_locked(g_tab[fd], level, name, val, len);
 		tab_unlock(p);
 		errno = er;
 		return 0;

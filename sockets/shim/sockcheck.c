@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -519,6 +520,56 @@ static int do_forksig(int n)
 	return g_fail;
 }
 
+/* sigmalloc: a signal handler may call dup() and close() (async-signal-
+ * safe) while the thread it interrupted is inside malloc: the shim must not
+ * allocate in them. The socket carries eight options, so a copy of its
+ * entry is too big for malloc's per-thread cache and takes the arena lock. */
+static int g_tracked;
+static void on_usr2(int sig)
+{
+	(void)sig;
+	int e = errno, d = dup(g_tracked);
+	if (d >= 0) close(d);
+	errno = e;
+}
+
+static void *signal_main2(void *a)
+{
+	(void)a;
+	for (;;) { pthread_kill(g_main, SIGUSR2); usleep(20); }
+	return NULL;
+}
+
+static int do_sigmalloc(int n)
+{
+	static const int opts[][2] = {
+		{ SOL_SOCKET, SO_KEEPALIVE }, { SOL_SOCKET, SO_REUSEADDR }, { SOL_SOCKET, SO_SNDBUF },
+		{ SOL_SOCKET, SO_RCVBUF }, { IPPROTO_TCP, TCP_NODELAY }, { IPPROTO_TCP, TCP_KEEPIDLE },
+		{ IPPROTO_TCP, TCP_KEEPINTVL }, { IPPROTO_TCP, TCP_KEEPCNT },
+	};
+	g_tracked = socket(AF_INET, SOCK_STREAM, 0);
+	for (unsigned i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+		int v = 100;
+		if (setsockopt(g_tracked, opts[i][0], opts[i][1], &v, sizeof v) < 0) {
+			fail("sigmalloc", "setsockopt %u: %s", i, strerror(errno));
+			return g_fail;
+		}
+	}
+	g_main = pthread_self();
+	struct sigaction sa = { .sa_handler = on_usr2, .sa_flags = SA_RESTART };
+	sigaction(SIGUSR2, &sa, NULL);
+	pthread_t t;
+	pthread_create(&t, NULL, signal_main2, NULL);
+	for (int i = 0; i < n; i++) {
+		char *p = malloc(1500 + (i % 2048));
+		__asm__ volatile("" : : "r"(p) : "memory");   /* kept: not folded away */
+		free(p);
+	}
+	close(g_tracked);
+	ok("sigmalloc");
+	return g_fail;
+}
+
 /* locks: the app puts a locked file at the numbers where the shim pools
  * its sockets (bash's "exec 800>file" does that); socket() must leave the
  * file where it is, and its lock held. */
@@ -575,7 +626,8 @@ static void usage(void)
 		"       sockcheck loop IP PORT N\n"
 		"       sockcheck threads IP PORT NTHREADS NCONN\n"
 		"       sockcheck forksig IP PORT NFORKS\n"
-		"       sockcheck locks IP PORT\n");
+		"       sockcheck locks IP PORT\n"
+		"       sockcheck sigmalloc IP PORT NMALLOCS\n");
 	exit(2);
 }
 
@@ -603,6 +655,7 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "threads")) return do_threads(npos > 0 ? pos[0] : 8, npos > 1 ? pos[1] : 50);
 	if (!strcmp(mode, "forksig")) return do_forksig(npos ? pos[0] : 1000);
 	if (!strcmp(mode, "locks")) return do_locks();
+	if (!strcmp(mode, "sigmalloc")) return do_sigmalloc(npos ? pos[0] : 1000000);
 	if (strcmp(mode, "client")) usage();
 	check_blocking(quick);
 	if (!quick) {

@@ -351,6 +351,7 @@ EOF2
 check out-of-fds-socket-and-swap out_of_fds_app
 check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
 check fork-with-signals-no-deadlock sc_ok timeout 60 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck forksig 10.98.0.1 7001 3000
+check signal-handler-dup-close-no-malloc sc_ok timeout 60 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck sigmalloc 10.98.0.1 7001 3000000
 check pool-numbers-keep-app-files-and-locks sc_ok timeout 30 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck locks 10.98.0.1 7001
 check loop-2000-no-fd-leak sc_ok shim ./sockcheck loop 10.98.0.1 7001 2000
 grep '^info' "$TMP/out"
