@@ -56,10 +56,10 @@ type Agent struct {
 	overlay *overlay.Overlay
 	cache   *cache.Cache // nil unless in cache mode
 	// cacheState is the cluster state the caches were last made coherent
-	// with; reconciles that find it unchanged leave the caches alone.
-	cacheState    string
-	cacheHosts    string // the hosts the caches were last purged for
-	cacheAttached bool   // endpoints found at start have the fast path
+	// with (nil: never); reconciles that find it unchanged leave the caches
+	// alone.
+	cacheState    *cacheInput
+	cacheAttached bool // endpoints found at start have the fast path
 
 	sockets         *sockets.Layer // nil unless in sockets mode
 	socketsAttached bool           // endpoints found at start have host sockets
@@ -408,13 +408,13 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		changed := a.overlay.PolicyChanged(rules)
 		errs = errors.Join(errs, a.syncSockets(ctx, rules, hosts, eps, changed))
 	}
-	state := fmt.Sprint(rules, hosts, all)
-	if a.cache == nil || state == a.cacheState {
+	in := &cacheInput{rules: rules, hosts: hosts, endpoints: all}
+	if a.cache == nil || in.equal(a.cacheState) {
 		errs = errors.Join(errs, a.overlay.SyncPolicy(rules))
-	} else if err := a.syncCache(rules, all, hosts, eps); err != nil {
+	} else if err := a.syncCache(in, eps); err != nil {
 		errs = errors.Join(errs, err)
 	} else {
-		a.cacheState = state // nothing to purge or attach until it changes
+		a.cacheState = in // nothing to purge or attach until it changes
 	}
 	a.stateMu.Lock()
 	a.remotes, a.endpoints, a.local = len(hosts)-1, len(eps), eps

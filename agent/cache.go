@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/skiffnet/skiff/bpffs"
@@ -58,24 +59,23 @@ func (a *Agent) pinDir() string {
 // endpoints are purged either way, and nothing marks a packet for a flow to
 // an address the overlay no longer delivers), so frequent container starts
 // and stops never hold learning up.
-func (a *Agent) syncCache(rules policy.Set, all []cluster.Endpoint, hosts []cluster.Host, local []cluster.Endpoint) error {
-	policyChanged := a.overlay.PolicyChanged(rules)
-	hostState := fmt.Sprint(hosts)
-	pause := policyChanged || hostState != a.cacheHosts
+func (a *Agent) syncCache(in *cacheInput, local []cluster.Endpoint) error {
+	policyChanged := a.overlay.PolicyChanged(in.rules)
+	pause := policyChanged || a.cacheState == nil || !slices.Equal(in.hosts, a.cacheState.hosts)
 	if pause {
 		if err := a.cache.SetPaused(true); err != nil {
 			return err
 		}
 	}
-	err := a.overlay.SyncPolicy(rules)
+	err := a.overlay.SyncPolicy(in.rules)
 	if err == nil && policyChanged {
 		var n int
-		n, err = a.cache.PurgeDenied(rules)
+		n, err = a.cache.PurgeDenied(in.rules)
 		if n > 0 {
 			a.log.Info("purged cached flows the policy denies", "flows", n)
 		}
 	}
-	errs := []error{err, a.cache.Sync(all, hosts)}
+	errs := []error{err, a.cache.Sync(in.endpoints, in.hosts)}
 	if pause {
 		// A packet marked established under the old state and still queued
 		// must not teach the cache after the purge.
@@ -92,6 +92,18 @@ func (a *Agent) syncCache(rules policy.Set, all []cluster.Endpoint, hosts []clus
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	a.cacheHosts, a.cacheAttached = hostState, true
+	a.cacheAttached = true
 	return nil
+}
+
+// cacheInput is the cluster state the caches are made coherent with.
+type cacheInput struct {
+	rules     policy.Set
+	hosts     []cluster.Host
+	endpoints []cluster.Endpoint // every host's
+}
+
+func (c *cacheInput) equal(o *cacheInput) bool {
+	return o != nil && slices.Equal(c.rules, o.rules) && slices.Equal(c.hosts, o.hosts) &&
+		slices.EqualFunc(c.endpoints, o.endpoints, cluster.Endpoint.Equal)
 }

@@ -57,6 +57,16 @@ type Endpoint struct {
 	Cgroup string `json:"cgroup,omitempty"`
 }
 
+// Equal says whether e and o are the same endpoint, their creation times
+// compared by instant (a decoded time's location may differ).
+func (e Endpoint) Equal(o Endpoint) bool {
+	if !e.Created.Equal(o.Created) {
+		return false
+	}
+	e.Created, o.Created = time.Time{}, time.Time{}
+	return e == o
+}
+
 // Listener is a replaced listener (sockets mode): an overlay address and
 // port served by a host socket on Host. Clients take the fast path only to
 // published listeners; anything else is reached through the overlay.
