@@ -138,6 +138,7 @@ struct fdent {
 	int state;
 	int unreplayable;          /* an option or registration we could not record */
 	int has_bind;
+	int transparent;           /* the broker made it IP_TRANSPARENT */
 	struct sockaddr_in bindaddr;
 	int nopts, capopts;
 	struct sopt *opts;
@@ -856,11 +857,12 @@ EXPORT int listen(int fd, int backlog)
 		e->has_bind = 1;
 		e->bindaddr = any;
 	}
-	if (broker_transparent(fd) < 0) {
+	if (!e->transparent && broker_transparent(fd) < 0) {
 		/* unreachable over the overlay: a container listener is the overlay's */
 		if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
 		return r_listen(fd, backlog);
 	}
+	e->transparent = 1;   /* a listen() that fails may be tried again */
 	int r = r_listen(fd, backlog), er = errno;
 	if (r == 0) { count_replaced(); ent_free(e); }
 	else tab_put(fd, e);

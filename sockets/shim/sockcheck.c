@@ -570,6 +570,32 @@ static int do_sigmalloc(int n)
 	return g_fail;
 }
 
+/* relisten: two sockets bound to one port (SO_REUSEADDR) while neither
+ * listens; the second's listen() fails (EADDRINUSE), again and again. */
+static int do_relisten(int n)
+{
+	struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = g_dst.sin_port };
+	int s[2], one = 1;
+	for (int i = 0; i < 2; i++) {
+		s[i] = socket(AF_INET, SOCK_STREAM, 0);
+		if (s[i] < 0 || setsockopt(s[i], SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+		    bind(s[i], (struct sockaddr *)&any, sizeof any) < 0) {
+			fail("relisten", "socket %d: %s", i, strerror(errno));
+			return g_fail;
+		}
+	}
+	if (listen(s[0], 8) < 0) { fail("relisten", "listen: %s", strerror(errno)); return g_fail; }
+	for (int i = 0; i < n; i++)
+		if (listen(s[1], 8) == 0 || errno != EADDRINUSE) {
+			fail("relisten", "second listen %d: %s, want EADDRINUSE", i, strerror(errno));
+			return g_fail;
+		}
+	close(s[0]);
+	close(s[1]);
+	ok("relisten");
+	return g_fail;
+}
+
 /* locks: the app puts a locked file at the numbers where the shim pools
  * its sockets (bash's "exec 800>file" does that); socket() must leave the
  * file where it is, and its lock held. */
@@ -627,6 +653,7 @@ static void usage(void)
 		"       sockcheck threads IP PORT NTHREADS NCONN\n"
 		"       sockcheck forksig IP PORT NFORKS\n"
 		"       sockcheck locks IP PORT\n"
+		"       sockcheck relisten IP PORT NLISTENS\n"
 		"       sockcheck sigmalloc IP PORT NMALLOCS\n");
 	exit(2);
 }
@@ -655,6 +682,7 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "threads")) return do_threads(npos > 0 ? pos[0] : 8, npos > 1 ? pos[1] : 50);
 	if (!strcmp(mode, "forksig")) return do_forksig(npos ? pos[0] : 1000);
 	if (!strcmp(mode, "locks")) return do_locks();
+	if (!strcmp(mode, "relisten")) return do_relisten(npos ? pos[0] : 3);
 	if (!strcmp(mode, "sigmalloc")) return do_sigmalloc(npos ? pos[0] : 1000000);
 	if (strcmp(mode, "client")) usage();
 	check_blocking(quick);

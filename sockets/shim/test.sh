@@ -280,6 +280,15 @@ check fallback-replays-options replay
 ct_before=$(stat_slot "$TMP/stats" 4)
 check opt-out-SKIFF_SOCKETS=off sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_SOCKETS=off ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
 check opt-out-no-broker-contact test "$(stat_slot "$TMP/stats" 4)" = "$ct_before"
+# a listen() that failed asks the broker for IP_TRANSPARENT once: the process's
+# connection, one 'T' per listener
+relisten() {
+	local before=$(stat_slot "$TMP/stats" 4)
+	sc_ok shim ./sockcheck relisten 10.98.0.1 7071 5 || { cat "$TMP/out"; return 1; }
+	local n=$(( $(stat_slot "$TMP/stats" 4) - before ))
+	echo "broker connections: $n (want 3)"; [ "$n" = 3 ]
+}
+check failed-listen-asks-transparent-once relisten
 check fork-exec-shell sc_ok shim sh -c "./sockcheck client 10.98.0.1 7001 --quick && exec ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.1 --host yes"
 noleak_exec() {
 	shim $PY -c '
