@@ -96,9 +96,9 @@ func renderMetrics(st api.Status) string {
 				func(c api.SocketsContainer) uint64 { return uint64(boolean(c.Broker)) }},
 			{"skiff_sockets_handed_out_total", "counter", "Host sockets the broker gave the container's processes.",
 				func(c api.SocketsContainer) uint64 { return c.HandedOut }},
-			{"skiff_sockets_replaced_total", "counter", "Connections and listeners of the container on host sockets.",
+			{"skiff_sockets_replaced_total", "counter", "Connections and listeners of the container on host sockets, as its shims report them.",
 				func(c api.SocketsContainer) uint64 { return c.Replaced }},
-			{"skiff_sockets_fallback_total", "counter", "Sockets of the container that fell back to the overlay.",
+			{"skiff_sockets_fallback_total", "counter", "Sockets of the container that fell back to the overlay, as its shims report them.",
 				func(c api.SocketsContainer) uint64 { return c.Fallback }},
 		}
 		for _, m := range perContainer {
