@@ -303,6 +303,7 @@ func (l *Layer) cgroupPrograms() map[string]struct {
 	o := &l.objs
 	return map[string]p{
 		"sock_create":  {o.SksSockCreate, ebpf.AttachCGroupInetSockCreate},
+		"sock_release": {o.SksSockRelease, ebpf.AttachCgroupInetSockRelease},
 		"connect4":     {o.SksConnect4, ebpf.AttachCGroupInet4Connect},
 		"bind4":        {o.SksBind4, ebpf.AttachCGroupInet4Bind},
 		"getsockname4": {o.SksGetsockname4, ebpf.AttachCgroupInet4GetSockname},
@@ -383,7 +384,7 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 }
 
 // forgetAddress forgets the containers at ip, whose cgroups are gone, and
-// that the address had a replaced listener.
+// the address's ports (forgetPorts).
 func (l *Layer) forgetAddress(ip netip.Addr) error {
 	all, err := bpfmap.Entries[uint64, sksSksContainer](l.objs.SksContainers)
 	if err != nil {
@@ -398,10 +399,27 @@ func (l *Layer) forgetAddress(ip netip.Addr) error {
 	if _, err := bpfmap.Delete(l.objs.SksContainers, gone); err != nil {
 		return err
 	}
-	if err := l.objs.SksServed.Delete(ip32(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	return l.forgetPorts(ip32(ip))
+}
+
+// forgetPorts forgets that an address had a replaced listener, and the
+// ports its sockets held bound.
+func (l *Layer) forgetPorts(ip uint32) error {
+	if err := l.objs.SksServed.Delete(ip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return err
 	}
-	return nil
+	bound, err := bpfmap.Entries[sksSksKey, uint64](l.objs.SksBound)
+	if err != nil {
+		return err
+	}
+	var held []sksSksKey
+	for k := range bound {
+		if k.Ip == ip {
+			held = append(held, k)
+		}
+	}
+	_, err = bpfmap.Delete(l.objs.SksBound, held)
+	return err
 }
 
 // unpinCgroup detaches the programs from cgroup id and forgets it, and its
@@ -427,10 +445,7 @@ func (l *Layer) unpinCgroup(id uint64) error {
 			return err
 		}
 	}
-	if derr := l.objs.SksServed.Delete(c.Ip); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
-		err = errors.Join(err, derr)
-	}
-	return err
+	return errors.Join(err, l.forgetPorts(c.Ip))
 }
 
 // PruneEndpoints removes the cgroup links and brokers of containers that

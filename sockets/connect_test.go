@@ -329,6 +329,12 @@ func TestRemoveEndpointEndsSockets(t *testing.T) {
 	if err := l.objs.SksServed.Put(ip32(ipServer), uint8(1)); err != nil {
 		t.Fatal(err)
 	}
+	held, other := sksSksKey{Ip: ip32(ipServer), Port: 8080}, sksSksKey{Ip: ip32(ipClient), Port: 8080}
+	for _, k := range []sksSksKey{held, other} {
+		if err := l.objs.SksBound.Put(k, uint64(7)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	gone := cluster.Endpoint{ContainerID: "c-gone", IP: netip.PrefixFrom(ipServer, 24), Cgroup: "/nonexistent/c-gone"}
 	if err := l.RemoveEndpoint(gone); err != nil {
 		t.Fatal(err)
@@ -347,5 +353,51 @@ func TestRemoveEndpointEndsSockets(t *testing.T) {
 	var yes uint8
 	if err := l.objs.SksServed.Lookup(ip32(ipServer), &yes); err == nil {
 		t.Error("the address is still marked served")
+	}
+	bound, err := bpfmap.Entries[sksSksKey, uint64](l.objs.SksBound)
+	if _, ok := bound[other]; err != nil || len(bound) != 1 || !ok {
+		t.Errorf("bound ports after the removal: %v (%v), want only the other container's", bound, err)
+	}
+}
+
+// pyBindHolds binds a port and tries it again while the first socket
+// holds it, after it closed, and once a socket listens there; it prints
+// "ok" or "err <errno name>" for each.
+const pyBindHolds = `
+import errno, socket
+def attempt(f):
+    try:
+        f()
+        print("ok")
+    except OSError as e:
+        print("err " + errno.errorcode[e.errno])
+a = socket.socket()
+attempt(lambda: a.bind(("0.0.0.0", 8082)))
+attempt(lambda: socket.socket().bind(("10.244.1.5", 8082)))
+a.close()
+b = socket.socket()
+attempt(lambda: b.bind(("0.0.0.0", 8082)))
+attempt(b.listen)
+attempt(lambda: socket.socket().bind(("0.0.0.0", 8082)))
+b.close()
+attempt(lambda: socket.socket().bind(("0.0.0.0", 8082)))
+`
+
+// TestBindHoldsPort runs bind4, sockops and sock_release in the kernel: a
+// port bound by a socket that does not listen yet is the socket's, as in
+// the container's own namespace, until it closes; then the listener holds
+// it, until it closes.
+func TestBindHoldsPort(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "bind4", "sockops", "sock_release")
+	out, err := python(pyBindHolds).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := []string{"ok", "err", "EADDRINUSE", "ok", "ok", "err", "EADDRINUSE", "ok"}
+	if got := strings.Fields(string(out)); !slices.Equal(got, want) {
+		t.Fatalf("bind, again, after the close, listen, bind again, after the listener closed: %q, want %q", got, want)
+	}
+	if bound, err := bpfmap.Entries[sksSksKey, uint64](l.objs.SksBound); err != nil || len(bound) != 0 {
+		t.Errorf("ports still held after every socket closed: %v (%v)", bound, err)
 	}
 }

@@ -119,6 +119,7 @@ type sksSksTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sksMapSksBound           = "sks_bound"
 	sksMapSksContainers      = "sks_containers"
 	sksMapSksEvents          = "sks_events"
 	sksMapSksKill            = "sks_kill"
@@ -144,6 +145,7 @@ const (
 	sksProgSksLookup         = "sks_lookup"
 	sksProgSksSetsockopt     = "sks_setsockopt"
 	sksProgSksSockCreate     = "sks_sock_create"
+	sksProgSksSockRelease    = "sks_sock_release"
 	sksProgSksSockops        = "sks_sockops"
 	sksVarCfgClusterMask     = "cfg_cluster_mask"
 	sksVarCfgClusterNet      = "cfg_cluster_net"
@@ -215,6 +217,7 @@ type sksProgramSpecs struct {
 	SksLookup        *ebpf.ProgramSpec `ebpf:"sks_lookup"`
 	SksSetsockopt    *ebpf.ProgramSpec `ebpf:"sks_setsockopt"`
 	SksSockCreate    *ebpf.ProgramSpec `ebpf:"sks_sock_create"`
+	SksSockRelease   *ebpf.ProgramSpec `ebpf:"sks_sock_release"`
 	SksSockops       *ebpf.ProgramSpec `ebpf:"sks_sockops"`
 }
 
@@ -222,6 +225,7 @@ type sksProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sksMapSpecs struct {
+	SksBound      *ebpf.MapSpec `ebpf:"sks_bound"`
 	SksContainers *ebpf.MapSpec `ebpf:"sks_containers"`
 	SksEvents     *ebpf.MapSpec `ebpf:"sks_events"`
 	SksKill       *ebpf.MapSpec `ebpf:"sks_kill"`
@@ -275,6 +279,7 @@ func (o *sksObjects) Close() error {
 //
 // It can be passed to loadSksObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sksMaps struct {
+	SksBound      *ebpf.Map `ebpf:"sks_bound"`
 	SksContainers *ebpf.Map `ebpf:"sks_containers"`
 	SksEvents     *ebpf.Map `ebpf:"sks_events"`
 	SksKill       *ebpf.Map `ebpf:"sks_kill"`
@@ -291,6 +296,7 @@ type sksMaps struct {
 
 func (m *sksMaps) Close() error {
 	return _SksClose(
+		m.SksBound,
 		m.SksContainers,
 		m.SksEvents,
 		m.SksKill,
@@ -342,6 +348,7 @@ type sksPrograms struct {
 	SksLookup        *ebpf.Program `ebpf:"sks_lookup"`
 	SksSetsockopt    *ebpf.Program `ebpf:"sks_setsockopt"`
 	SksSockCreate    *ebpf.Program `ebpf:"sks_sock_create"`
+	SksSockRelease   *ebpf.Program `ebpf:"sks_sock_release"`
 	SksSockops       *ebpf.Program `ebpf:"sks_sockops"`
 }
 
@@ -360,6 +367,7 @@ func (p *sksPrograms) Close() error {
 		p.SksLookup,
 		p.SksSetsockopt,
 		p.SksSockCreate,
+		p.SksSockRelease,
 		p.SksSockops,
 	)
 }

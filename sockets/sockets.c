@@ -71,6 +71,7 @@ char __license[] SEC("license") = "GPL";
 #define TCP_LISTEN 10
 #define TCP_CLOSE 7
 #define EADDRINUSE 98
+#define EEXIST 17
 #define LOOPBACK_NET 0x7f000000 // 127.0.0.0/8, host order
 #define LOOPBACK_IP 0x7f000001
 #define LOOPBACK_IFINDEX 1 // lo, in every namespace
@@ -159,6 +160,20 @@ struct {
 	__type(key, struct sks_subnet);
 	__type(value, __be32); // the host owning the subnet
 } sks_subnets SEC(".maps");
+
+// Overlay ports bound by a container's socket that does not listen yet,
+// with the socket's cookie: a second bind of the port fails (EADDRINUSE) as
+// it would in the container's own namespace, where sks_listen would only
+// catch it once the first listens. The entry goes when the socket listens
+// (sks_listen holds the port from then on) or is closed (sock_release).
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, struct sks_key);
+	__type(value, __u64);
+} sks_bound SEC(".maps");
 
 // Container addresses that have had a replaced listener: only they can
 // have connections on the host stack (accepted from one). sockops adds an
@@ -276,6 +291,31 @@ static __always_inline bool allowed(__be32 src, __be32 dst, __be16 port)
 	return true;
 }
 
+// unreserve gives up the bind-time hold of k, if the socket with cookie has it.
+static __always_inline void unreserve(struct sks_key *k, __u64 cookie)
+{
+	__u64 *holder = bpf_map_lookup_elem(&sks_bound, k);
+	if (holder && *holder == cookie)
+		bpf_map_delete_elem(&sks_bound, k);
+}
+
+// A bound socket closed before it listened: its port is free again. Every
+// connection's sockets come here too, still connected: they return before
+// the storage lookup. (A listener holds a port only if it could not be
+// published.)
+SEC("cgroup/sock_release")
+int sks_sock_release(struct bpf_sock *sk)
+{
+	if (sk->family != AF_INET || sk->type != SOCK_STREAM || (sk->state != TCP_CLOSE && sk->state != TCP_LISTEN))
+		return 1;
+	struct sks_info *si = bpf_sk_storage_get(&sks_storage, sk, 0, 0);
+	if (!si || si->role != SKS_LISTEN || !si->local_port)
+		return 1;
+	struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
+	unreserve(&k, bpf_get_socket_cookie(sk));
+	return 1;
+}
+
 SEC("cgroup/connect4")
 int sks_connect4(struct bpf_sock_addr *ctx)
 {
@@ -341,6 +381,22 @@ int sks_bind4(struct bpf_sock_addr *ctx)
 			bpf_set_retval(-EADDRINUSE);
 			count(SKS_BIND_INUSE);
 			return 0;
+		}
+		__u64 cookie = bpf_get_socket_cookie(ctx);
+		__u64 *holder = bpf_map_lookup_elem(&sks_bound, &k);
+		if (!holder || *holder != cookie) {
+			long err = bpf_map_update_elem(&sks_bound, &k, &cookie, BPF_NOEXIST);
+			if (err == -EEXIST) {
+				bpf_set_retval(-EADDRINUSE);
+				count(SKS_BIND_INUSE);
+				return 0;
+			}
+			if (err) {
+				// Full: EPERM, and the shim gives the app a
+				// container socket, where the kernel keeps ports.
+				count(SKS_BIND_REFUSED);
+				return 0;
+			}
 		}
 	}
 	si->local_port = port;
@@ -505,6 +561,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			break;
 		}
 		si->local_port = k.port;
+		unreserve(&k, bpf_get_socket_cookie(skops));
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		count(SKS_LISTENER_ADDED);
 		notify(SKS_EV_LISTEN, k.ip, k.port);
