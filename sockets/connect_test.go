@@ -401,3 +401,37 @@ func TestBindHoldsPort(t *testing.T) {
 		t.Errorf("ports still held after every socket closed: %v (%v)", bound, err)
 	}
 }
+
+// pyExposed listens on a replaced socket without binding it first, as a
+// program that bypasses the shim can, then binds and listens as the shim
+// does; it prints the device each listener is bound to ("-" for none).
+const pyExposed = `
+import socket
+def device(s):
+    return s.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16).rstrip(b"\0").decode() or "-"
+exposed = socket.socket()
+exposed.listen()
+print(device(exposed))
+replaced = socket.socket()
+replaced.bind(("0.0.0.0", 8083))
+replaced.listen()
+print(device(replaced))
+`
+
+// TestExposedListenerOnLo runs sockops in the kernel: a listener autobound
+// on a host address is bound to lo before listen() returns, so no packet
+// from the network reaches it while the agent ends it.
+func TestExposedListenerOnLo(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "bind4", "sockops")
+	before, _ := l.Stats()
+	out, err := python(pyExposed).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got, want := strings.Fields(string(out)), []string{"lo", "-"}; !slices.Equal(got, want) {
+		t.Fatalf("devices of the exposed and the replaced listener: %q, want %q", got, want)
+	}
+	if after, _ := l.Stats(); after["listener_exposed"] != before["listener_exposed"]+1 {
+		t.Errorf("listener_exposed %d → %d, want one more", before["listener_exposed"], after["listener_exposed"])
+	}
+}

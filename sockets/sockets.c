@@ -545,7 +545,11 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		if (si->role != SKS_LISTEN) {
 			// Autobound by listen() without bind (the shim never does
 			// that), whatever the socket did before: on a host address.
-			// The agent ends it at once, and what it accepted.
+			// Bound to lo before listen() returns, it takes nothing
+			// from the network; the agent ends it at once, and what it
+			// accepted (a host process's local connection).
+			static const char lo[] = "lo";
+			bpf_setsockopt(skops, SOL_SOCKET, SO_BINDTODEVICE, (void *)lo, sizeof(lo));
 			si->role = SKS_EXPOSED;
 			count(SKS_LISTENER_EXPOSED);
 			notify(SKS_EV_EXPOSED, si->local_ip, bpf_htons((__u16)skops->local_port));
