@@ -159,8 +159,8 @@ func (a *Agent) syncRoutes(ctx context.Context) error {
 func (a *Agent) socketsStatus(local []cluster.Endpoint) *api.SocketsStatus {
 	s := &api.SocketsStatus{}
 	s.Counters, _ = a.sockets.Stats()
-	if n, overflow, ok, err := a.sockets.PolicyInForce(); err == nil && ok {
-		s.Policy = &api.SocketsPolicy{Rules: n, Overflow: overflow}
+	if p, err := a.sockets.PolicyInForce(); err == nil && p != nil {
+		s.Policy = &api.SocketsPolicy{Rules: p.Rules, Overflow: p.Overflow}
 	}
 	if ls, err := a.sockets.LocalListeners(); err == nil {
 		for _, l := range ls {

@@ -136,16 +136,20 @@ func (l *Layer) setPolicy(rules policy.Set) error {
 	return nil
 }
 
-// PolicyInForce reports the policy connect4 judges new connections by: how
-// many rules it reads (the rules that can match TCP), and whether there are
-// more than it takes. ok is false while there is none, when connect4
-// refuses every connection.
-func (l *Layer) PolicyInForce() (rules int, overflow, ok bool, err error) {
+// Policy is the policy connect4 judges new connections by.
+type Policy struct {
+	Rules    int  // the rules it reads: those that can match TCP
+	Overflow bool // more than it takes: every connection takes the overlay
+}
+
+// PolicyInForce reports the policy in force, nil while there is none (when
+// connect4 refuses every connection).
+func (l *Layer) PolicyInForce() (*Policy, error) {
 	r, err := l.inForce()
 	if err != nil || r == nil {
-		return 0, false, false, err
+		return nil, err
 	}
-	return int(r.N), r.Overflow != 0, true, nil
+	return &Policy{Rules: int(r.N), Overflow: r.Overflow != 0}, nil
 }
 
 func (l *Layer) inForce() (*sksSksRules, error) {
