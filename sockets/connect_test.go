@@ -279,10 +279,9 @@ func TestDestroyBatches(t *testing.T) {
 	}
 }
 
-// pyBindOptions binds a replaced socket as a listener would, then one with
-// SO_REUSEPORT, and sets IP_OPTIONS (a source route) on a third; it prints
-// "ok" or "err <errno name>" for each.
-const pyBindOptions = `
+// pyAttempt defines attempt(f) for the scripts below: it calls f and prints
+// "ok" or "err <errno name>".
+const pyAttempt = `
 import errno, socket
 def attempt(f):
     try:
@@ -290,6 +289,12 @@ def attempt(f):
         print("ok")
     except OSError as e:
         print("err " + errno.errorcode[e.errno])
+`
+
+// pyBindOptions binds a replaced socket as a listener would, then one with
+// SO_REUSEPORT, and sets IP_OPTIONS (a source route) on a third; it prints
+// "ok" or "err <errno name>" for each.
+const pyBindOptions = pyAttempt + `
 attempt(lambda: socket.socket().bind(("0.0.0.0", 8080)))
 def reuseport():
     s = socket.socket()
@@ -363,14 +368,7 @@ func TestRemoveEndpointEndsSockets(t *testing.T) {
 // pyBindHolds binds a port and tries it again while the first socket
 // holds it, after it closed, and once a socket listens there; it prints
 // "ok" or "err <errno name>" for each.
-const pyBindHolds = `
-import errno, socket
-def attempt(f):
-    try:
-        f()
-        print("ok")
-    except OSError as e:
-        print("err " + errno.errorcode[e.errno])
+const pyBindHolds = pyAttempt + `
 a = socket.socket()
 attempt(lambda: a.bind(("0.0.0.0", 8082)))
 attempt(lambda: socket.socket().bind(("10.244.1.5", 8082)))

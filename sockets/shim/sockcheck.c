@@ -490,25 +490,33 @@ static int do_threads(int nt, int n)
 	return g_fail;
 }
 
-/* forksig: a signal handler that calls close() while the process forks
- * (the shim's fork handlers hold its locks) must not deadlock. */
-static pthread_t g_main;
-static void on_usr1(int sig) { (void)sig; close(-1); }
-static void *signal_main(void *a)
+/* A storm of signals on the calling thread: sig, handled by h, every
+ * `every` µs from a thread of its own, until the process exits. */
+static struct storm { pthread_t target; int sig; useconds_t every; } g_storm;
+static void *storm_main(void *a)
 {
 	(void)a;
-	for (;;) { pthread_kill(g_main, SIGUSR1); usleep(50); }
+	for (;;) { pthread_kill(g_storm.target, g_storm.sig); usleep(g_storm.every); }
 	return NULL;
 }
+
+static void signal_storm(int sig, void (*h)(int), useconds_t every)
+{
+	g_storm = (struct storm){ .target = pthread_self(), .sig = sig, .every = every };
+	struct sigaction sa = { .sa_handler = h, .sa_flags = SA_RESTART };
+	sigaction(sig, &sa, NULL);
+	pthread_t t;
+	pthread_create(&t, NULL, storm_main, NULL);
+}
+
+/* forksig: a signal handler that calls close() while the process forks
+ * (the shim's fork handlers hold its locks) must not deadlock. */
+static void on_usr1(int sig) { (void)sig; close(-1); }
 
 static int do_forksig(int n)
 {
 	int s = socket(AF_INET, SOCK_STREAM, 0);   /* one socket the shim tracks */
-	g_main = pthread_self();
-	struct sigaction sa = { .sa_handler = on_usr1, .sa_flags = SA_RESTART };
-	sigaction(SIGUSR1, &sa, NULL);
-	pthread_t t;
-	pthread_create(&t, NULL, signal_main, NULL);
+	signal_storm(SIGUSR1, on_usr1, 50);
 	for (int i = 0; i < n; i++) {
 		pid_t p = fork();
 		if (p == 0) _exit(0);
@@ -533,13 +541,6 @@ static void on_usr2(int sig)
 	errno = e;
 }
 
-static void *signal_main2(void *a)
-{
-	(void)a;
-	for (;;) { pthread_kill(g_main, SIGUSR2); usleep(20); }
-	return NULL;
-}
-
 static int do_sigmalloc(int n)
 {
 	static const int opts[][2] = {
@@ -555,11 +556,7 @@ static int do_sigmalloc(int n)
 			return g_fail;
 		}
 	}
-	g_main = pthread_self();
-	struct sigaction sa = { .sa_handler = on_usr2, .sa_flags = SA_RESTART };
-	sigaction(SIGUSR2, &sa, NULL);
-	pthread_t t;
-	pthread_create(&t, NULL, signal_main2, NULL);
+	signal_storm(SIGUSR2, on_usr2, 20);
 	for (int i = 0; i < n; i++) {
 		char *p = malloc(1500 + (i % 2048));
 		__asm__ volatile("" : : "r"(p) : "memory");   /* kept: not folded away */
