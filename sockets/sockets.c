@@ -308,7 +308,7 @@ int sks_sock_release(struct bpf_sock *sk)
 {
 	if (sk->family != AF_INET || sk->type != SOCK_STREAM || (sk->state != TCP_CLOSE && sk->state != TCP_LISTEN))
 		return 1;
-	struct sks_info *si = bpf_sk_storage_get(&sks_storage, sk, 0, 0);
+	struct sks_info *si = info_of(sk);
 	if (!si || si->role != SKS_LISTEN || !si->local_port)
 		return 1;
 	struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
