@@ -433,3 +433,33 @@ func TestExposedListenerOnLo(t *testing.T) {
 		t.Errorf("listener_exposed %d → %d, want one more", before["listener_exposed"], after["listener_exposed"])
 	}
 }
+
+// TestSameHostRecordLeavesWithFailedConnect runs sockops in the kernel: a
+// same-host client records its SYN itself, and a connect that fails (here
+// refused: nothing listens at the port) takes the record with it, so a
+// later plain SYN of the tuple on lo is the host's.
+func TestSameHostRecordLeavesWithFailedConnect(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "connect4", "sockops")
+	rules, err := policy.NewSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := netip.MustParseAddrPort("10.244.1.9:8090") // a container of this host
+	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{{Host: testHost.Name, Addr: target}}, rules); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := l.Stats()
+	out, err := python(pyConnect, target.String()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "err ECONNREFUSED" {
+		t.Fatalf("connect to a port where nothing listens: %q", got)
+	}
+	if after, _ := l.Stats(); after["syn_recorded"] != before["syn_recorded"]+1 {
+		t.Fatalf("syn_recorded %d → %d: the client did not record its SYN", before["syn_recorded"], after["syn_recorded"])
+	}
+	if left, err := bpfmap.Entries[sksSksTuple, sksSksPending](l.objs.SksSyns); err != nil || len(left) != 0 {
+		t.Errorf("SYN records after the failed connect: %v (%v)", left, err)
+	}
+}

@@ -472,6 +472,18 @@ static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
 	bpf_ringbuf_submit(ev, 0);
 }
 
+// client_tuple is a client socket's 4-tuple as the server sees its SYN.
+static __always_inline struct sks_tuple client_tuple(struct bpf_sock_ops *skops)
+{
+	struct sks_tuple t = {
+		.saddr = skops->local_ip4,
+		.daddr = skops->remote_ip4,
+		.sport = bpf_htons((__u16)skops->local_port),
+		.dport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
+	};
+	return t;
+}
+
 SEC("sockops")
 int sks_sockops(struct bpf_sock_ops *skops)
 {
@@ -517,15 +529,15 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 			break;
 		}
-		struct sks_tuple t = {
-			.saddr = skops->local_ip4,
-			.daddr = skops->remote_ip4,
-			.sport = bpf_htons((__u16)skops->local_port),
-			.dport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
-		};
+		struct sks_tuple t = client_tuple(skops);
 		struct sks_pending p = {.dst_ip = si->steer_ip, .src_ip = si->local_ip, .dst_port = si->peer_port};
-		if (bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY) == 0)
+		if (bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY) == 0) {
 			count(SKS_SYN_RECORDED);
+			// Until the connection is established: a connect that
+			// fails (refused, timed out) takes the record with it, so a
+			// later plain SYN of the tuple on lo never finds it.
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		}
 		break;
 	}
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
@@ -572,8 +584,17 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		break;
 	}
 	case BPF_SOCK_OPS_STATE_CB:
-		if (si->role == SKS_LISTEN && skops->args[0] == TCP_LISTEN)
+		if (si->role == SKS_LISTEN && skops->args[0] == TCP_LISTEN) {
 			notify(SKS_EV_CLOSE, si->local_ip, si->local_port);
+		} else if (si->role == SKS_CLIENT) { // a same-host client (above)
+			if (skops->args[1] == TCP_CLOSE) {
+				struct sks_tuple t = client_tuple(skops);
+				bpf_map_delete_elem(&sks_syns, &t);
+			}
+			// Established, the server deletes the record when it
+			// accepts (a syncookie's ACK still needs it until then).
+			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
+		}
 		break;
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB: {
 		// The child inherited the listener's storage (BPF_F_CLONE) and
