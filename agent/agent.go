@@ -20,6 +20,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
@@ -58,20 +59,19 @@ type Agent struct {
 	// cacheState is the cluster state the caches were last made coherent
 	// with (nil: never); reconciles that find it unchanged leave the caches
 	// alone.
-	cacheState    *cacheInput
+	cacheState    *clusterView
 	cacheAttached bool // endpoints found at start have the fast path
 
 	sockets         *sockets.Layer // nil unless in sockets mode
 	socketsAttached bool           // endpoints found at start have host sockets
 	// listeners is the cluster's published listeners, kept by a watch
 	// (sockets mode; nil until the watch runs). Guarded by mu.
-	listeners *store.ListenerCache
+	listeners *store.Cache[cluster.Listener]
 	// everyEndpoint is every host's endpoints, kept by a watch (cache
 	// mode; nil until the watch runs). Guarded by mu.
 	everyEndpoint *store.Cache[cluster.Endpoint]
-	// synced holds the hosts and policy of the last reconcile that read
-	// them, which a change of the listeners alone syncs against. Guarded
-	// by mu.
+	// synced is what the last reconcile read: a change of the listeners
+	// alone syncs against its hosts and policy. Guarded by mu.
 	synced *clusterView
 
 	stateMu      sync.Mutex
@@ -396,7 +396,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		}
 		all = append(all, remote...)
 	}
-	a.synced = &clusterView{hosts: hosts, rules: rules}
+	a.synced = &clusterView{rules: rules, hosts: hosts, endpoints: all}
 	eps = a.collectGarbage(ctx, eps)
 	errs := errors.Join(
 		a.overlay.SyncHosts(hosts),
@@ -408,13 +408,12 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		changed := a.overlay.PolicyChanged(rules)
 		errs = errors.Join(errs, a.syncSockets(ctx, rules, hosts, eps, changed))
 	}
-	in := &cacheInput{rules: rules, hosts: hosts, endpoints: all}
-	if a.cache == nil || in.equal(a.cacheState) {
+	if a.cache == nil || a.synced.equal(a.cacheState) {
 		errs = errors.Join(errs, a.overlay.SyncPolicy(rules))
-	} else if err := a.syncCache(in, eps); err != nil {
+	} else if err := a.syncCache(a.synced, eps); err != nil {
 		errs = errors.Join(errs, err)
 	} else {
-		a.cacheState = in // nothing to purge or attach until it changes
+		a.cacheState = a.synced // nothing to purge or attach until it changes
 	}
 	a.stateMu.Lock()
 	a.remotes, a.endpoints, a.local = len(hosts)-1, len(eps), eps
@@ -440,6 +439,18 @@ func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cl
 		keep = append(keep, e)
 	}
 	return keep
+}
+
+// clusterView is the cluster as a reconcile read it.
+type clusterView struct {
+	rules     policy.Set
+	hosts     []cluster.Host
+	endpoints []cluster.Endpoint // every host's in cache mode, this host's otherwise
+}
+
+func (c *clusterView) equal(o *clusterView) bool {
+	return o != nil && slices.Equal(c.rules, o.rules) && slices.Equal(c.hosts, o.hosts) &&
+		slices.EqualFunc(c.endpoints, o.endpoints, cluster.Endpoint.Equal)
 }
 
 // remoteEndpoints returns the other hosts' endpoints: from the watch, or

@@ -10,7 +10,6 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/policy"
 )
 
 // startCache loads the fast path (reusing pinned maps from an earlier run)
@@ -59,7 +58,7 @@ func (a *Agent) pinDir() string {
 // endpoints are purged either way, and nothing marks a packet for a flow to
 // an address the overlay no longer delivers), so frequent container starts
 // and stops never hold learning up.
-func (a *Agent) syncCache(in *cacheInput, local []cluster.Endpoint) error {
+func (a *Agent) syncCache(in *clusterView, local []cluster.Endpoint) error {
 	policyChanged := a.overlay.PolicyChanged(in.rules)
 	pause := policyChanged || a.cacheState == nil || !slices.Equal(in.hosts, a.cacheState.hosts)
 	if pause {
@@ -94,16 +93,4 @@ func (a *Agent) syncCache(in *cacheInput, local []cluster.Endpoint) error {
 	}
 	a.cacheAttached = true
 	return nil
-}
-
-// cacheInput is the cluster state the caches are made coherent with.
-type cacheInput struct {
-	rules     policy.Set
-	hosts     []cluster.Host
-	endpoints []cluster.Endpoint // every host's
-}
-
-func (c *cacheInput) equal(o *cacheInput) bool {
-	return o != nil && slices.Equal(c.rules, o.rules) && slices.Equal(c.hosts, o.hosts) &&
-		slices.EqualFunc(c.endpoints, o.endpoints, cluster.Endpoint.Equal)
 }

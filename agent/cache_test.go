@@ -12,9 +12,9 @@ import (
 
 // clusterOf returns a cluster state of n endpoints, built afresh each call
 // as a reconcile reads it.
-func clusterOf(n int) *cacheInput {
+func clusterOf(n int) *clusterView {
 	created := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
-	in := &cacheInput{
+	in := &clusterView{
 		rules: policy.Set{{ID: "deny-db", Action: policy.Deny, Dst: netip.MustParsePrefix("10.244.3.0/24"), Proto: "tcp", Port: 5432}},
 		hosts: []cluster.Host{{Name: "h1", UnderlayIP: netip.MustParseAddr("192.168.0.1"), Subnet: netip.MustParsePrefix("10.244.1.0/24")}},
 	}
@@ -28,7 +28,7 @@ func clusterOf(n int) *cacheInput {
 	return in
 }
 
-func TestCacheInputEqual(t *testing.T) {
+func TestClusterViewEqual(t *testing.T) {
 	base := clusterOf(3)
 	if base.equal(nil) {
 		t.Fatal("equal to no earlier state")
@@ -42,14 +42,14 @@ func TestCacheInputEqual(t *testing.T) {
 	if !base.equal(elsewhere) {
 		t.Fatal("the same instant in another location differs")
 	}
-	changes := map[string]func(*cacheInput){
-		"endpoint IP":   func(c *cacheInput) { c.endpoints[2].IP = netip.MustParsePrefix("10.244.9.9/24") },
-		"endpoint gone": func(c *cacheInput) { c.endpoints = c.endpoints[:2] },
-		"created":       func(c *cacheInput) { c.endpoints[0].Created = c.endpoints[0].Created.Add(time.Nanosecond) },
-		"host":          func(c *cacheInput) { c.hosts[0].VTEPMAC = "aa:bb:cc:dd:ee:ff" },
-		"host added":    func(c *cacheInput) { c.hosts = append(c.hosts, cluster.Host{Name: "h2"}) },
-		"rule":          func(c *cacheInput) { c.rules[0].Port = 5433 },
-		"no rules":      func(c *cacheInput) { c.rules = nil },
+	changes := map[string]func(*clusterView){
+		"endpoint IP":   func(c *clusterView) { c.endpoints[2].IP = netip.MustParsePrefix("10.244.9.9/24") },
+		"endpoint gone": func(c *clusterView) { c.endpoints = c.endpoints[:2] },
+		"created":       func(c *clusterView) { c.endpoints[0].Created = c.endpoints[0].Created.Add(time.Nanosecond) },
+		"host":          func(c *clusterView) { c.hosts[0].VTEPMAC = "aa:bb:cc:dd:ee:ff" },
+		"host added":    func(c *clusterView) { c.hosts = append(c.hosts, cluster.Host{Name: "h2"}) },
+		"rule":          func(c *clusterView) { c.rules[0].Port = 5433 },
+		"no rules":      func(c *clusterView) { c.rules = nil },
 	}
 	for name, change := range changes {
 		c := clusterOf(3)
@@ -60,10 +60,10 @@ func TestCacheInputEqual(t *testing.T) {
 	}
 }
 
-// BenchmarkCacheInputEqual is the reconcile's test for "nothing to do" in
+// BenchmarkClusterViewEqual is the reconcile's test for "nothing to do" in
 // cache mode, on a cluster of 10 000 endpoints (it printed them all with
 // fmt.Sprint before).
-func BenchmarkCacheInputEqual(b *testing.B) {
+func BenchmarkClusterViewEqual(b *testing.B) {
 	a, c := clusterOf(10000), clusterOf(10000)
 	for b.Loop() {
 		if !a.equal(c) {

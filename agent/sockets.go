@@ -132,12 +132,6 @@ func (a *Agent) publishedListeners(ctx context.Context) ([]cluster.Listener, err
 	return a.store.Listeners(ctx)
 }
 
-// clusterView is what a reconcile read of the hosts and the policy.
-type clusterView struct {
-	hosts []cluster.Host
-	rules policy.Set
-}
-
 // syncRoutes applies a change of the published listeners: only the
 // sockets layer's routes depend on them. Hosts and policy are those of the
 // last reconcile, which runs on every change of either: a listener change

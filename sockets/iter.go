@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -150,14 +151,14 @@ func (l *Layer) denied(rules policy.Set, c conn) bool {
 	return !rules.Allowed(c.flow())
 }
 
-// hostAddress says whether a is a host's own address in the cluster: the
-// first two of its subnet (its VXLAN device's and its bridge's).
+// hostAddress says whether a is a host's own address in the cluster: its
+// VXLAN device's or its bridge's.
 func (l *Layer) hostAddress(a netip.Addr) bool {
 	if !l.cfg.Cluster.CIDR.Contains(a) {
 		return false
 	}
-	first := netip.PrefixFrom(a, l.cfg.Cluster.HostPrefix).Masked().Addr()
-	return a == first || a == first.Next()
+	subnet := netip.PrefixFrom(a, l.cfg.Cluster.HostPrefix)
+	return a == ipam.VTEPAddr(subnet) || a == ipam.Gateway(subnet)
 }
 
 // end destroys the replaced sockets kill selects.

@@ -23,9 +23,6 @@ type Cache[T any] struct {
 	order func(a, b T) int // nil: by key, as a read of the prefix lists them
 }
 
-// ListenerCache holds the cluster's published listeners.
-type ListenerCache = Cache[cluster.Listener]
-
 // List returns the values in the cache's order.
 func (c *Cache[T]) List() []T {
 	c.mu.Lock()
@@ -59,7 +56,7 @@ func (c *Cache[T]) delete(key []byte) {
 
 // WatchListeners keeps the cluster's published listeners, ordered by host
 // and address.
-func (s *Store) WatchListeners(ctx context.Context) (*ListenerCache, <-chan struct{}, error) {
+func (s *Store) WatchListeners(ctx context.Context) (*Cache[cluster.Listener], <-chan struct{}, error) {
 	return watchPrefix(ctx, s, ListenerPrefix, func(a, b cluster.Listener) int {
 		return cmp.Or(cmp.Compare(a.Host, b.Host), a.Addr.Compare(b.Addr))
 	})

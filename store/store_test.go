@@ -219,17 +219,23 @@ func TestWatchListeners(t *testing.T) {
 		if err := s.SetListeners(ctx, step.host, step.set); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.After(5 * time.Second)
-		for got := cache.List(); !slices.Equal(got, step.want); got = cache.List() {
-			select {
-			case <-changed:
-			case <-deadline:
-				t.Fatalf("after %s set %v: %v, want %v", step.host, step.set, got, step.want)
-			}
-		}
+		awaitList(t, cache, changed, step.want)
 	}
 	cancel()
 	for range changed { // drains, and ends when the watch does
+	}
+}
+
+// awaitList waits until a watch's cache lists want, failing after 5 s.
+func awaitList[T comparable](t *testing.T, cache *store.Cache[T], changed <-chan struct{}, want []T) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for got := cache.List(); !slices.Equal(got, want); got = cache.List() {
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("the cache lists %v, want %v", got, want)
+		}
 	}
 }
 
@@ -313,14 +319,7 @@ func TestWatchEndpoints(t *testing.T) {
 		{func() { putEndpoint(t, s, withMAC) }, []cluster.Endpoint{a, withMAC}},
 	} {
 		step.change()
-		deadline := time.After(5 * time.Second)
-		for got := cache.List(); !slices.Equal(got, step.want); got = cache.List() {
-			select {
-			case <-changed:
-			case <-deadline:
-				t.Fatalf("%v, want %v", got, step.want)
-			}
-		}
+		awaitList(t, cache, changed, step.want)
 		// The cache lists what a read of the store lists, in its order.
 		if all, err := s.Endpoints(ctx, ""); err != nil || !slices.Equal(all, cache.List()) {
 			t.Fatalf("the store lists %v (%v), the cache %v", all, err, cache.List())

@@ -63,7 +63,8 @@ static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
 static int g_nclients, g_capclients;
 /* per client slot, as g_pfd: requests held back until it reads its replies,
  * and the fewest sockets one of them asked for */
-static int *g_held, *g_held_want;
+struct held { int n, want; };
+static struct held *g_held;
 static int g_reply_bytes = 1024;   /* what one unread reply adds to SIOCOUTQ */
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -140,7 +141,6 @@ static void drop_client(int i, const char *why)
 	close(g_pfd[i].fd);
 	g_pfd[i] = g_pfd[g_nclients];   /* last client moves into slot i */
 	g_held[i] = g_held[g_nclients];
-	g_held_want[i] = g_held_want[g_nclients];
 	g_nclients--;
 	g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
 }
@@ -192,14 +192,14 @@ static int unread(int c)
  * ones. Returns as send_sockets. */
 static int serve_held(int i)
 {
-	while (g_held[i] > 0 && unread(g_pfd[i].fd) < MAX_UNREAD) {
-		int want = g_held_want[i];
+	while (g_held[i].n > 0 && unread(g_pfd[i].fd) < MAX_UNREAD) {
+		int want = g_held[i].want;
 		if (g_npool < want)   /* pool short (burst or small --pool): top up on the spot */
 			pool_fill(want, MAX_POOL);
-		g_held[i]--;
+		g_held[i].n--;
 		int r = send_sockets(g_pfd[i].fd, want);
 		if (r) {
-			g_held[i] = 0;   /* gone, or to be dropped */
+			g_held[i].n = 0;   /* gone, or to be dropped */
 			return r;
 		}
 	}
@@ -316,9 +316,9 @@ static int handle_client(int i)
 				continue;
 			if (want > MAX_REPLY)
 				want = MAX_REPLY;   /* a reply may carry fewer than asked */
-			if (!g_held[i] || want < g_held_want[i])
-				g_held_want[i] = want;
-			g_held[i]++;
+			if (!g_held[i].n || want < g_held[i].want)
+				g_held[i].want = want;
+			g_held[i].n++;
 			if ((gone = serve_held(i)) < 0)
 				return -1;
 		} else if (m.op == SKIFF_OP_TRANSPARENT) {
@@ -379,18 +379,16 @@ static void accept_clients(int ls, const struct skiff_hello *hello)
 			int cap = g_capclients ? g_capclients * 2 : 64;
 			struct pollfd *p = realloc(g_pfd, cap * sizeof *p);
 			if (p) g_pfd = p;
-			int *h = p ? realloc(g_held, cap * sizeof *h) : NULL;
+			struct held *h = p ? realloc(g_held, cap * sizeof *h) : NULL;
 			if (h) g_held = h;
-			int *w = h ? realloc(g_held_want, cap * sizeof *w) : NULL;
-			if (w) g_held_want = w;
-			if (!w) { st_add(SKIFF_ST_ERRORS, 1); close(c); continue; }
+			if (!h) { st_add(SKIFF_ST_ERRORS, 1); close(c); continue; }
 			g_capclients = cap;
 		}
 		g_nclients++;
 		g_pfd[g_nclients].fd = c;
 		g_pfd[g_nclients].events = POLLIN;
 		g_pfd[g_nclients].revents = 0;
-		g_held[g_nclients] = 0;
+		g_held[g_nclients].n = 0;
 		st_add(SKIFF_ST_CLIENTS_TOTAL, 1);
 		g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
 		LOG("client fd %d connected, %d open", c, g_nclients);
@@ -542,8 +540,7 @@ int main(int argc, char **argv)
 	g_capclients = 64;
 	g_pfd = calloc(g_capclients, sizeof *g_pfd);
 	g_held = calloc(g_capclients, sizeof *g_held);
-	g_held_want = calloc(g_capclients, sizeof *g_held_want);
-	if (!g_pool || !g_pfd || !g_held || !g_held_want) { fprintf(stderr, "skiff-broker: out of memory\n"); return 1; }
+	if (!g_pool || !g_pfd || !g_held) { fprintf(stderr, "skiff-broker: out of memory\n"); return 1; }
 	int rb = measure_reply_bytes();
 	if (rb > 0)
 		g_reply_bytes = rb;
@@ -587,7 +584,7 @@ int main(int argc, char **argv)
 			wait = &retry;
 		/* replies held back: look again soon whether their clients read */
 		for (int i = 1; i <= g_nclients && wait != &now; i++)
-			if (g_held[i]) { wait = &held; break; }
+			if (g_held[i].n) { wait = &held; break; }
 		int r = ppoll(g_pfd, 1 + g_nclients, wait, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
@@ -609,7 +606,7 @@ int main(int argc, char **argv)
 			}
 		}
 		for (int i = g_nclients; i >= 1; i--)
-			if (g_held[i] && serve_held(i) < 0)
+			if (g_held[i].n && serve_held(i) < 0)
 				drop_client(i, "eof/error");
 		if (g_pfd[0].revents & POLLIN)
 			accept_clients(ls, &hello);
