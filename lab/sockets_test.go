@@ -973,6 +973,46 @@ func TestSocketsFaults(t *testing.T) {
 		t.Errorf("only %d of 10000 connections took the fast path", n)
 	}
 	t.Logf("10000 connections: p50 %.0f µs, p99 %.0f µs, max %.0f µs", res.P50, res.P99, res.Max)
+
+	// A listener the layer cannot publish (h2's sks_served full, without
+	// h2/c1's address) is the container's own: the overlay reaches it.
+	fillServed(t, l, "h2")
+	failed := counter(t, l, "h2", "listener_failed")
+	ip2, _ := l.IP("h2/c1")
+	unpublished := netip.AddrPortFrom(ip2, 7200)
+	startPy(t, l, "h2/c1", pyEcho, nil, ip2.String(), "7200")
+	if _, err := eventually(5*time.Second, func() error { return exchange(l, "h1/c1", "tcp4", unpublished) }); err != nil {
+		t.Fatalf("a listener the layer could not publish: %v", err)
+	}
+	if counter(t, l, "h2", "listener_failed") != failed+1 {
+		t.Error("listener_failed did not count the listener")
+	}
+}
+
+// fillServed fills host's sks_served with addresses outside the cluster
+// (removed when the test ends): no new address fits.
+func fillServed(t *testing.T, l *Lab, host string) {
+	t.Helper()
+	m := servedMap(t, l, host)
+	var added [][4]byte
+	t.Cleanup(func() {
+		for _, ip := range added {
+			m.Delete(ip)
+		}
+	})
+	for i := uint32(0); i < m.MaxEntries(); i++ {
+		ip := [4]byte{198, 18, byte(i >> 8), byte(i)}
+		if err := m.Update(ip, uint8(1), ebpf.UpdateNoExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyExist) {
+				continue
+			}
+			if errors.Is(err, syscall.E2BIG) {
+				return
+			}
+			t.Fatalf("filling %s's sks_served: %v", host, err)
+		}
+		added = append(added, ip)
+	}
 }
 
 // TestSocketsModeSwitchBack: an agent restarted in overlay mode removes the
@@ -1023,8 +1063,6 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 	}
 }
 
-// servedMap opens host's pinned sks_served map (keys: container addresses
-// in network order), closed when the test ends.
 // earlierRoutes pins in place of host's sks_routes a map of an earlier
 // layout (key: source, destination, port), as an older agent left it.
 func earlierRoutes(t *testing.T, l *Lab, host string) {
@@ -1043,6 +1081,8 @@ func earlierRoutes(t *testing.T, l *Lab, host string) {
 	}
 }
 
+// servedMap opens host's pinned sks_served map (keys: container addresses
+// in network order), closed when the test ends.
 func servedMap(t *testing.T, l *Lab, host string) *ebpf.Map {
 	t.Helper()
 	m, err := ebpf.LoadPinnedMap(filepath.Join(l.bpfDir(host), "sockets", "sks_served"), nil)

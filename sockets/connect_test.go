@@ -400,13 +400,17 @@ func TestBindHoldsPort(t *testing.T) {
 	}
 }
 
-// pyExposed listens on a replaced socket without binding it first, as a
-// program that bypasses the shim can, then binds and listens as the shim
-// does; it prints the device each listener is bound to ("-" for none).
-const pyExposed = `
+// pyDevice defines device(s): the device s is bound to, "-" for none.
+const pyDevice = `
 import socket
 def device(s):
     return s.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16).rstrip(b"\0").decode() or "-"
+`
+
+// pyExposed listens on a replaced socket without binding it first, as a
+// program that bypasses the shim can, then binds and listens as the shim
+// does; it prints the device each listener is bound to ("-" for none).
+const pyExposed = pyDevice + `
 exposed = socket.socket()
 exposed.listen()
 print(device(exposed))
@@ -461,5 +465,38 @@ func TestSameHostRecordLeavesWithFailedConnect(t *testing.T) {
 	}
 	if left, err := bpfmap.Entries[sksSksTuple, sksSksPending](l.objs.SksSyns); err != nil || len(left) != 0 {
 		t.Errorf("SYN records after the failed connect: %v (%v)", left, err)
+	}
+}
+
+// TestUnpublishedListenerOnLo runs sockops in the kernel: a listener the
+// layer cannot publish (here sks_served is full, and the container's address
+// is not in it) is bound to lo, where nothing reaches it and where the shim
+// sees it when listen() returns (it then gives the app a container socket).
+func TestUnpublishedListenerOnLo(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "bind4", "sockops")
+	var one uint8 = 1
+	for i := uint32(0); i < l.objs.SksServed.MaxEntries(); i++ {
+		ip := [4]byte{198, 18, byte(i >> 8), byte(i)}
+		if err := l.objs.SksServed.Put(ip, one); err != nil {
+			t.Fatalf("filling sks_served: %v", err)
+		}
+	}
+	before, _ := l.Stats()
+	out, err := python(pyDevice + `
+s = socket.socket()
+s.bind(("0.0.0.0", 8084))
+s.listen()
+print(device(s))
+`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "lo" {
+		t.Fatalf("device of the unpublished listener: %q, want lo", got)
+	}
+	after, _ := l.Stats()
+	if after["listener_failed"] != before["listener_failed"]+1 || after["listener_added"] != before["listener_added"] {
+		t.Errorf("listener_failed %d → %d, listener_added %d → %d: want one failed, none added",
+			before["listener_failed"], after["listener_failed"], before["listener_added"], after["listener_added"])
 	}
 }

@@ -484,6 +484,12 @@ static __always_inline struct sks_tuple client_tuple(struct bpf_sock_ops *skops)
 	return t;
 }
 
+static __always_inline void bind_to_lo(struct bpf_sock_ops *skops)
+{
+	static const char lo[] = "lo";
+	bpf_setsockopt(skops, SOL_SOCKET, SO_BINDTODEVICE, (void *)lo, sizeof(lo));
+}
+
 SEC("sockops")
 int sks_sockops(struct bpf_sock_ops *skops)
 {
@@ -560,8 +566,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			// Bound to lo before listen() returns, it takes nothing
 			// from the network; the agent ends it at once, and what it
 			// accepted (a host process's local connection).
-			static const char lo[] = "lo";
-			bpf_setsockopt(skops, SOL_SOCKET, SO_BINDTODEVICE, (void *)lo, sizeof(lo));
+			bind_to_lo(skops);
 			si->role = SKS_EXPOSED;
 			count(SKS_LISTENER_EXPOSED);
 			notify(SKS_EV_EXPOSED, si->local_ip, bpf_htons((__u16)skops->local_port));
@@ -573,6 +578,11 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		__u8 yes = 1;
 		if (bpf_map_update_elem(&sks_served, &k.ip, &yes, BPF_ANY) != 0 ||
 		    bpf_sock_hash_update(skops, &sks_listen, &k, BPF_NOEXIST) != 0) {
+			// Unpublished (a map full), nothing reaches it. Bound to lo
+			// too, which the shim reads when listen() returns: it gives
+			// the app a listener of the container's own instead, which
+			// the overlay reaches.
+			bind_to_lo(skops);
 			count(SKS_LISTENER_FAILED);
 			break;
 		}

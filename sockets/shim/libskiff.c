@@ -129,7 +129,7 @@ static volatile int g_have_hello;
 static uint32_t g_cnt_replaced, g_cnt_fallback;
 
 /* per-fd state, under g_tab_mu */
-enum { ST_FRESH = 1, ST_BOUND = 2 };
+enum { ST_FRESH = 1, ST_BOUND = 2, ST_LISTENING = 3 };
 struct sopt { int level, name; socklen_t len; unsigned char val[SOPT_MAX]; };
 /* An epoll registration of the fd: a fallback's dup3 ends it with the host
  * socket, and gives it to the container socket. */
@@ -162,7 +162,7 @@ static int tracked_possible(void) { return __atomic_load_n(&g_ntracked, __ATOMIC
 /* Lock helpers also raise the re-entrancy guard, so a signal handler that
  * calls close()/socket() while this thread holds a lock passes straight
  * through instead of deadlocking (a stale table entry is caught before the
- * shim acts on its fd: own_fresh()). */
+ * shim acts on its fd: own_host_socket()). */
 static int tab_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&g_tab_mu); return p; }
 static void tab_unlock(int p) { pthread_mutex_unlock(&g_tab_mu); t_inshim = p; }
 
@@ -287,7 +287,7 @@ static void tab_put(int fd, struct fdent *e)
  * fd, so no lock is held across blocking calls).  Returns NULL if the fd is not
  * tracked.  The entry may be stale (the fd was closed behind our back, e.g. by
  * close_range/fclose, and the number now holds another file): passing the
- * app's calls through is harmless then, and own_fresh() guards the rest. */
+ * app's calls through is harmless then, and own_host_socket() guards the rest. */
 static struct fdent *tab_take(int fd)
 {
 	if (!tracked_possible()) return NULL;
@@ -297,17 +297,17 @@ static struct fdent *tab_take(int fd)
 	return e;
 }
 
-/* Is fd still a fresh host socket, as its table entry says?  A host-netns TCP
- * socket that is neither connected nor listening: only the shim gives the app
- * those.  Checked before the shim replaces an fd, never per call. */
-static int own_fresh(int fd)
+/* Is fd still the host socket its table entry says?  A host-netns TCP socket
+ * in state (TCP_CLOSE: neither connected nor listening; only the shim gives
+ * the app those).  Checked before the shim replaces an fd, never per call. */
+static int own_host_socket(int fd, int state)
 {
 	uint64_t ns = 0;
 	socklen_t nl = sizeof ns;
 	struct tcp_info ti;
 	socklen_t tl = sizeof ti;
 	return g_host_netns && getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &nl) == 0 && ns == g_host_netns &&
-	       getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE;
+	       getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == state;
 }
 
 static void tab_clear(int fd)
@@ -719,13 +719,14 @@ static int is_fallback_errno(int e)
 
 #define NOT_OURS (-2)
 
-/* Replace fd (a fresh/bound host socket) by a container-netns socket with the
- * same fd number, options, bind address, O_NONBLOCK and FD_CLOEXEC.  Consumes e.
+/* Replace fd (a fresh/bound host socket, or a listening one: ST_LISTENING) by
+ * a container-netns socket with the same fd number, options, bind address,
+ * O_NONBLOCK and FD_CLOEXEC.  Consumes e.
  * Returns 0; -1 with errno set (fd unchanged); or NOT_OURS if the entry was
  * stale (the caller then passes the app's call through). */
 static int swap_to_container(int fd, struct fdent *e, int reason)
 {
-	if (!own_fresh(fd)) { ent_free(e); return NOT_OURS; }
+	if (!own_host_socket(fd, e->state == ST_LISTENING ? TCP_LISTEN : TCP_CLOSE)) { ent_free(e); return NOT_OURS; }
 	if (e->unreplayable) { ent_free(e); errno = EPERM; return -1; }
 	int s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0 && errno == EMFILE) {
@@ -840,6 +841,15 @@ EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
 	return r_bind(fd, sa, len);
 }
 
+/* Is fd bound to the host's lo?  sockops binds a listener it could not
+ * publish there. */
+static int on_lo(int fd)
+{
+	int ifindex = 0;
+	socklen_t l = sizeof ifindex;
+	return getsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &ifindex, &l) == 0 && ifindex == 1;
+}
+
 EXPORT int listen(int fd, int backlog)
 {
 	RESOLVE(r_listen);
@@ -864,10 +874,15 @@ EXPORT int listen(int fd, int backlog)
 	}
 	e->transparent = 1;   /* a listen() that fails may be tried again */
 	int r = r_listen(fd, backlog), er = errno;
-	if (r == 0) { count_replaced(); ent_free(e); }
-	else tab_put(fd, e);
-	errno = er;
-	return r;
+	if (r < 0) { tab_put(fd, e); errno = er; return r; }
+	if (!on_lo(fd)) { count_replaced(); ent_free(e); errno = er; return 0; }
+	/* The layer could not publish it (a map full) and bound it to lo, where
+	 * nothing reaches it: a listener of the container's own, which the
+	 * overlay reaches. (Bound to lo by the app itself, outside secure mode,
+	 * it is the container's lo the app meant.) */
+	e->state = ST_LISTENING;
+	if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
+	return r_listen(fd, backlog);
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)

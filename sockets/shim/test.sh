@@ -154,7 +154,9 @@ server_shim() {
 check shim-server-listener-in-host server_shim
 
 # bind rules: listen() without bind -> explicit bind 0.0.0.0:0 on the host socket;
-# bind(container ip) -> EADDRNOTAVAIL in h -> container socket; bind(127.0.0.1) -> container socket
+# bind(container ip) -> EADDRNOTAVAIL in h -> container socket; bind(127.0.0.1) -> container socket;
+# a host listener bound to lo when listen() returns (how sockops marks one it could not publish;
+# here the app's own option, without hooks) -> container socket, the option replayed
 "${SHIMC[@]}" $PY -c '
 import socket, time
 a = socket.socket(); a.listen()                                   # fast path, implicit bind
@@ -162,6 +164,8 @@ assert a.getsockopt(socket.SOL_IP, 19) == 1, "listener not IP_TRANSPARENT"
 assert socket.socket().getsockopt(socket.SOL_IP, 19) == 0, "pooled socket IP_TRANSPARENT"
 b = socket.socket(); b.bind(("10.98.0.2", 7301)); b.listen()      # refused in h -> swap
 c = socket.socket(); c.bind(("127.0.0.1", 7302)); c.listen()      # not overlay -> swap
+d = socket.socket(); d.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+d.bind(("0.0.0.0", 7303)); d.listen()                             # on lo after listen -> swap
 print(a.getsockname()[1], flush=True); time.sleep(2)' >"$TMP/lst" 2>&1 & LP=$!; PIDS+=($LP)
 sleep 0.7
 bind_rules() {
@@ -170,6 +174,9 @@ bind_rules() {
 	inc ss -ltnH | grep -q "0.0.0.0:$port " && { echo "implicit listener in c"; return 1; }
 	inc ss -ltnH | grep -q "10.98.0.2:7301 " || { echo "10.98.0.2:7301 not in c"; return 1; }
 	inc ss -ltnH | grep -q "127.0.0.1:7302 " || { echo "127.0.0.1:7302 not in c"; return 1; }
+	inc ss -ltnH | grep -q "0.0.0.0%lo:7303 " || { echo "0.0.0.0%lo:7303 not in c"; return 1; }
+	inh ss -ltnH | grep -q ":7303 " && { echo "listener on lo in h"; return 1; }
+	return 0
 }
 check bind-listen-rules bind_rules
 wait $LP 2>/dev/null
