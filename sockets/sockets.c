@@ -472,16 +472,15 @@ static __always_inline void notify(__u32 kind, __be32 ip, __be16 port)
 	bpf_ringbuf_submit(ev, 0);
 }
 
-// client_tuple is a client socket's 4-tuple as the server sees its SYN.
-static __always_inline struct sks_tuple client_tuple(struct bpf_sock_ops *skops)
+// syn_tuple is a connection's 4-tuple as the server saw its SYN (the key of
+// sks_syns), from the client's socket or from the server's.
+static __always_inline struct sks_tuple syn_tuple(struct bpf_sock_ops *skops, bool client)
 {
-	struct sks_tuple t = {
-		.saddr = skops->local_ip4,
-		.daddr = skops->remote_ip4,
-		.sport = bpf_htons((__u16)skops->local_port),
-		.dport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
-	};
-	return t;
+	__be16 lport = bpf_htons((__u16)skops->local_port);
+	__be16 rport = (__u16)(skops->remote_port >> 16); // be16 in the upper half
+	if (client)
+		return (struct sks_tuple){.saddr = skops->local_ip4, .daddr = skops->remote_ip4, .sport = lport, .dport = rport};
+	return (struct sks_tuple){.saddr = skops->remote_ip4, .daddr = skops->local_ip4, .sport = rport, .dport = lport};
 }
 
 static __always_inline void bind_to_lo(struct bpf_sock_ops *skops)
@@ -535,7 +534,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 			break;
 		}
-		struct sks_tuple t = client_tuple(skops);
+		struct sks_tuple t = syn_tuple(skops, true);
 		struct sks_pending p = {.dst_ip = si->steer_ip, .src_ip = si->local_ip, .dst_port = si->peer_port};
 		if (bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY) == 0) {
 			count(SKS_SYN_RECORDED);
@@ -598,7 +597,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			notify(SKS_EV_CLOSE, si->local_ip, si->local_port);
 		} else if (si->role == SKS_CLIENT) { // a same-host client (above)
 			if (skops->args[1] == TCP_CLOSE) {
-				struct sks_tuple t = client_tuple(skops);
+				struct sks_tuple t = syn_tuple(skops, true);
 				bpf_map_delete_elem(&sks_syns, &t);
 			}
 			// Established, the server deletes the record when it
@@ -614,12 +613,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 			break;
 		si->role = SKS_CHILD;
 		si->peer_port = 0; // the real port is the peer's
-		struct sks_tuple t = {
-			.saddr = skops->remote_ip4,
-			.daddr = skops->local_ip4,
-			.sport = (__u16)(skops->remote_port >> 16), // be16 in the upper half
-			.dport = bpf_htons((__u16)skops->local_port),
-		};
+		struct sks_tuple t = syn_tuple(skops, false);
 		struct sks_pending *p = bpf_map_lookup_elem(&sks_syns, &t);
 		if (p) {
 			si->peer_ip = p->src_ip;
