@@ -23,11 +23,11 @@ trap cleanup EXIT
 $skiff lab up --name $name --mode sockets --containers-per-host 1 >/dev/null
 
 status=$($skiff lab status --name $name --json)
-field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(eval(sys.argv[2]))" "$status" "$1"; }
-h2_netns=$(field 'd["hosts"][1]["netns"]')
-c2_cgroup=$(field '[c for c in d["containers"] if c["name"]=="h2/c1"][0]["cgroup"]')
-c1_ip=$(field '[c for c in d["containers"] if c["name"]=="h1/c1"][0]["ip"]')
-h1_ip=$(field 'd["hosts"][0]["underlayIP"]')
+read -r h2_netns c2_cgroup c1_ip h1_ip < <(python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+c = {x["name"]: x for x in d["containers"]}
+print(d["hosts"][1]["netns"], c["h2/c1"]["cgroup"], c["h1/c1"]["ip"], d["hosts"][0]["underlayIP"])' "$status")
 
 $skiff lab exec --name $name h1/c1 -- $perf server --port 13000 >/dev/null 2>&1 & pids+=($!)
 $skiff lab exec --name $name h1 -- $perf server --port 13010 >/dev/null 2>&1 & pids+=($!)
