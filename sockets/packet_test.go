@@ -54,7 +54,7 @@ func syn(src, dst netip.Addr, flags byte, opts []byte) []byte {
 }
 
 // withPeer makes the peer host own subnet B.
-func withPeer(t *testing.T, l *Layer) {
+func withPeer(t testing.TB, l *Layer) {
 	t.Helper()
 	hosts := []cluster.Host{testHost, {Name: "h2", UnderlayIP: ulPeer, Subnet: subnetB}}
 	if err := l.Sync(hosts, nil, nil); err != nil {
@@ -150,6 +150,31 @@ func TestFromUnderlay(t *testing.T) {
 	}
 	if _, ok := pendingEntry(t, l, ulPeer, testHost.UnderlayIP); ok {
 		t.Fatal("a plain SYN of a recorded 4-tuple left the record")
+	}
+}
+
+// BenchmarkFromUnderlay times the recorder in the kernel (BPF_PROG_RUN, hot
+// caches) on what a connection brings the server's host: the option SYN,
+// whose record it writes, and the plain segments, which it only parses.
+func BenchmarkFromUnderlay(b *testing.B) {
+	l := loadTestTB(b)
+	withPeer(b, l)
+	good := append(append([]byte{}, linuxSYNOptions...), synOption(netip.AddrPortFrom(ipServer, 8080), ipClient)...)
+	for _, c := range []struct {
+		name string
+		pkt  []byte
+	}{
+		{"option SYN", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good)},
+		{"plain SYN", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, linuxSYNOptions)},
+		{"ACK", syn(ulPeer, testHost.UnderlayIP, tctest.ACK, nil)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			_, per, err := l.objs.SksFromUnderlay.Benchmark(c.pkt, b.N, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(per.Nanoseconds()), "ns/run")
+		})
 	}
 }
 
