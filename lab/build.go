@@ -62,6 +62,13 @@ func linkUp(h *netlink.Handle, name string, addr netip.Prefix, mtu int) error {
 	return nil
 }
 
+// switchMAC is the underlay bridge's address. Without one of its own a
+// bridge takes the lowest of its ports' addresses, and a host that leaves
+// with that port changes it: every host's ARP entry for etcd then points at
+// an address nobody has, and the cluster store is unreachable until the
+// entry goes stale (a flaky TestHostJoinAndLeave).
+var switchMAC = net.HardwareAddr{0x02, 0x5c, 0x1f, 0xf0, 0, 1}
+
 // buildSwitch creates the underlay switch: a namespace with a bridge that
 // every host's eth0 plugs into. The bridge carries the switch's own address,
 // where etcd listens.
@@ -76,7 +83,7 @@ func (l *Lab) buildSwitch() error {
 	}
 	defer ns.Close()
 	defer h.Close()
-	if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: l.Config.UnderlayMTU}}); err != nil {
+	if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: l.Config.UnderlayMTU, HardwareAddr: switchMAC}}); err != nil {
 		return fmt.Errorf("underlay bridge: %w", err)
 	}
 	if err := linkUp(h, "lo", netip.Prefix{}, 0); err != nil {

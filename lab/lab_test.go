@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -250,6 +251,47 @@ func TestHostJoinAndLeave(t *testing.T) {
 	hosts, err := api.NewClient(l.Hosts[0].Socket).Hosts(ctx)
 	if err != nil || len(hosts) != 2 {
 		t.Fatalf("hosts after leave: %v %v", hosts, err)
+	}
+	switchKeepsAddress(t, l)
+}
+
+// switchKeepsAddress plugs a port with the lowest possible address into the
+// underlay switch and takes it out again: the switch's address, which every
+// host has in its ARP cache for etcd, must not follow its ports'.
+func switchKeepsAddress(t *testing.T, l *Lab) {
+	t.Helper()
+	h, ns, err := handleAt(l.switchNetns())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	defer h.Close()
+	address := func() string {
+		br, err := h.LinkByName("br0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return br.Attrs().HardwareAddr.String()
+	}
+	br, err := h.LinkByName("br0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := address()
+	port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "tlow0", HardwareAddr: net.HardwareAddr{0, 0, 0, 0, 0, 1}}, PeerName: "tlow1"}
+	if err := h.LinkAdd(port); err != nil {
+		t.Fatal(err)
+	}
+	defer h.LinkDel(port)
+	if err := h.LinkSetMaster(port, br); err != nil {
+		t.Fatal(err)
+	}
+	joined := address()
+	if err := h.LinkDel(port); err != nil {
+		t.Fatal(err)
+	}
+	if left := address(); joined != before || left != before {
+		t.Errorf("switch address %s, with a port of the lowest address %s, without it %s", before, joined, left)
 	}
 }
 
