@@ -67,6 +67,7 @@ def main():
         h1_ip, c1_ip = hosts[0]["underlayIP"], ctrs["h1/c1"]["ip"]
         h2_netns, c2_cgroup = hosts[1]["netns"], ctrs["h2/c1"]["cgroup"]
         brokers = [f for h in hosts for f in glob.glob(os.path.join(os.path.dirname(h["socket"]), "state", "brokers", "*.pid"))]
+        broker_ticks = lambda: sum(proc_ticks(int(open(f).read())) for f in brokers)
 
         def server(target, ip, port):
             if o.workload == "tcp_crr":
@@ -95,11 +96,11 @@ def main():
             else:
                 cmd = [SKIFF, "lab", "exec", "--name", LAB, "h2" if kind == "host" else "h2/c1", "--", *cmd]
             srv = spid["host" if kind == "host" else "sockets"]
-            b0, s0, m0 = sum(proc_ticks(int(open(f).read())) for f in brokers), proc_ticks(srv), machine_ticks()
+            b0, s0, m0 = broker_ticks(), proc_ticks(srv), machine_ticks()
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             out = p.stdout.read()
             _, status, ru = os.wait4(p.pid, 0)
-            m1, s1, b1 = machine_ticks(), proc_ticks(srv), sum(proc_ticks(int(open(f).read())) for f in brokers)
+            m1, s1, b1 = machine_ticks(), proc_ticks(srv), broker_ticks()
             if status:
                 sys.exit(f"crr-parts: {kind} client failed: {out}")
             res = json.loads(out)

@@ -370,14 +370,14 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		err = fmt.Errorf("end the sockets of %s: %w", ip, err)
 	}
-	dir, derr := l.cgroupDir(e)
-	if derr != nil {
+	dir, gone := l.cgroupDir(e)
+	var id uint64
+	if gone == nil {
+		id, gone = cgroupID(dir)
+	}
+	if gone != nil {
 		// The cgroup is gone, and its links with it (PruneEndpoints
 		// unpins them): the address is forgotten all the same.
-		return errors.Join(err, l.forgetAddress(ip))
-	}
-	id, ierr := cgroupID(dir)
-	if ierr != nil {
 		return errors.Join(err, l.forgetAddress(ip))
 	}
 	return errors.Join(err, l.unpinCgroup(id))

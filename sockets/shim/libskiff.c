@@ -165,6 +165,8 @@ static int tracked_possible(void) { return __atomic_load_n(&g_ntracked, __ATOMIC
  * shim acts on its fd: own_host_socket()). */
 static int tab_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&g_tab_mu); return p; }
 static void tab_unlock(int p) { pthread_mutex_unlock(&g_tab_mu); t_inshim = p; }
+static int broker_lock(void) { int p = t_inshim; t_inshim = 1; pthread_mutex_lock(&g_broker_mu); return p; }
+static void broker_unlock(int p) { pthread_mutex_unlock(&g_broker_mu); t_inshim = p; }
 
 /* ---------- memory (caller holds g_tab_mu) ----------
  * The table's memory comes from mmap, never malloc: close(), dup() and
@@ -647,8 +649,7 @@ static int recv_batch_locked(int cloexec)
 /* A fresh host socket at the lowest free fd, or -1 (broker unavailable). */
 static int take_host_socket(int type)
 {
-	int cloexec = type & SOCK_CLOEXEC, fd = -1;
-	pthread_mutex_lock(&g_broker_mu);
+	int cloexec = type & SOCK_CLOEXEC, fd = -1, pb = broker_lock();
 	for (int attempt = 0; attempt < 2 && fd < 0; attempt++) {
 		fd = pool_take_locked(cloexec);
 		if (fd >= 0) break;
@@ -679,7 +680,7 @@ static int take_host_socket(int type)
 	}
 	if (fd >= 0 && g_bfd >= 0)
 		broker_request_locked();                /* ahead of demand, non-blocking */
-	pthread_mutex_unlock(&g_broker_mu);
+	broker_unlock(pb);
 	if (fd < 0) return -1;
 	if ((type & SOCK_NONBLOCK) && sys_fcntl(fd, F_SETFL, O_NONBLOCK) < 0) { sys_close(fd); return -1; }
 	int p = tab_lock();
@@ -731,12 +732,9 @@ static int swap_to_container(int fd, struct fdent *e, int reason)
 	int s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0 && errno == EMFILE) {
 		/* the swap needs one more fd: the pool's are the app's first */
-		int p = t_inshim;
-		t_inshim = 1;
-		pthread_mutex_lock(&g_broker_mu);
+		int p = broker_lock();
 		pool_drop_locked();
-		pthread_mutex_unlock(&g_broker_mu);
-		t_inshim = p;
+		broker_unlock(p);
 		s = r_socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	}
 	if (s < 0) { int er = errno; ent_free(e); errno = er; return -1; }
