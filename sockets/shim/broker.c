@@ -165,8 +165,7 @@ static int send_sockets(int c, int want)
 	do r = sendmsg(c, &m, MSG_DONTWAIT | MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
 	int err = r < 0 ? errno : 0;
 	/* in flight, the sockets hold their own references: the broker's go */
-	for (int i = 0; i < have; i++)
-		close(fds[i]);
+	skiff_close_fds(fds, have);
 	g_npool -= have;
 	if (r == (ssize_t)sizeof rep) {
 		st_add(SKIFF_ST_HANDED_OUT, (uint64_t)have);

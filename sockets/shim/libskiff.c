@@ -591,14 +591,21 @@ static int pool_take_locked(int cloexec)
 	return -1;
 }
 
-/* Puts a received socket in the pool, at >= g_hibase with FD_CLOEXEC. */
-static void pool_put_locked(int fd)
+/* Puts received sockets in the pool, at >= g_hibase with FD_CLOEXEC: a dup
+ * each, then one close_range for the numbers they arrived at. */
+static void pool_put_locked(const int *fds, int n)
 {
-	if (g_npool == BATCH) { sys_close(fd); return; }
-	int n = move_high(fd);
-	uint64_t c = cookie_of(n);
-	if (!c) { sys_close(n); return; }
-	g_pool[g_npool++] = (struct pooled){ .fd = n, .cookie = c };
+	int moved[BATCH], nmoved = 0;
+	for (int i = 0; i < n; i++) {
+		int fd = fds[i];
+		if (g_npool == BATCH) { sys_close(fd); continue; }
+		int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, g_hibase);
+		if (h >= 0) { moved[nmoved++] = fd; fd = h; }
+		uint64_t c = cookie_of(fd);
+		if (!c) { sys_close(fd); continue; }
+		g_pool[g_npool++] = (struct pooled){ .fd = fd, .cookie = c };
+	}
+	skiff_close_fds(moved, nmoved);
 }
 
 enum { TAKE_GONE = -1, TAKE_NONE = -2, TAKE_BROKEN = -3 };
@@ -640,7 +647,7 @@ static int recv_batch_locked(int cloexec)
 		g_nreq--;
 		g_primed = 1;
 		if (!n) return TAKE_NONE;
-		for (int i = 1; i < n; i++) pool_put_locked(fds[i]);
+		pool_put_locked(fds + 1, n - 1);
 		if (!cloexec && sys_fcntl(fds[0], F_SETFD, 0) < 0) { sys_close(fds[0]); return TAKE_BROKEN; }
 		return fds[0];
 	}

@@ -149,6 +149,33 @@ static inline void skiff_close_received(struct msghdr *m)
 	}
 }
 
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+/* Closes fds[0..n) (n <= SKIFF_MAX_BATCH): one close_range per run of
+ * consecutive numbers, which a batch of sockets mostly is, instead of a
+ * close each (a raw syscall: the shim interposes close()). */
+static inline void skiff_close_fds(const int *fds, int n)
+{
+	int s[SKIFF_MAX_BATCH];
+	for (int i = 0; i < n; i++) {   /* sorted copy: insertion sort of at most 32 */
+		int j = i;
+		for (; j > 0 && s[j - 1] > fds[i]; j--)
+			s[j] = s[j - 1];
+		s[j] = fds[i];
+	}
+	for (int i = 0; i < n;) {
+		int j = i + 1;
+		while (j < n && s[j] == s[j - 1] + 1)
+			j++;
+		if (j - i == 1 || syscall(SYS_close_range, s[i], s[j - 1], 0) < 0)
+			for (int k = i; k < j; k++)   /* one fd, or a kernel before 5.9 */
+				syscall(SYS_close, s[k]);
+		i = j;
+	}
+}
+
 /* The number of fds a received message carried (copied to fds, at most
  * max), or -1 if its control data is not one SCM_RIGHTS cmsg; then every
  * fd it carried is closed. */

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -642,6 +643,53 @@ static int do_locks(void)
 	return g_fail;
 }
 
+/* holes: the app's files sit between free low numbers, where each batch of
+ * sockets lands before the shim moves it up to its pool and closes the
+ * numbers it arrived at (by ranges). socket() must leave every file of the
+ * app's where it is and leak none of those numbers. */
+#define HOLES_BELOW 700   /* under the pool's numbers (768 and up) */
+static int do_holes(void)
+{
+	int app[48], na = 0;
+	ino_t ino[48];
+	for (int i = 0; i < 48; i++) {   /* files at 48 consecutive numbers, */
+		app[i] = memfd_create("holes", MFD_CLOEXEC);
+		if (app[i] < 0) { fail("holes", "memfd_create: %s", strerror(errno)); return g_fail; }
+	}
+	for (int i = 0; i < 48; i++) {   /* every other one closed */
+		struct stat st;
+		if (i % 2) { close(app[i]); continue; }
+		fstat(app[i], &st);
+		app[na] = app[i];
+		ino[na++] = st.st_ino;
+	}
+	char before[HOLES_BELOW];
+	for (int fd = 0; fd < HOLES_BELOW; fd++)
+		before[fd] = fcntl(fd, F_GETFD) >= 0;
+	int got[100], bad = 0;
+	for (int i = 0; i < 100; i++) {   /* several batches */
+		struct stat st;
+		got[i] = socket(AF_INET, SOCK_STREAM, 0);
+		if (got[i] < 0 || fstat(got[i], &st) < 0 || !S_ISSOCK(st.st_mode)) bad++;
+	}
+	for (int i = 0; i < na; i++) {
+		struct stat st;
+		if (fstat(app[i], &st) < 0 || st.st_ino != ino[i]) {
+			fail("holes", "the app's file at fd %d is gone", app[i]);
+			return g_fail;
+		}
+	}
+	for (int i = 0; i < 100; i++) if (got[i] >= 0) close(got[i]);
+	int leaked = 0, first = -1;
+	for (int fd = 0; fd < HOLES_BELOW; fd++)
+		if ((fcntl(fd, F_GETFD) >= 0) != before[fd] && !leaked++) first = fd;
+	if (bad) fail("holes", "%d of 100 socket() calls gave no socket", bad);
+	else if (leaked) fail("holes", "%d numbers below %d changed, the first %d", leaked, HOLES_BELOW, first);
+	else ok("holes");
+	for (int i = 0; i < na; i++) close(app[i]);
+	return g_fail;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: sockcheck server IP PORT [--count N] [--expect-net CIDR]\n"
@@ -650,6 +698,7 @@ static void usage(void)
 		"       sockcheck threads IP PORT NTHREADS NCONN\n"
 		"       sockcheck forksig IP PORT NFORKS\n"
 		"       sockcheck locks IP PORT\n"
+		"       sockcheck holes IP PORT\n"
 		"       sockcheck relisten IP PORT NLISTENS\n"
 		"       sockcheck sigmalloc IP PORT NMALLOCS\n");
 	exit(2);
@@ -679,6 +728,7 @@ int main(int argc, char **argv)
 	if (!strcmp(mode, "threads")) return do_threads(npos > 0 ? pos[0] : 8, npos > 1 ? pos[1] : 50);
 	if (!strcmp(mode, "forksig")) return do_forksig(npos ? pos[0] : 1000);
 	if (!strcmp(mode, "locks")) return do_locks();
+	if (!strcmp(mode, "holes")) return do_holes();
 	if (!strcmp(mode, "relisten")) return do_relisten(npos ? pos[0] : 3);
 	if (!strcmp(mode, "sigmalloc")) return do_sigmalloc(npos ? pos[0] : 1000000);
 	if (strcmp(mode, "client")) usage();

@@ -365,6 +365,7 @@ print("out of fds ok")
 EOF2
 }
 check out-of-fds-socket-and-swap out_of_fds_app
+check pool-batches-between-app-files sc_ok shim ./sockcheck holes 10.98.0.1 7001
 check threads-16x40 sc_ok shim ./sockcheck threads 10.98.0.1 7001 16 40
 check fork-with-signals-no-deadlock sc_ok timeout 60 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck forksig 10.98.0.1 7001 3000
 check signal-handler-dup-close-no-malloc sc_ok timeout 60 ip netns exec $C env LD_PRELOAD=$SHIM ./sockcheck sigmalloc 10.98.0.1 7001 3000000
