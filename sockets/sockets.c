@@ -718,8 +718,11 @@ int sks_from_underlay(struct __sk_buff *skb)
 	struct sks_opt o;
 	if (!syn_option(skb, ip, th, &o)) {
 		// A plain SYN is the host's: a record of its 4-tuple (a fast-path
-		// handshake that failed) must not steer it to a container.
-		bpf_map_delete_elem(&sks_syns, &t);
+		// handshake that failed) must not steer it to a container. Looked
+		// up first: a delete takes the bucket's lock even for nothing,
+		// and every SYN of the host's own connections comes here.
+		if (bpf_map_lookup_elem(&sks_syns, &t))
+			bpf_map_delete_elem(&sks_syns, &t);
 		return TCX_NEXT;
 	}
 	__be32 src = o.src_ip, dst = o.dst_ip;
