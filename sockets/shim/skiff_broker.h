@@ -159,7 +159,7 @@ static inline void skiff_close_received(struct msghdr *m)
 static inline void skiff_close_fds(const int *fds, int n)
 {
 	int s[SKIFF_MAX_BATCH];
-	for (int i = 0; i < n; i++) {   /* sorted copy: insertion sort of at most 32 */
+	for (int i = 0; i < n; i++) {   /* sorted copy (the broker's pool is in no order) */
 		int j = i;
 		for (; j > 0 && s[j - 1] > fds[i]; j--)
 			s[j] = s[j - 1];

@@ -672,6 +672,12 @@ static int do_holes(void)
 		got[i] = socket(AF_INET, SOCK_STREAM, 0);
 		if (got[i] < 0 || fstat(got[i], &st) < 0 || !S_ISSOCK(st.st_mode)) bad++;
 	}
+	/* The first batch arrived at the lowest free numbers, the holes: its
+	 * first socket is the first socket()'s, at the first hole. */
+	if (got[0] != app[0] + 1) {
+		fail("holes", "the first socket() gave fd %d, want the lowest free %d", got[0], app[0] + 1);
+		return g_fail;
+	}
 	for (int i = 0; i < na; i++) {
 		struct stat st;
 		if (fstat(app[i], &st) < 0 || st.st_ino != ino[i]) {
