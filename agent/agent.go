@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,6 +44,10 @@ type Config struct {
 	Broker        string        // sockets mode: the skiff-broker binary
 	CgroupRoot    string        // sockets mode: cgroup v2 mount (default: found or mounted)
 	ResyncEvery   time.Duration // full reconcile period besides watch events
+	// Serves is what this host serves to the control plane (its embedded
+	// etcd's client and peer URLs, its metrics address): published in its
+	// host record and refused to every container of the cluster.
+	Serves []string
 }
 
 // Agent is a running skiffd.
@@ -55,7 +60,8 @@ type Agent struct {
 	host    cluster.Host
 	cluster cluster.Config
 	overlay *overlay.Overlay
-	cache   *cache.Cache // nil unless in cache mode
+	control overlay.ControlPlane // what the guard keeps containers from
+	cache   *cache.Cache         // nil unless in cache mode
 	// cacheState is the cluster state the caches were last made coherent
 	// with (nil: never); reconciles that find it unchanged leave the caches
 	// alone.
@@ -125,12 +131,26 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if under.Masked().Overlaps(cfg.Cluster.CIDR) {
 		return nil, fmt.Errorf("cluster CIDR %s overlaps the underlay network %s of %s: choose another --cluster-cidr", cfg.Cluster.CIDR, under.Masked(), cfg.Underlay)
 	}
+	var served []netip.AddrPort
+	for _, e := range cfg.Serves {
+		addrs, port, err := resolveEndpoint(context.Background(), e)
+		if err != nil {
+			return nil, fmt.Errorf("control-plane address: %w", err)
+		}
+		for _, a := range addrs {
+			served = append(served, netip.AddrPortFrom(a, port))
+		}
+	}
+	control, err := controlPlane(context.Background(), cfg.EtcdEndpoints, served)
+	if err != nil {
+		return nil, err
+	}
 	s, err := store.Open(cfg.EtcdEndpoints)
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, store: s}
-	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String()}
+	a := &Agent{cfg: cfg, log: log, store: s, control: control}
+	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served}
 	return a, nil
 }
 
@@ -400,6 +420,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	eps = a.collectGarbage(ctx, eps)
 	errs := errors.Join(
 		a.overlay.SyncHosts(hosts),
+		a.overlay.SyncGuard(a.control, hosts),
 		a.overlay.PruneEndpoints(eps),
 	)
 	if a.sockets != nil {
@@ -449,7 +470,7 @@ type clusterView struct {
 }
 
 func (c *clusterView) equal(o *clusterView) bool {
-	return o != nil && slices.Equal(c.rules, o.rules) && slices.Equal(c.hosts, o.hosts) &&
+	return o != nil && slices.Equal(c.rules, o.rules) && slices.EqualFunc(c.hosts, o.hosts, cluster.Host.Equal) &&
 		slices.EqualFunc(c.endpoints, o.endpoints, cluster.Endpoint.Equal)
 }
 

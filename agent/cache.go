@@ -60,7 +60,7 @@ func (a *Agent) pinDir() string {
 // and stops never hold learning up.
 func (a *Agent) syncCache(in *clusterView, local []cluster.Endpoint) error {
 	policyChanged := a.overlay.PolicyChanged(in.rules)
-	pause := policyChanged || a.cacheState == nil || !slices.Equal(in.hosts, a.cacheState.hosts)
+	pause := policyChanged || a.cacheState == nil || !slices.EqualFunc(in.hosts, a.cacheState.hosts, cluster.Host.Equal)
 	if pause {
 		if err := a.cache.SetPaused(true); err != nil {
 			return err

@@ -46,15 +46,18 @@ func (c *Cache) Setup() error {
 
 const markChain = "SKIFF-CACHE"
 
-// installMarkRule is the one conntrack rule the fast path needs from the
-// overlay: packets the fast path missed (miss mark) that belong to an
-// established flow get the established mark, which tells the init programs
-// the overlay let the flow through. Only overlay-to-overlay traffic is
-// matched, so no mark is ever set on a packet leaving the overlay.
+// installMarkRule is the rules the fast path needs from the overlay: every
+// overlay packet forwarded between containers gets LearnMark (so
+// to_underlay tells the VXLAN device's packets from look-alikes), and
+// packets the fast path missed (miss mark) that belong to an established
+// flow get the established mark, which tells the init programs the overlay
+// let the flow through. Only overlay-to-overlay traffic is matched, so no
+// mark is ever set on a packet leaving the overlay.
 func (c *Cache) installMarkRule() error {
 	cidr := c.cfg.Cluster.CIDR.String()
-	rules := fmt.Sprintf("*mangle\n:%s - [0:0]\n-A %s -m conntrack --ctstate ESTABLISHED -m tos --tos 0x%02x/0x%02x -j TOS --or-tos 0x%02x\nCOMMIT\n",
-		markChain, markChain, markMiss, markMiss, markEst)
+	rules := fmt.Sprintf("*mangle\n:%s - [0:0]\n-A %s -j MARK --or-mark %#x\n"+
+		"-A %s -m conntrack --ctstate ESTABLISHED -m tos --tos 0x%02x/0x%02x -j TOS --or-tos 0x%02x\nCOMMIT\n",
+		markChain, markChain, LearnMark, markChain, markMiss, markMiss, markEst)
 	cmd := exec.Command("iptables-restore", "-w", "5", "--noflush")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -77,6 +80,9 @@ func (c *Cache) installMarkRule() error {
 const (
 	markMiss = 0x04
 	markEst  = 0x08
+	// LearnMark is the skb mark bit of overlay packets forwarded into the
+	// VXLAN device, the only ones to_underlay learns from.
+	LearnMark = 0x1000
 )
 
 // AddEndpoint attaches the fast path to a local container: its ingress

@@ -277,6 +277,23 @@ static __always_inline __be16 flow_src_port(__u32 hash)
 	return bpf_htons((__u16)((((__u64)hash * (cfg_port_max - cfg_port_min)) >> 32) + cfg_port_min));
 }
 
+// clear_forged_marks takes skiff's marks off a container's packet to the
+// cluster: the marks are the data path's, and a container that set them
+// itself would have the init programs learn a flow conntrack never let
+// through. (Traffic leaving the cluster keeps its DSCP: nothing reads the
+// marks there.) The caller has made the IPv4 header linear.
+static __always_inline void clear_forged_marks(struct __sk_buff *skb)
+{
+	struct iphdr *ip = (void *)(long)skb->data + ETH_HLEN;
+	if ((void *)(ip + 1) > (void *)(long)skb->data_end)
+		return;
+	__u8 tos = ip->tos;
+	if (!(tos & MARKS) || !in_cluster(ip->daddr))
+		return;
+	set_tos(skb, ETH_HLEN, tos, tos & ~MARKS);
+	count(EG_FORGED_MARKS);
+}
+
 SEC("tc")
 int from_container(struct __sk_buff *skb)
 {
@@ -288,6 +305,7 @@ int from_container(struct __sk_buff *skb)
 		count(EG_PASS_UNSUPPORTED);
 		return TC_ACT_OK;
 	}
+	clear_forged_marks(skb);
 	struct flow_key key = {};
 	__u8 tos = 0, ttl = 0;
 	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl);
@@ -502,6 +520,14 @@ int to_underlay(struct __sk_buff *skb)
 	struct iphdr outer;
 	if (!vxlan_inner(skb, &outer)) {
 		count(EI_PASS);
+		return TC_ACT_OK;
+	}
+	// Only what the overlay forwarded into its VXLAN device is the
+	// overlay's: a VXLAN frame a container (or a host process) sent to some
+	// address looks the same here, and learning from it would send every
+	// cached flow to the victim wherever its outer header says.
+	if (!(skb->mark & LEARN_MARK)) {
+		count(EI_PASS_NOT_OVERLAY);
 		return TC_ACT_OK;
 	}
 	struct flow_key key = {};

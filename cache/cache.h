@@ -5,6 +5,10 @@
 #define MARK_MISS 0x04 // TOS bit 2 (DSCP bit 0): the fast path missed
 #define MARK_EST 0x08  // TOS bit 3 (DSCP bit 1): the overlay's conntrack says established
 #define MARKS (MARK_MISS | MARK_EST)
+// skb mark bit the overlay's mangle rule sets on every overlay packet it
+// forwards into the VXLAN device (which keeps skb->mark within a namespace):
+// to_underlay learns only from packets carrying it. Go: cache.LearnMark.
+#define LEARN_MARK 0x1000
 
 // A flow as seen from this host: l* is the local container's side.
 struct flow_key {
@@ -57,6 +61,7 @@ enum reason {
 	EG_MISS_EGRESS_IP,
 	EG_MISS_EGRESS_HOST,
 	EG_ERR_ENCAP,
+	EG_FORGED_MARKS, // counted besides the outcome: a container's own marks, cleared
 	IN_HIT,
 	IN_PASS_NOT_VXLAN,
 	IN_PASS_NOT_MINE,
@@ -71,6 +76,7 @@ enum reason {
 	EI_PAUSED,
 	EI_CLEARED,
 	EI_PASS,
+	EI_PASS_NOT_OVERLAY,
 	II_LEARN,
 	II_PAUSED,
 	II_CLEARED,

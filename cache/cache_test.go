@@ -215,6 +215,47 @@ func TestFromContainerMisses(t *testing.T) {
 	}
 }
 
+// TestFromContainerClearsForgedMarks: skiff's marks in a container's own
+// packet to the cluster are cleared before anything reads them — on a miss
+// (the fast path's miss mark alone goes on), on a pass, on a hit, for
+// fragments too; a packet leaving the cluster keeps its DSCP.
+func TestFromContainerClearsForgedMarks(t *testing.T) {
+	forged := tctest.IPOpts{TOS: 0x20 | markMiss | markEst}
+	outside := tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(forged, tctest.ProtoUDP, ipLocal, netip.MustParseAddr("192.0.2.1"), tctest.UDP(5000, 53, payload)))
+	for _, tc := range []struct {
+		name    string
+		warm    bool
+		pkt     []byte
+		reasons []string
+		tos     byte // inner TOS after
+		off     int  // of the IPv4 header after
+	}{
+		{"miss", false, egressTCP(forged, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/miss_filter"}, 0x20 | markMiss, 14},
+		{"SYN", false, egressTCP(forged, tctest.SYN), []string{"from_container/forged_marks_cleared", "from_container/pass_syn_fin_rst"}, 0x20, 14},
+		{"fragment", false, egressTCP(tctest.IPOpts{TOS: forged.TOS, Frag: 0x2000}, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/pass_unsupported"}, 0x20, 14},
+		{"hit", true, egressTCP(forged, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/hit"}, 0x20, 64},
+		{"outside the cluster", false, outside, []string{"from_container/pass_not_remote"}, forged.TOS, 14},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			fill(t, c, tc.warm, tc.warm, tc.warm, tc.warm)
+			var out []byte
+			d := delta(t, c, func() { _, out = tctest.Run(t, c.objs.FromContainer, tc.pkt) })
+			if len(d) != len(tc.reasons) {
+				t.Errorf("counters moved %v, want %v", d, tc.reasons)
+			}
+			for _, r := range tc.reasons {
+				if d[r] != 1 {
+					t.Errorf("counters moved %v, want %v", d, tc.reasons)
+				}
+			}
+			if tos, _ := ipAt(t, out, tc.off); tos != tc.tos {
+				t.Errorf("TOS %#x, want %#x", tos, tc.tos)
+			}
+		})
+	}
+}
+
 func TestFromContainerHit(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, true, true, true, true)
@@ -364,7 +405,7 @@ func TestToUnderlayLearns(t *testing.T) {
 	in := encapsulatedTCP(tctest.IPOpts{TOS: 0x20 | markMiss | markEst})
 	var ret uint32
 	var out []byte
-	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.ToUnderlay, in) })
+	d := delta(t, c, func() { ret, out = fromOverlay(t, c.objs.ToUnderlay, in) })
 	expectCount(t, d, "to_underlay/learn")
 	if ret != tcActOK || len(out) != len(in) {
 		t.Fatalf("ret %d len %d", ret, len(out))
@@ -387,6 +428,37 @@ func TestToUnderlayLearns(t *testing.T) {
 	}
 }
 
+// fromOverlay runs to_underlay on a packet the overlay forwarded into its
+// VXLAN device (it carries LearnMark).
+func fromOverlay(t *testing.T, prog *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
+	ret, out, _ := tctest.RunSkb(t, prog, in, &tctest.Skb{Mark: LearnMark})
+	return ret, out
+}
+
+// TestToUnderlayIgnoresLookAlikes: a VXLAN frame that did not come from the
+// overlay device — a container's or a host process's datagram to some
+// address's VXLAN port, with both marks in its inner header — teaches
+// nothing and is not changed (the cache poisoning of issue 25).
+func TestToUnderlayIgnoresLookAlikes(t *testing.T) {
+	c := newTestCache(t, Capacity{})
+	in := encapsulatedTCP(tctest.IPOpts{TOS: 0x20 | markMiss | markEst})
+	for _, mark := range []uint32{0, LearnMark ^ 0xffffffff} {
+		var ret uint32
+		var out []byte
+		d := delta(t, c, func() { ret, out, _ = tctest.RunSkb(t, c.objs.ToUnderlay, in, &tctest.Skb{Mark: mark}) })
+		expectCount(t, d, "to_underlay/pass_not_overlay")
+		if ret != tcActOK || !bytes.Equal(out[:len(in)], in) {
+			t.Errorf("mark %#x: ret %d, packet changed: %v", mark, ret, !bytes.Equal(out[:len(in)], in))
+		}
+	}
+	for _, m := range []*ebpf.Map{c.objs.SkcEgressIp, c.objs.SkcEgressHost, c.objs.SkcFilter} {
+		if n := count(t, m); n != 0 {
+			t.Errorf("%v: %d entries learned", m, n)
+		}
+	}
+}
+
 func TestToUnderlayDoesNotLearn(t *testing.T) {
 	for _, tc := range []struct {
 		name, reason string
@@ -406,7 +478,7 @@ func TestToUnderlayDoesNotLearn(t *testing.T) {
 			}
 			in := encapsulatedTCP(tctest.IPOpts{TOS: tc.tos})
 			var out []byte
-			d := delta(t, c, func() { _, out = tctest.Run(t, c.objs.ToUnderlay, in) })
+			d := delta(t, c, func() { _, out = fromOverlay(t, c.objs.ToUnderlay, in) })
 			expectCount(t, d, tc.reason)
 			if tos, _ := ipAt(t, out, 64); tos&(markMiss|markEst) != 0 {
 				t.Errorf("marks left on: %#x", tos)
@@ -499,7 +571,7 @@ func TestFullCaches(t *testing.T) {
 		in[64+19] = byte(i) // a new remote container each time
 		binary.BigEndian.PutUint16(in[64+10:], 0)
 		binary.BigEndian.PutUint16(in[64+10:], tctest.Csum(in[64:84]))
-		if ret, _ := tctest.Run(t, c.objs.ToUnderlay, in); ret != tcActOK {
+		if ret, _ := fromOverlay(t, c.objs.ToUnderlay, in); ret != tcActOK {
 			t.Fatalf("learning #%d at capacity: ret %d", i, ret)
 		}
 	}

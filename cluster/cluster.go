@@ -6,6 +6,7 @@ package cluster
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -40,6 +41,17 @@ type Host struct {
 	UnderlayIP netip.Addr   `json:"underlayIP"`
 	Subnet     netip.Prefix `json:"subnet"`
 	VTEPMAC    string       `json:"vtepMAC"`
+	// Control is what the host serves to the cluster's control plane (its
+	// embedded etcd, its metrics), published so that every host keeps its
+	// containers away from it. An unspecified address means all of the
+	// host's addresses.
+	Control []netip.AddrPort `json:"control,omitempty"`
+}
+
+// Equal reports whether h and o are the same record.
+func (h Host) Equal(o Host) bool {
+	return h.Name == o.Name && h.UnderlayIP == o.UnderlayIP && h.Subnet == o.Subnet && h.VTEPMAC == o.VTEPMAC &&
+		slices.Equal(h.Control, o.Control)
 }
 
 // Endpoint is one container interface attached to the overlay.

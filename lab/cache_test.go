@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -401,4 +402,70 @@ func scrape(t *testing.T, l *Lab, host, addr string) string {
 		t.Fatal(err)
 	}
 	return string(body)
+}
+
+// TestCacheNotPoisoned: a VXLAN frame with both of skiff's marks in its
+// inner header, sent to some address's VXLAN port by a container or by a
+// host process, teaches the fast path nothing: the host keeps sending the
+// victim's flows to the victim's host (issue 25, cache poisoning).
+func TestCacheNotPoisoned(t *testing.T) {
+	l := newLab(t, Config{Name: "tcpoison", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	ctx := context.Background()
+	h1, _ := l.Host("h1")
+	h2, _ := l.Host("h2")
+	attacker := netip.AddrPortFrom(switchAddr, 4789) // an address the attacker holds
+	victim, _ := l.IP("h2/c1")
+	src, _ := l.IP("h1/c1")
+	frame := forgedVXLAN(overlay.VTEPMAC(h2.UnderlayIP), src, victim, 0x0c, 7000, []byte("poison"))
+	egressOf := func() netip.Addr {
+		t.Helper()
+		v, err := api.NewClient(h1.Socket).Cache(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range v.Entries.EgressIPs {
+			if e.Container == victim {
+				return e.Host
+			}
+		}
+		return netip.Addr{}
+	}
+	forge := func(from string) {
+		t.Helper()
+		err := l.Do(from, func() error {
+			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(attacker))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			for range 20 {
+				c.Write(frame)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, from := range []string{"h1/c1", "h1"} {
+		forge(from)
+		if got := egressOf(); got.IsValid() {
+			t.Errorf("after a forged frame from %s: the victim's flows go to %s", from, got)
+		}
+	}
+	// Real traffic teaches the right host; forged frames do not move it.
+	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "5", "-i", "0.01", victim.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := egressOf(); got != h2.UnderlayIP {
+		t.Fatalf("after real traffic the victim's host is %v, want %s", got, h2.UnderlayIP)
+	}
+	for _, from := range []string{"h1/c1", "h1"} {
+		forge(from)
+		if got := egressOf(); got != h2.UnderlayIP {
+			t.Errorf("after a forged frame from %s: the victim's flows go to %s", from, got)
+		}
+	}
 }

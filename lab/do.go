@@ -16,6 +16,11 @@ func (l *Lab) Do(target string, f func() error) error {
 	if err != nil {
 		return err
 	}
+	return inNetns(name, f)
+}
+
+// inNetns runs f on an OS thread inside the named network namespace.
+func inNetns(name string, f func() error) error {
 	errc := make(chan error, 1)
 	// A fresh goroutine: if restoring the namespace fails, the thread dies
 	// with it (no UnlockOSThread) instead of being reused in the wrong one.

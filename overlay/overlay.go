@@ -50,6 +50,7 @@ type Overlay struct {
 	mtu      int
 	log      *slog.Logger
 	applied  *policy.Set // the rule set last enforced, nil before the first
+	guard    string      // the guard chains last written
 }
 
 // New looks up the underlay interface; it changes nothing.
@@ -123,7 +124,10 @@ func (o *Overlay) Setup() error {
 	if err := o.setupVXLAN(); err != nil {
 		return err
 	}
-	return o.setupChains()
+	if err := o.setupChains(); err != nil {
+		return err
+	}
+	return o.setupGuard()
 }
 
 func writeSysctl(key, val string) error {
@@ -154,6 +158,14 @@ func (o *Overlay) setupBridge() error {
 	gw := netip.PrefixFrom(ipam.Gateway(o.cfg.Host.Subnet), o.cfg.Host.Subnet.Bits())
 	if err := ensureOnlyAddr(br, gw); err != nil {
 		return err
+	}
+	// The overlay is IPv4: without an IPv6 address on the bridge,
+	// containers cannot reach the host's services by its link-local address
+	// (which the IPv4 guard would not see).
+	if _, err := os.Stat("/proc/sys/net/ipv6/conf/" + BridgeName); err == nil {
+		if err := writeSysctl("net/ipv6/conf/"+BridgeName+"/disable_ipv6", "1"); err != nil {
+			return err
+		}
 	}
 	return ensureUpMTU(br, o.mtu)
 }

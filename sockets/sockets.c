@@ -336,7 +336,13 @@ int sks_connect4(struct bpf_sock_addr *ctx)
 	__be32 *host = bpf_map_lookup_elem(&sks_routes, &k);
 	if (!host) {
 		count(SKS_CONNECT_REFUSED);
-		return cfg_secure ? 0 : 1;
+		// An overlay or loopback destination without a replaced listener
+		// has the container's own path (the overlay, its own loopback),
+		// never the host's: an overlay address may be one of the host's
+		// own (its gateway), where the guard does not see a host socket.
+		if (cfg_secure || in_cluster(dst) || steer != dst)
+			return 0;
+		return 1;
 	}
 	if (!allowed(si->local_ip, steer, k.port)) {
 		count(SKS_CONNECT_DENIED);

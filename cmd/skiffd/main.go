@@ -83,7 +83,12 @@ func run(args []string) error {
 	defer stop()
 
 	etcd := splitList(*endpoints)
+	var serves []string
+	if *metrics != "" {
+		serves = append(serves, *metrics)
+	}
 	if *embedded != "" {
+		serves = append(serves, *embeddedListen, *embeddedPeer)
 		e, err := store.StartEmbedded(ctx, *embedded, *embeddedListen, *embeddedPeer)
 		if err != nil {
 			return err
@@ -98,7 +103,7 @@ func run(args []string) error {
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, Socket: *socket, StateDir: *stateDir, Mode: *mode,
 		BPFDir: *bpfDir, CacheCapacity: capacity, SocketsSecure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot,
-		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port},
+		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)
 	if err != nil {
 		return err

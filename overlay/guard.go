@@ -1,0 +1,156 @@
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/skiffnet/skiff/cluster"
+)
+
+// The guard: what no container may reach, whatever the policy says. Its
+// chains are jumped to before skiff's policy chains, and user policy cannot
+// add to or override them (docs/security.md).
+//
+//	SKIFF-GUARD-IN   INPUT, packets from containers (arriving on the bridge,
+//	                 or from an overlay address): the VXLAN port and every
+//	                 control-plane port of this host (store client and peer,
+//	                 metrics), on any of its addresses.
+//	SKIFF-GUARD-FWD  FORWARD, packets from this host's containers leaving
+//	                 the overlay: the VXLAN port of any address, and the
+//	                 control-plane endpoints of the store and of every host.
+//	SKIFF-VXLAN      INPUT, VXLAN to this host: only from cluster hosts'
+//	                 underlay addresses.
+const (
+	chainGuardIn  = "SKIFF-GUARD-IN"
+	chainGuardFwd = "SKIFF-GUARD-FWD"
+	chainVXLAN    = "SKIFF-VXLAN"
+)
+
+// ControlPlane is what containers must never reach.
+type ControlPlane struct {
+	// Ports served on this host (any of its addresses): refused to
+	// containers here whatever address they use.
+	Ports []uint16
+	// Endpoints served elsewhere (an external store, the lab's).
+	Endpoints []netip.AddrPort
+}
+
+// guardHooks are the jumps into the guard chains, first in their built-in
+// chains. A container's packet matches one of each pair; a spoofed source
+// still arrives on the bridge, and packets of other hosts' containers
+// (decapsulated, or readdressed to the host stack by a layer) carry their
+// overlay address.
+func (o *Overlay) guardHooks() []hook {
+	cidr := o.cfg.Cluster.CIDR.String()
+	port := fmt.Sprint(o.cfg.Cluster.VXLANPort)
+	comment := []string{"-m", "comment", "--comment", "skiff guard"}
+	return []hook{
+		{"INPUT", slices.Concat([]string{"-i", BridgeName}, comment, []string{"-j", chainGuardIn})},
+		{"INPUT", slices.Concat([]string{"!", "-i", "lo", "-s", cidr}, comment, []string{"-j", chainGuardIn})},
+		{"INPUT", slices.Concat([]string{"-p", "udp", "--dport", port}, comment, []string{"-j", chainVXLAN})},
+		{"FORWARD", slices.Concat([]string{"-i", BridgeName}, comment, []string{"-j", chainGuardFwd})},
+	}
+}
+
+// hook is a rule in a built-in chain of the filter table.
+type hook struct {
+	chain string
+	rule  []string
+}
+
+// setupGuard creates the guard chains if missing — keeping their rules, so
+// a restarting agent that cannot reach the store keeps the last ones — and
+// hooks them in.
+func (o *Overlay) setupGuard() error {
+	for _, c := range []string{chainGuardIn, chainGuardFwd, chainVXLAN} {
+		if iptables("-t", "filter", "-n", "-L", c) != nil {
+			if err := iptables("-t", "filter", "-N", c); err != nil {
+				return err
+			}
+		}
+	}
+	var errs []error
+	for _, h := range o.guardHooks() {
+		errs = append(errs, ensureRule("filter", h.chain, h.rule...))
+	}
+	return errors.Join(errs...)
+}
+
+// SyncGuard rewrites the guard chains for the control plane cp and the
+// cluster's hosts, atomically.
+func (o *Overlay) SyncGuard(cp ControlPlane, hosts []cluster.Host) error {
+	rules := o.guardRules(cp, hosts)
+	if rules == o.guard {
+		return nil
+	}
+	if err := restore(rules); err != nil {
+		return err
+	}
+	o.guard = rules
+	return nil
+}
+
+// guardRules renders the guard chains (iptables-restore input).
+func (o *Overlay) guardRules(cp ControlPlane, hosts []cluster.Host) string {
+	cidr := o.cfg.Cluster.CIDR.String()
+	vx := o.cfg.Cluster.VXLANPort
+	var b strings.Builder
+	b.WriteString("*filter\n")
+	for _, c := range []string{chainGuardIn, chainGuardFwd, chainVXLAN} {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+	}
+	// A container's VXLAN frame to a host would be decapsulated there with
+	// any inner source it chose.
+	fmt.Fprintf(&b, "-A %s -p udp --dport %d -j DROP\n", chainGuardIn, vx)
+	ports := slices.Clone(cp.Ports)
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	for chunk := range slices.Chunk(ports, 15) { // multiport's limit
+		fmt.Fprintf(&b, "-A %s -p tcp -m multiport --dports %s -j REJECT --reject-with tcp-reset\n", chainGuardIn, joinPorts(chunk))
+	}
+	// Container to container: the receiving host's guard judges what
+	// reaches it. Beyond the overlay, this host is the last that knows the
+	// packet came from a container (it masquerades it).
+	fmt.Fprintf(&b, "-A %s -d %s -j RETURN\n", chainGuardFwd, cidr)
+	fmt.Fprintf(&b, "-A %s -p udp --dport %d -j DROP\n", chainGuardFwd, vx)
+	for _, e := range controlEndpoints(cp, hosts) {
+		fmt.Fprintf(&b, "-A %s -d %s/32 -p tcp --dport %d -j REJECT --reject-with tcp-reset\n", chainGuardFwd, e.Addr(), e.Port())
+	}
+	for _, h := range hosts {
+		if h.UnderlayIP.Is4() && h.UnderlayIP != o.cfg.Host.UnderlayIP {
+			fmt.Fprintf(&b, "-A %s -s %s/32 -j RETURN\n", chainVXLAN, h.UnderlayIP)
+		}
+	}
+	fmt.Fprintf(&b, "-A %s -m comment --comment \"skiff: VXLAN only from cluster hosts\" -j DROP\n", chainVXLAN)
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// controlEndpoints lists the remote control-plane endpoints, sorted and
+// without duplicates: cp's and every host's published ones (an unspecified
+// address stands for the host's underlay address).
+func controlEndpoints(cp ControlPlane, hosts []cluster.Host) []netip.AddrPort {
+	out := slices.Clone(cp.Endpoints)
+	for _, h := range hosts {
+		for _, e := range h.Control {
+			if e.Addr().IsUnspecified() {
+				e = netip.AddrPortFrom(h.UnderlayIP, e.Port())
+			}
+			out = append(out, e)
+		}
+	}
+	out = slices.DeleteFunc(out, func(e netip.AddrPort) bool { return !e.Addr().Is4() || e.Addr().IsLoopback() })
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
+}
+
+func joinPorts(ps []uint16) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ",")
+}
