@@ -159,9 +159,9 @@ func TestGuardDropsForgedVXLAN(t *testing.T) {
 // forgedVXLAN builds a VXLAN payload (VNI 1) carrying an Ethernet frame to
 // mac with a UDP datagram from src to dst:port with TOS tos.
 func forgedVXLAN(mac net.HardwareAddr, src, dst netip.Addr, tos byte, port uint16, payload []byte) []byte {
-	b := []byte{0x08, 0, 0, 0, 0, 0, 1, 0}                   // VXLAN, VNI 1
-	b = append(b, mac...)                                    // inner destination
-	b = append(b, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00)           // source MAC, IPv4
+	b := []byte{0x08, 0, 0, 0, 0, 0, 1, 0}                     // VXLAN, VNI 1
+	b = append(b, mac...)                                      // inner destination
+	b = append(b, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00)             // source MAC, IPv4
 	ip := []byte{0x45, tos, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0} // DF, TTL 64, UDP
 	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
 	ip = append(ip, src.AsSlice()...)
