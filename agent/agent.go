@@ -33,8 +33,9 @@ type Config struct {
 	Name          string // host name in the cluster
 	Underlay      string // interface carrying the underlay address
 	EtcdEndpoints []string
-	Socket        string // API socket path
-	StateDir      string // local cache of the host's cluster identity
+	EtcdTLS       store.TLS // how the store is reached
+	Socket        string    // API socket path
+	StateDir      string    // local cache of the host's cluster identity
 	Cluster       cluster.Config
 	Mode          string
 	BPFDir        string // bpffs directory for pinned maps (cache mode)
@@ -125,7 +126,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if under.Masked().Overlaps(cfg.Cluster.CIDR) {
 		return nil, fmt.Errorf("cluster CIDR %s overlaps the underlay network %s of %s: choose another --cluster-cidr", cfg.Cluster.CIDR, under.Masked(), cfg.Underlay)
 	}
-	s, err := store.Open(cfg.EtcdEndpoints)
+	s, err := store.Open(cfg.EtcdEndpoints, cfg.EtcdTLS)
 	if err != nil {
 		return nil, err
 	}
