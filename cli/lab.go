@@ -185,6 +185,7 @@ func labEtcd(ctx context.Context, env Env, args []string) error {
 	fs.StringVar(&cfg.PeerURL, "peer", "", "peer URL")
 	fs.StringVar(&cfg.PKIDir, "pki-dir", "", "directory of the cluster CA and certificates (default: DIR/pki)")
 	fs.BoolVar(&cfg.Insecure, "etcd-insecure", false, "serve plain HTTP without client certificates")
+	cfg.Log = slog.New(slog.NewTextHandler(env.Stderr, nil))
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -193,7 +194,7 @@ func labEtcd(ctx context.Context, env Env, args []string) error {
 	}
 	ctx, stop := signalContext(ctx)
 	defer stop()
-	e, err := store.StartEmbedded(ctx, cfg, slog.New(slog.NewTextHandler(env.Stderr, nil)))
+	e, err := store.StartEmbedded(ctx, cfg)
 	if err != nil {
 		return err
 	}

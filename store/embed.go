@@ -27,6 +27,7 @@ type EmbeddedConfig struct {
 	PKIDir string
 	// Insecure serves clients and peers plain HTTP without authentication.
 	Insecure bool
+	Log      *slog.Logger // default slog.Default()
 }
 
 // Embedded is an etcd server running inside this process: the real server as
@@ -44,7 +45,11 @@ type Embedded struct {
 // clients and peers over TLS and asks them for a certificate of the cluster
 // CA, which it creates in cfg.PKIDir on first start. It returns once the
 // server is ready to serve.
-func StartEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*Embedded, error) {
+func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
 	cu, err := url.Parse(cfg.ClientURL)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client URL %q: %w", cfg.ClientURL, err)

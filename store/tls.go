@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -32,9 +34,9 @@ func (t TLS) config() (*tls.Config, error) {
 	if t.CAFile == "" || t.CertFile == "" || t.KeyFile == "" {
 		return nil, errors.New("the cluster store needs TLS: give --etcd-cafile, --etcd-certfile and --etcd-keyfile (or --etcd-insecure for plain HTTP)")
 	}
-	ca, err := readCert(t.CAFile)
+	roots, err := readCAs(t.CAFile)
 	if err != nil {
-		return nil, fmt.Errorf("etcd CA %w", err)
+		return nil, err
 	}
 	if _, err := readKey(t.KeyFile); err != nil {
 		return nil, fmt.Errorf("etcd client %w", err)
@@ -49,15 +51,37 @@ func (t TLS) config() (*tls.Config, error) {
 	} else if now.Before(cert.NotBefore) {
 		return nil, fmt.Errorf("etcd client certificate %s is not valid before %s", t.CertFile, cert.NotBefore.Format(time.RFC3339))
 	}
-	if now := time.Now(); now.After(ca.NotAfter) {
-		return nil, fmt.Errorf("etcd CA certificate %s expired at %s", t.CAFile, ca.NotAfter.Format(time.RFC3339))
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca)
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return nil, fmt.Errorf("etcd client certificate %s is not one the CA in %s issued for clients: %w", t.CertFile, t.CAFile, err)
+		return nil, fmt.Errorf("etcd client certificate %s is not one a CA in %s issued for clients: %w", t.CertFile, t.CAFile, err)
 	}
 	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// readCAs reads a CA file, which may hold several certificates (a bundle).
+func readCAs(file string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("etcd CA certificate: %w", err)
+	}
+	roots, n := x509.NewCertPool(), 0
+	for b, rest := pem.Decode(data); b != nil; b, rest = pem.Decode(rest) {
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		ca, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("etcd CA certificate %s: %w", file, err)
+		}
+		if time.Now().After(ca.NotAfter) {
+			return nil, fmt.Errorf("etcd CA certificate %s expired at %s", file, ca.NotAfter.Format(time.RFC3339))
+		}
+		roots.AddCert(ca)
+		n++
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("etcd CA certificate %s: no PEM certificate in it", file)
+	}
+	return roots, nil
 }
 
 // CommonName is the common name of the client certificate: the host (or

@@ -132,7 +132,7 @@ func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *s
 	if peer == "" {
 		peer = scheme + "://127.0.0.1:2380"
 	}
-	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: dir, ClientURL: listen, PeerURL: peer, Insecure: creds.Insecure}, log)
+	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: dir, ClientURL: listen, PeerURL: peer, Insecure: creds.Insecure, Log: log})
 	if err != nil {
 		return nil, err
 	}

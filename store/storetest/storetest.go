@@ -47,13 +47,15 @@ func Start(tb testing.TB, cfg store.EmbeddedConfig) *store.Embedded {
 	if cfg.Insecure {
 		scheme = "http://"
 	}
-	log := slog.New(slog.NewTextHandler(tbWriter{tb}, nil))
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(tbWriter{tb}, nil))
+	}
 	var err error
 	for range attempts {
 		client, peer := freeAddrs(tb)
 		cfg.ClientURL, cfg.PeerURL = scheme+client, scheme+peer
 		var e *store.Embedded
-		e, err = store.StartEmbedded(context.Background(), cfg, log)
+		e, err = store.StartEmbedded(context.Background(), cfg)
 		if err == nil {
 			tb.Cleanup(e.Close)
 			return e
