@@ -34,8 +34,9 @@ type Config struct {
 	Name          string // host name in the cluster
 	Underlay      string // interface carrying the underlay address
 	EtcdEndpoints []string
-	Socket        string // API socket path
-	StateDir      string // local cache of the host's cluster identity
+	EtcdTLS       store.TLS // how the store is reached
+	Socket        string    // API socket path
+	StateDir      string    // local cache of the host's cluster identity
 	Cluster       cluster.Config
 	Mode          string
 	BPFDir        string // bpffs directory for pinned maps (cache mode)
@@ -145,7 +146,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := store.Open(cfg.EtcdEndpoints)
+	s, err := store.Open(cfg.EtcdEndpoints, cfg.EtcdTLS)
 	if err != nil {
 		return nil, err
 	}

@@ -10,13 +10,14 @@ import (
 	"testing"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/store"
 )
 
 var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: 1, VXLANPort: 4789}
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	base := Config{Name: "h1", Underlay: "lo", EtcdEndpoints: []string{"http://127.0.0.1:1"}, Cluster: testCluster}
+	base := Config{Name: "h1", Underlay: "lo", EtcdEndpoints: []string{"http://127.0.0.1:1"}, EtcdTLS: store.TLS{Insecure: true}, Cluster: testCluster}
 	cases := []struct {
 		name string
 		edit func(*Config)

@@ -54,6 +54,7 @@ func init() {
 		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
 		"lab":       {summary: "lab up|down|exec|ip|status: an emulated cluster on this machine", run: cmdLab},
 		"cache":     {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
+		"cert":      {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":     {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", api.Version)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -41,6 +42,7 @@ func labUp(ctx context.Context, env Env, args []string) error {
 	fs.StringVar(&cfg.Mode, "mode", "overlay", "data-plane mode: "+strings.Join(agent.Modes, ", "))
 	fs.IntVar(&cfg.UnderlayMTU, "underlay-mtu", 1500, "MTU of the underlay links")
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "10.244.0.0/16", "overlay address range")
+	fs.BoolVar(&cfg.EtcdInsecure, "etcd-insecure", false, "run the lab's store on plain HTTP without client certificates (default: TLS)")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding skiffd and skiff-cni (default: next to skiff)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -177,18 +179,22 @@ func labStatus(ctx context.Context, env Env, args []string) error {
 // switch namespace).
 func labEtcd(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "lab etcd-server")
-	dir := fs.String("dir", "", "data directory")
-	listen := fs.String("listen", "", "client URL")
-	peer := fs.String("peer", "", "peer URL")
+	var cfg store.EmbeddedConfig
+	fs.StringVar(&cfg.Dir, "dir", "", "data directory")
+	fs.StringVar(&cfg.ClientURL, "listen", "", "client URL")
+	fs.StringVar(&cfg.PeerURL, "peer", "", "peer URL")
+	fs.StringVar(&cfg.PKIDir, "pki-dir", "", "directory of the cluster CA and certificates (default: DIR/pki)")
+	fs.BoolVar(&cfg.Insecure, "etcd-insecure", false, "serve plain HTTP without client certificates")
+	cfg.Log = slog.New(slog.NewTextHandler(env.Stderr, nil))
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *dir == "" || *listen == "" || *peer == "" {
+	if cfg.Dir == "" || cfg.ClientURL == "" || cfg.PeerURL == "" {
 		return usagef("--dir, --listen and --peer are required")
 	}
 	ctx, stop := signalContext(ctx)
 	defer stop()
-	e, err := store.StartEmbedded(ctx, *dir, *listen, *peer)
+	e, err := store.StartEmbedded(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func TestConcurrentJoinsGetDistinctSubnets(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			// Each agent has its own client, as separate processes would.
-			own, err := store.Open(s.Client.Endpoints())
+			own, err := store.Open(s.Client.Endpoints(), s.TLS())
 			if err != nil {
 				errs[i] = err
 				return
@@ -155,7 +155,7 @@ func TestAllocationSurvivesReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A restarted agent is a new client: the lease is still there.
-	s2, err := store.Open(s.Client.Endpoints())
+	s2, err := store.Open(s.Client.Endpoints(), s.TLS())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/store"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -155,9 +156,14 @@ func (l *Lab) startAgent(h *Host) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	creds, err := l.etcdFlags(h.Name)
+	if err != nil {
+		return err
+	}
 	args := append([]string{"--name", h.Name, "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(),
 		"--socket", h.Socket, "--state-dir", filepath.Join(dir, "state"), "--mode", l.Config.Mode,
-		"--cluster-cidr", l.Config.ClusterCIDR, "--bpf-dir", l.bpfDir(h.Name)}, l.Config.AgentArgs...)
+		"--cluster-cidr", l.Config.ClusterCIDR, "--bpf-dir", l.bpfDir(h.Name)}, creds...)
+	args = append(args, l.Config.AgentArgs...)
 	if l.Config.Mode == "sockets" {
 		args = append(args, "--broker", filepath.Join(l.Config.BinDir, "skiff-broker"))
 	}
@@ -169,10 +175,30 @@ func (l *Lab) startAgent(h *Host) error {
 	return nil
 }
 
+// etcdFlags are the skiffd flags that give host its own client certificate.
+func (l *Lab) etcdFlags(host string) ([]string, error) {
+	t, err := l.EtcdTLS(host)
+	if err != nil {
+		return nil, err
+	}
+	if t.Insecure {
+		return []string{"--etcd-insecure"}, nil
+	}
+	return []string{"--etcd-cafile", t.CAFile, "--etcd-certfile", t.CertFile, "--etcd-keyfile", t.KeyFile}, nil
+}
+
+// startEtcd runs the store in the switch namespace. The lab makes the CA
+// first, so it can issue the agents' certificates; etcd issues its own
+// server certificate from it.
 func (l *Lab) startEtcd() error {
-	pid, err := l.spawn(l.switchNetns(), filepath.Join(l.dir(), "etcd.log"), filepath.Join(l.Config.BinDir, "skiff"),
-		"lab", "etcd-server", "--dir", filepath.Join(l.dir(), "etcd"),
-		"--listen", l.etcdURL(), "--peer", "http://"+switchAddr.String()+":2380")
+	args := []string{"lab", "etcd-server", "--dir", filepath.Join(l.dir(), "etcd"),
+		"--listen", l.etcdURL(), "--peer", l.etcdScheme() + switchAddr.String() + ":2380", "--pki-dir", l.pkiDir()}
+	if l.Config.EtcdInsecure {
+		args = append(args, "--etcd-insecure")
+	} else if _, _, err := store.EnsurePKI(l.pkiDir()); err != nil {
+		return fmt.Errorf("lab CA: %w", err)
+	}
+	pid, err := l.spawn(l.switchNetns(), filepath.Join(l.dir(), "etcd.log"), filepath.Join(l.Config.BinDir, "skiff"), args...)
 	if err != nil {
 		return fmt.Errorf("start etcd: %w", err)
 	}

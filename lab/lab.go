@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/store"
 	"github.com/vishvananda/netlink"
 )
 
@@ -49,6 +50,9 @@ type Config struct {
 	BinDir string `json:"binDir"`
 	// AgentArgs are extra skiffd flags for every host.
 	AgentArgs []string `json:"agentArgs,omitempty"`
+	// EtcdInsecure runs the store on plain HTTP without client
+	// certificates (to compare); by default it takes TLS only.
+	EtcdInsecure bool `json:"etcdInsecure,omitempty"`
 }
 
 func (c *Config) defaults() error {
@@ -134,7 +138,33 @@ func Dir(name string) string { return filepath.Join(RunDir, name) }
 func (l *Lab) dir() string         { return Dir(l.Config.Name) }
 func (l *Lab) prefix() string      { return "skiff-" + l.Config.Name + "-" }
 func (l *Lab) switchNetns() string { return l.prefix() + "sw" }
-func (l *Lab) etcdURL() string     { return "http://" + switchAddr.String() + ":2379" }
+func (l *Lab) pkiDir() string      { return filepath.Join(l.dir(), "pki") }
+
+func (l *Lab) etcdURL() string { return l.etcdScheme() + switchAddr.String() + ":2379" }
+
+func (l *Lab) etcdScheme() string {
+	if l.Config.EtcdInsecure {
+		return "http://"
+	}
+	return "https://"
+}
+
+// EtcdEndpoints are the client URLs of the lab's store.
+func (l *Lab) EtcdEndpoints() []string { return []string{l.etcdURL()} }
+
+// EtcdTLS gives the credentials of a store client with common name name (a
+// host's name, or store.AdminName), issuing its certificate when needed.
+func (l *Lab) EtcdTLS(name string) (store.TLS, error) {
+	if l.Config.EtcdInsecure {
+		return store.TLS{Insecure: true}, nil
+	}
+	p, err := store.LoadPKI(l.pkiDir())
+	if err != nil {
+		return store.TLS{}, fmt.Errorf("lab %s: %w", l.Config.Name, err)
+	}
+	t, _, err := p.EnsureClient(name)
+	return t, err
+}
 
 // Open reads the state of a running lab.
 func Open(name string) (*Lab, error) {

@@ -21,6 +21,7 @@ import (
 	"github.com/skiffnet/skiff/lab/labtest"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/store"
 )
 
 const echoPort = 7000
@@ -484,13 +485,38 @@ func eventuallyStatus(c *api.Client, ok func(api.Status) bool) (api.Status, erro
 }
 
 // TestAgentBadInput: skiffd refuses a cluster CIDR that overlaps the
-// underlay and unknown flags, with a message saying so.
+// underlay, unknown flags, and store credentials it cannot use (another
+// cluster's, another host's, a missing key, none), with a message naming
+// the file; --etcd-insecure warns.
 func TestAgentBadInput(t *testing.T) {
 	l := newLab(t, Config{Name: "tbad", Hosts: 1, ContainersPerHost: 0})
+	own, err := l.EtcdTLS("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, _, err := store.EnsurePKI(t.TempDir()) // another cluster's CA
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, _, err := op.EnsureClient("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsArgs := func(name string, c store.TLS) []string {
+		return []string{"--name", name, "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(),
+			"--etcd-cafile", c.CAFile, "--etcd-certfile", c.CertFile, "--etcd-keyfile", c.KeyFile}
+	}
+	noKey := own
+	noKey.KeyFile = t.TempDir() + "/h1.key"
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{tlsArgs("h1", foreign), foreign.CAFile},
+		{tlsArgs("h9", own), own.CertFile + ` is for "h1", not this host "h9"`},
+		{tlsArgs("h1", noKey), noKey.KeyFile},
+		{[]string{"--name", "h1", "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL()}, "--etcd-cafile"},
+		{[]string{"--name", "h1", "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(), "--etcd-insecure"}, "level=WARN msg=\"reaching the cluster store over plain HTTP"},
 		{[]string{"--cluster-cidr", "10.99.0.0/16", "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL()}, "overlaps the underlay"},
 		{[]string{"--no-such-flag"}, "flag provided but not defined"},
 		{[]string{"--cluster-cidr", "banana", "--underlay-interface", "eth0"}, "--cluster-cidr"},

@@ -20,7 +20,7 @@ import (
 // newLab brings up a lab for one test and tears it down afterwards, also
 // when the test fails. Leftovers of an earlier crashed run of the same test
 // are cleared first.
-func newLab(t *testing.T, cfg Config) *Lab {
+func newLab(t testing.TB, cfg Config) *Lab {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("lab integration test (-short)")

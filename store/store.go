@@ -6,6 +6,7 @@ package store
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,16 +80,33 @@ func AddrSubnetPrefix(subnet netip.Prefix) string {
 type Store struct {
 	Client  *clientv3.Client
 	timeout time.Duration
+	tls     TLS
+	tlsCfg  *tls.Config
 }
 
-// Open connects to etcd. It does not wait for the cluster to answer: an
+// Open connects to etcd over TLS as t says. Files that are missing, do not
+// belong together, have expired, or that a reachable etcd refuses are an
+// error naming the file. Open does not wait for the cluster otherwise: an
 // unreachable store shows up as ErrUnavailable on the first call.
-func Open(endpoints []string) (*Store, error) {
+func Open(endpoints []string, t TLS) (*Store, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("no etcd endpoints given")
 	}
+	if err := t.checkSchemes(endpoints); err != nil {
+		return nil, err
+	}
+	cfg, err := t.config()
+	if err != nil {
+		return nil, err
+	}
+	if cfg != nil {
+		if err := t.probe(context.Background(), endpoints, cfg); err != nil {
+			return nil, err
+		}
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            endpoints,
+		TLS:                  cfg,
 		DialTimeout:          2 * time.Second,
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
@@ -97,15 +115,25 @@ func Open(endpoints []string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}
-	return &Store{Client: cli, timeout: 3 * time.Second}, nil
+	return &Store{Client: cli, timeout: 3 * time.Second, tls: t, tlsCfg: cfg}, nil
 }
+
+// TLS is how the store was opened.
+func (s *Store) TLS() TLS { return s.tls }
 
 // Close releases the connection.
 func (s *Store) Close() error { return s.Client.Close() }
 
-// Ping checks that the store answers.
+// Ping checks that the store answers. When it does not, a TLS handshake
+// with each endpoint tells a refused or expired certificate from a store
+// that is down.
 func (s *Store) Ping(ctx context.Context) error {
 	_, err := s.get(ctx, configKey)
+	if err != nil && s.tlsCfg != nil {
+		if perr := s.tls.probe(ctx, s.Client.Endpoints(), s.tlsCfg); perr != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, perr)
+		}
+	}
 	return err
 }
 

@@ -38,8 +38,13 @@ func run(args []string) error {
 	underlay := fs.String("underlay-interface", "", "interface carrying the underlay address (default: that of the default route)")
 	endpoints := fs.String("etcd-endpoints", "", "comma-separated etcd client URLs of an external cluster")
 	embedded := fs.String("embedded-etcd", "", "run an embedded etcd server with its data in this directory")
-	embeddedListen := fs.String("embedded-etcd-listen", "http://127.0.0.1:2379", "client URL of the embedded etcd")
-	embeddedPeer := fs.String("embedded-etcd-peer", "http://127.0.0.1:2380", "peer URL of the embedded etcd")
+	embeddedListen := fs.String("embedded-etcd-listen", "", "client URL of the embedded etcd (default https://127.0.0.1:2379, http:// with --etcd-insecure)")
+	embeddedPeer := fs.String("embedded-etcd-peer", "", "peer URL of the embedded etcd (default https://127.0.0.1:2380, http:// with --etcd-insecure)")
+	var creds store.TLS
+	fs.StringVar(&creds.CAFile, "etcd-cafile", "", "CA certificate that signed the etcd server's certificate")
+	fs.StringVar(&creds.CertFile, "etcd-certfile", "", "this host's etcd client certificate (common name: the host's --name)")
+	fs.StringVar(&creds.KeyFile, "etcd-keyfile", "", "key of the etcd client certificate")
+	fs.BoolVar(&creds.Insecure, "etcd-insecure", false, "reach (and serve, with --embedded-etcd) the cluster store over plain HTTP without authentication")
 	socket := fs.String("socket", api.DefaultSocket, "path of the API socket")
 	stateDir := fs.String("state-dir", "/var/lib/skiff", "directory for local state")
 	cidr := fs.String("cluster-cidr", "10.244.0.0/16", "overlay address range, cut into per-host subnets")
@@ -89,19 +94,21 @@ func run(args []string) error {
 	}
 	if *embedded != "" {
 		serves = append(serves, *embeddedListen, *embeddedPeer)
-		e, err := store.StartEmbedded(ctx, *embedded, *embeddedListen, *embeddedPeer)
+		e, err := startEmbedded(ctx, *name, *embedded, *embeddedListen, *embeddedPeer, &creds, log)
 		if err != nil {
 			return err
 		}
 		defer e.Close()
 		etcd = append(etcd, e.URL)
-		log.Info("embedded etcd serving", "url", e.URL, "dir", *embedded)
 	}
 	if len(etcd) == 0 {
 		return errors.New("no cluster store: give --etcd-endpoints or --embedded-etcd")
 	}
+	if err := checkCredentials(creds, *name, log); err != nil {
+		return err
+	}
 	a, err := agent.New(agent.Config{
-		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, Socket: *socket, StateDir: *stateDir, Mode: *mode,
+		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode,
 		BPFDir: *bpfDir, CacheCapacity: capacity, SocketsSecure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot,
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)
@@ -114,6 +121,69 @@ func run(args []string) error {
 		}
 	}
 	return a.Run(ctx)
+}
+
+// startEmbedded runs the embedded etcd, over TLS unless creds say
+// insecure, and gives the agent beside it a client certificate of its own
+// when it has none. On the first start it says how other hosts join.
+func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *store.TLS, log *slog.Logger) (*store.Embedded, error) {
+	scheme := "https"
+	if creds.Insecure {
+		scheme = "http"
+	}
+	if listen == "" {
+		listen = scheme + "://127.0.0.1:2379"
+	}
+	if peer == "" {
+		peer = scheme + "://127.0.0.1:2380"
+	}
+	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: dir, ClientURL: listen, PeerURL: peer, Insecure: creds.Insecure, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("embedded etcd serving", "url", e.URL, "dir", dir, "tls", !creds.Insecure)
+	if creds.Insecure {
+		return e, nil
+	}
+	if creds.CAFile == "" && creds.CertFile == "" && creds.KeyFile == "" {
+		if *creds, err = e.ClientTLS(name); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	if e.CreatedPKI {
+		pki := e.PKI.Dir
+		log.Info("to join another host HOST: issue its certificate here, copy the directory to it, and start its agent with the certificate",
+			"issue", "skiff cert issue --ca-dir "+pki+" --name HOST --out HOST-pki",
+			"copy", "HOST-pki/ to /etc/skiff/pki/ on HOST (mode 0700; it holds HOST's key)",
+			"run", "skiffd --name HOST --etcd-endpoints "+e.URL+" --etcd-cafile /etc/skiff/pki/ca.crt --etcd-certfile /etc/skiff/pki/HOST.crt --etcd-keyfile /etc/skiff/pki/HOST.key",
+			"admin", "the administrator's certificate is "+e.PKI.ClientTLS(store.AdminName).CertFile)
+	}
+	return e, nil
+}
+
+// checkCredentials refuses a client certificate issued for another host
+// (the store knows a client by its certificate's common name) and warns of
+// plain HTTP and of a certificate about to expire.
+func checkCredentials(creds store.TLS, name string, log *slog.Logger) error {
+	if creds.Insecure {
+		log.Warn("reaching the cluster store over plain HTTP without authentication (--etcd-insecure)")
+		return nil
+	}
+	if creds.CertFile == "" {
+		return nil // store.Open says what is missing
+	}
+	cn, err := creds.CommonName()
+	if err != nil {
+		return err
+	}
+	if cn != name {
+		return fmt.Errorf("etcd client certificate %s is for %q, not this host %q: issue one with skiff cert issue --name %s", creds.CertFile, cn, name, name)
+	}
+	if end := creds.ExpiresSoon(); !end.IsZero() {
+		log.Warn("the etcd client certificate expires soon: issue a new one with skiff cert issue", "file", creds.CertFile, "notAfter", end)
+	}
+	return nil
 }
 
 func splitList(s string) []string {

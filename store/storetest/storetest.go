@@ -2,9 +2,11 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"syscall"
 	"testing"
@@ -12,13 +14,17 @@ import (
 	"github.com/skiffnet/skiff/store"
 )
 
-// New starts an embedded etcd in a temporary directory on free loopback
-// ports and returns a store connected to it. Both stop when the test ends.
+// New starts an embedded etcd over TLS in a temporary directory on free
+// loopback ports and returns a store connected to it with the
+// administrator's certificate. Both stop when the test ends.
 func New(tb testing.TB) (*store.Store, *store.Embedded) {
 	tb.Helper()
-	e := start(tb)
-	tb.Cleanup(e.Close)
-	s, err := store.Open([]string{e.URL})
+	e := Start(tb, store.EmbeddedConfig{})
+	t, err := e.ClientTLS(store.AdminName)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := store.Open([]string{e.URL}, t)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -26,18 +32,32 @@ func New(tb testing.TB) (*store.Store, *store.Embedded) {
 	return s, e
 }
 
-// start picks two free ports and starts etcd on them. A port found free can
-// be taken by another process (an outgoing connection's ephemeral port, a
-// parallel test) before etcd binds it, so that case is tried again with new
-// ports.
-func start(tb testing.TB) *store.Embedded {
+// Start starts etcd as cfg says, in a temporary directory unless cfg names
+// one, on two free loopback ports; it stops when the test ends. A port
+// found free can be taken by another process (an outgoing connection's
+// ephemeral port, a parallel test) before etcd binds it, so that case is
+// tried again with new ports.
+func Start(tb testing.TB, cfg store.EmbeddedConfig) *store.Embedded {
+	tb.Helper()
 	const attempts = 5
+	if cfg.Dir == "" {
+		cfg.Dir = tb.TempDir()
+	}
+	scheme := "https://"
+	if cfg.Insecure {
+		scheme = "http://"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(tbWriter{tb}, nil))
+	}
 	var err error
 	for range attempts {
 		client, peer := freeAddrs(tb)
+		cfg.ClientURL, cfg.PeerURL = scheme+client, scheme+peer
 		var e *store.Embedded
-		e, err = store.StartEmbedded(context.Background(), tb.TempDir(), "http://"+client, "http://"+peer)
+		e, err = store.StartEmbedded(context.Background(), cfg)
 		if err == nil {
+			tb.Cleanup(e.Close)
 			return e
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) {
@@ -47,6 +67,14 @@ func start(tb testing.TB) *store.Embedded {
 	}
 	tb.Fatal(err)
 	return nil
+}
+
+// tbWriter logs the server's messages with the test's.
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
 }
 
 // freeAddrs returns two distinct free loopback addresses: both listeners are
