@@ -728,7 +728,7 @@ static __always_inline bool syn_option(struct __sk_buff *skb, struct iphdr *ip, 
 static __always_inline bool fragment(struct iphdr *ip) { return ip->frag_off & bpf_htons(IP_MF | IP_OFFSET); }
 
 // underlay_fragment judges a TCP fragment on the underlay. A SYN in
-// fragments is never skiff's (sockops' SYNs are 60 bytes with DF) nor any
+// fragments is never skiff's (sockops' SYNs are 76 bytes with DF) nor any
 // TCP stack's, but it is what a container's raw fragments become: its host
 // reassembles them (conntrack) and sends the SYN on re-fragmented, with
 // the option whole in a first fragment its own veth never saw. No fragment
