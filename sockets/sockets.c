@@ -739,13 +739,21 @@ static __always_inline bool fragment(struct iphdr *ip) { return ip->frag_off & b
 // nothing. The host's other fragmented TCP passes.
 static __always_inline int underlay_fragment(struct __sk_buff *skb, struct iphdr *ip)
 {
-	void *data_end = (void *)(long)skb->data_end;
 	if (ip->frag_off & bpf_htons(IP_OFFSET))
 		return TCX_NEXT;
-	struct tcphdr *th = (void *)ip + ip->ihl * 4;
+	__u32 ihl = ip->ihl * 4;
 	// By the IP length, not data_end: a tiny fragment's frame is padded.
-	if (bpf_ntohs(ip->tot_len) >= ip->ihl * 4 + sizeof(*th) && (void *)(th + 1) <= data_end && !(th->syn && !th->ack))
+	if (bpf_ntohs(ip->tot_len) < ihl + sizeof(struct tcphdr))
+		goto drop;
+	struct tcphdr copy, *th = tcp_of(skb, ip);
+	if (!th) { // in paged data (a driver that pulled less): copied
+		if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + ihl, &copy, sizeof(copy)))
+			goto drop;
+		th = &copy;
+	}
+	if (!th->syn || th->ack)
 		return TCX_NEXT;
+drop:
 	count(SKS_TCP_FRAGMENT);
 	return TC_ACT_SHOT;
 }
