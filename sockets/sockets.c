@@ -23,18 +23,22 @@
 //   sockops       writes the overlay addresses into the SYN (option kind 253),
 //                 publishes listeners in a socket map, learns an accepted
 //                 connection's overlay peer.
-//   from_underlay tc ingress of the underlay device and of lo: records a SYN's
-//                 4-tuple with the option's overlay addresses (and drops SYNs
-//                 whose claimed source does not live on the sending host).
+//   from_underlay TCX ingress of the underlay device: records a whole
+//                 (unfragmented) SYN's 4-tuple with the option's overlay
+//                 addresses; drops SYNs whose claimed source does not live
+//                 on the sending host, and SYNs in fragments.
 //   lookup        sk_lookup in the host namespace: steers recorded SYNs — and
 //                 overlay-path SYNs routed locally — to the replaced listener.
 //                 It runs inside the listener lookup, so SYN retransmits,
 //                 TIME_WAIT recycling and syncookies (the entry stays until
 //                 the connection is established) all work. No other socket
 //                 of the host takes a connection to a container's address.
+//                 A recorded SYN is judged by this host's policy too.
 //   from_overlay, from_container, from_host: overlay packets for replaced
 //                 listeners go to the host stack (by their TOS, which a local
 //                 route of the host matches; see route_container_packet).
+//                 from_container also drops a container's TCP fragments,
+//                 malformed segments and option SYNs (forged).
 //   dump/destroy  iter/tcp: list replaced sockets; end the ones the agent
 //                 marks (policy changes) with bpf_sock_destroy.
 
@@ -684,6 +688,18 @@ static __always_inline struct iphdr *ipv4_of(struct __sk_buff *skb)
 	return ip;
 }
 
+// tcp_of returns the TCP header in ip, if all of it is direct-readable.
+static __always_inline struct tcphdr *tcp_of(struct __sk_buff *skb, struct iphdr *ip)
+{
+	struct tcphdr *th = (void *)ip + ip->ihl * 4;
+	// Keeps the compiler from merging the callers' headers into one
+	// pointer whose bounds the verifier no longer knows.
+	asm volatile("" : "+r"(th));
+	if ((void *)(th + 1) > (void *)(long)skb->data_end)
+		return NULL;
+	return th;
+}
+
 // syn_of returns the TCP header of a SYN (not a SYN-ACK) in ip, or NULL.
 static __always_inline struct tcphdr *syn_of(struct __sk_buff *skb, struct iphdr *ip)
 {
@@ -700,11 +716,52 @@ static __always_inline struct tcphdr *syn_of(struct __sk_buff *skb, struct iphdr
 // at its place.
 static __always_inline bool syn_option(struct __sk_buff *skb, struct iphdr *ip, struct tcphdr *th, struct sks_opt *o)
 {
-	if (th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END)
+	// The header must end inside the packet by the IP header's own length:
+	// bytes past it (padding, or a container's trailing bytes) are cut off
+	// by the stack and were never part of the SYN.
+	if (th->doff * 4 < sizeof(*th) + SKS_OPT_FROM_END || ip->ihl * 4 + th->doff * 4 > bpf_ntohs(ip->tot_len))
 		return false;
 	__u32 off = sizeof(struct ethhdr) + ip->ihl * 4 + th->doff * 4 - SKS_OPT_FROM_END;
 	return bpf_skb_load_bytes(skb, off, o, sizeof(*o)) == 0 && o->kind == SKS_OPT_KIND &&
 	       o->len == SKS_OPT_LEN && o->magic == bpf_htons(SKS_OPT_MAGIC);
+}
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+// fragment says whether ip is an IP fragment: the first with more to come,
+// or a later one.
+static __always_inline bool fragment(struct iphdr *ip) { return ip->frag_off & bpf_htons(IP_MF | IP_OFFSET); }
+
+// underlay_fragment judges a TCP fragment on the underlay. A SYN in
+// fragments is never skiff's (sockops' SYNs are 76 bytes with DF) nor any
+// TCP stack's, but it is what a container's raw fragments become: its host
+// reassembles them (conntrack) and sends the SYN on re-fragmented, with
+// the option whole in a first fragment its own veth never saw. No fragment
+// is recorded, and a first fragment that is a SYN, or too short to show
+// its flags (RFC 1858's tiny fragment), is dropped, so the reassembled SYN
+// never reaches the listener lookup. Later fragments pass unread (their
+// bytes are no TCP header): without their first they reassemble into
+// nothing. The host's other fragmented TCP passes.
+static __always_inline int underlay_fragment(struct __sk_buff *skb, struct iphdr *ip)
+{
+	if (ip->frag_off & bpf_htons(IP_OFFSET))
+		return TCX_NEXT;
+	__u32 ihl = ip->ihl * 4;
+	// By the IP length, not data_end: a tiny fragment's frame is padded.
+	if (bpf_ntohs(ip->tot_len) < ihl + sizeof(struct tcphdr))
+		goto drop;
+	struct tcphdr copy, *th = tcp_of(skb, ip);
+	if (!th) { // in paged data (a driver that pulled less): copied
+		if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + ihl, &copy, sizeof(copy)))
+			goto drop;
+		th = &copy;
+	}
+	if (!th->syn || th->ack)
+		return TCX_NEXT;
+drop:
+	count(SKS_TCP_FRAGMENT);
+	return TC_ACT_SHOT;
 }
 
 SEC("tc")
@@ -717,6 +774,11 @@ int sks_from_underlay(struct __sk_buff *skb)
 	// container or the overlay, only steered packets may match the route.
 	if (local_container(ip->daddr))
 		keep_off_route(ip);
+	// Only a whole SYN is recorded: a fragment's bytes after the first
+	// are no TCP header, and a first fragment's option is not the SYN's
+	// until reassembly.
+	if (ip->protocol == IPPROTO_TCP && fragment(ip))
+		return underlay_fragment(skb, ip);
 	struct tcphdr *th = syn_of(skb, ip);
 	if (!th)
 		return TCX_NEXT;
@@ -788,6 +850,17 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 		k.port = t.dport;
 	} else {
 		return SK_PASS;
+	}
+	// The client's host judged the connection at connect4, but a host
+	// that was bypassed (a forged SYN) or runs another policy version
+	// would let through what this host denies: a recorded SYN is judged
+	// here too, by the same rules (refused, like connect4, while no policy
+	// is in force). Only recorded SYNs: overlay ones are judged on INPUT.
+	// The record goes, as without a listener; a retransmit is judged anew.
+	if (p && !allowed(p->src_ip, p->dst_ip, p->dst_port)) {
+		bpf_map_delete_elem(&sks_syns, &t);
+		count(SKS_SYN_DENIED);
+		return SK_DROP;
 	}
 	struct bpf_sock *sk = bpf_map_lookup_elem(&sks_listen, &k);
 	if (!sk) {
@@ -948,22 +1021,74 @@ static __always_inline int into_lo(struct iphdr *ip)
 	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
 }
 
-// A local container's packets for a replaced listener on this host. A SYN
-// of the container's own carrying the option is forged: only sockops
-// writes it, on host sockets. Masqueraded to the host's address on its way
-// to another host, it would pass that host's check of the claimed source.
+// pull makes the first len bytes of a packet direct-readable, for a
+// packet whose IP header was found past data_end. A packet socket
+// (CAP_NET_RAW) can hand the veth a frame whose headers lie in paged data,
+// where a check that reads only the linear part would pass them unread.
+// The stack's own packets have their headers linear: they never pull.
+static __always_inline bool pull(struct __sk_buff *skb, __u32 len)
+{
+	return len <= skb->len && bpf_skb_pull_data(skb, len) == 0;
+}
+
+// container_tcp_refused says whether a container's TCP segment must be
+// dropped because it could carry skiff's option past this check, or is
+// the option SYN itself (forged: only sockops writes it, on host sockets).
+// Masqueraded to the host's address on its way to another host, it would
+// pass that host's check of the claimed source. Refused:
+//   - every TCP fragment: none shows the option, but the host reassembles
+//     them and re-fragments the SYN with the option whole in a first
+//     fragment (an 8-byte first fragment shows only the ports). A
+//     container's TCP stack never sends one (it sizes segments to the
+//     route's MTU, with DF); large UDP datagrams and other fragments pass;
+//   - a segment whose header is cut short, or a SYN whose data offset is
+//     below 5 or past the packet: the stack would drop them too, and the
+//     option's place cannot be judged.
+static __always_inline bool container_tcp_refused(struct __sk_buff *skb, struct iphdr *ip)
+{
+	if (fragment(ip)) {
+		count(SKS_TCP_FRAGMENT);
+		return true;
+	}
+	__u32 ihl = ip->ihl * 4, len = bpf_ntohs(ip->tot_len);
+	// A header in paged data (see pull) is copied out rather than
+	// pulled: a pull would move the packet under the caller's pointers.
+	struct tcphdr copy, *th = tcp_of(skb, ip);
+	if (!th) {
+		if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + ihl, &copy, sizeof(copy)))
+			goto malformed;
+		th = &copy;
+	}
+	// A BIG TCP segment (GSO) leaves tot_len 0: never a SYN.
+	if (len && len < ihl + sizeof(*th))
+		goto malformed;
+	if (!th->syn || th->ack)
+		return false;
+	if (th->doff < 5 || ihl + th->doff * 4 > len)
+		goto malformed;
+	struct sks_opt o;
+	if (syn_option(skb, ip, th, &o)) {
+		count(SKS_SYN_FORGED);
+		return true;
+	}
+	return false;
+malformed:
+	count(SKS_TCP_MALFORMED);
+	return true;
+}
+
+// A local container's packets: refused if they could carry the option
+// (above); for a replaced listener on this host, to the host stack.
 SEC("tc")
 int sks_from_container(struct __sk_buff *skb)
 {
 	struct iphdr *ip = ipv4_of(skb);
+	if (!ip && skb->protocol == bpf_htons(ETH_P_IP) && pull(skb, sizeof(struct ethhdr) + sizeof(struct iphdr)))
+		ip = ipv4_of(skb);
 	if (!ip)
 		return TC_ACT_OK;
-	struct tcphdr *th = syn_of(skb, ip);
-	struct sks_opt o;
-	if (th && syn_option(skb, ip, th, &o)) {
-		count(SKS_SYN_FORGED);
+	if (ip->protocol == IPPROTO_TCP && container_tcp_refused(skb, ip))
 		return TC_ACT_SHOT;
-	}
 	if (!local_container(ip->daddr) || !route_container_packet(skb, ip, true))
 		return TC_ACT_OK;
 	return into_lo(ip);

@@ -151,5 +151,8 @@ enum sks_reason {
 	SKS_CONNECT_DENIED,   // connect the policy denies (or no policy written): the overlay judges it
 	SKS_SYN_FORGED,       // a container's own SYN carrying the option: dropped
 	SKS_EVENT_LOST,       // the ring buffer was full: the agent sweeps for what it missed
+	SKS_TCP_FRAGMENT,     // a TCP fragment that could hide an option SYN: dropped
+	SKS_TCP_MALFORMED,    // a container's TCP segment with a truncated or bad header: dropped
+	SKS_SYN_DENIED,       // recorded SYN the server host's policy denies (RST)
 	SKS_REASONS,
 };
