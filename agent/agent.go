@@ -27,7 +27,7 @@ import (
 )
 
 // Modes the agent can run the data plane in.
-var Modes = []string{"overlay", "cache", "sockets"}
+var Modes = cluster.Modes
 
 // Config is what skiffd is started with.
 type Config struct {
@@ -104,7 +104,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = "overlay"
 	}
-	if !validMode(cfg.Mode) {
+	if !cluster.ValidMode(cfg.Mode) {
 		return nil, fmt.Errorf("mode %q is not one of %v", cfg.Mode, Modes)
 	}
 	if cfg.Mode == "sockets" {
@@ -153,15 +153,6 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, store: s, control: control}
 	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served}
 	return a, nil
-}
-
-func validMode(m string) bool {
-	for _, x := range Modes {
-		if x == m {
-			return true
-		}
-	}
-	return false
 }
 
 // Run joins the cluster, builds the data plane, serves the API and converges

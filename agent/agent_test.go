@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 )
@@ -49,5 +51,44 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	cfg.Mode, cfg.Broker = "sockets", broker
 	if _, err := New(cfg, log); err != nil {
 		t.Fatalf("valid sockets config: %v", err)
+	}
+}
+
+// TestValidateRequest: the API refuses what libcni refuses, and IDs that
+// would name files outside the state directory, before doing anything.
+func TestValidateRequest(t *testing.T) {
+	ok := api.AddRequest{ContainerID: "skiff-lab-h1-c1", IfName: "eth0", Netns: "/run/netns/skiff-lab-h1-c1"}
+	with := func(f func(*api.AddRequest)) api.AddRequest { r := ok; f(&r); return r }
+	for _, tc := range []struct {
+		name string
+		req  api.AddRequest
+		del  bool
+		ok   bool
+	}{
+		{"good", ok, false, true},
+		{"good DEL without netns", with(func(r *api.AddRequest) { r.Netns = "" }), true, true},
+		{"64 hex digits", with(func(r *api.AddRequest) { r.ContainerID = strings.Repeat("0a", 32) }), false, true},
+		{"empty ID", with(func(r *api.AddRequest) { r.ContainerID = "" }), false, false},
+		{"ID with ../", with(func(r *api.AddRequest) { r.ContainerID = "../../../tmp/x" }), false, false},
+		{"ID with ../ on DEL", with(func(r *api.AddRequest) { r.ContainerID = "a/../../x" }), true, false},
+		{"ID ..", with(func(r *api.AddRequest) { r.ContainerID = ".." }), false, false},
+		{"oversized ID", with(func(r *api.AddRequest) { r.ContainerID = strings.Repeat("a", 100_000) }), false, false},
+		{"ifname ..", with(func(r *api.AddRequest) { r.IfName = ".." }), false, false},
+		{"ifname with /", with(func(r *api.AddRequest) { r.IfName = "a/b" }), false, false},
+		{"ifname 16 bytes", with(func(r *api.AddRequest) { r.IfName = "abcdefghijklmnop" }), false, false},
+		{"relative netns", with(func(r *api.AddRequest) { r.Netns = "run/netns/x" }), false, false},
+		{"netns with ..", with(func(r *api.AddRequest) { r.Netns = "/run/netns/../../etc/passwd" }), false, false},
+		{"ADD without netns", with(func(r *api.AddRequest) { r.Netns = "" }), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := validate(tc.req, tc.del)
+			if (err == nil) != tc.ok {
+				t.Fatalf("validate = %v, want ok %v", err, tc.ok)
+			}
+			var re requestError
+			if err != nil && !errors.As(err, &re) {
+				t.Errorf("error %v is not a bad request (HTTP 400)", err)
+			}
+		})
 	}
 }

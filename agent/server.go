@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"github.com/skiffnet/skiff/api"
@@ -112,6 +111,8 @@ func (a *Agent) handle(f func(*http.Request) (any, error)) http.HandlerFunc {
 				status = http.StatusBadRequest
 			case errors.Is(err, store.ErrNotFound):
 				status = http.StatusNotFound
+			case errors.Is(err, ipam.ErrExhausted):
+				status = http.StatusInsufficientStorage
 			case errors.Is(err, store.ErrUnavailable):
 				status, e.Retry = http.StatusServiceUnavailable, true
 			}
@@ -149,16 +150,22 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	return s
 }
 
-var ifNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
-
-func (a *Agent) validate(req api.AddRequest) error {
-	switch {
-	case req.ContainerID == "":
-		return badRequest(errors.New("container ID is empty"))
-	case !ifNamePattern.MatchString(req.IfName):
-		return badRequest(fmt.Errorf("interface name %q is not a valid Linux interface name", req.IfName))
-	case !filepath.IsAbs(req.Netns):
-		return badRequest(fmt.Errorf("network namespace %q is not an absolute path", req.Netns))
+// validate checks a request's container ID, interface name and network
+// namespace as CNI's own libcni does, before anything is done with them:
+// the ID names files and keys, the interface a link. DEL may come without a
+// namespace (the runtime lost it).
+func validate(req api.AddRequest, del bool) error {
+	if err := cluster.ValidateContainerID(req.ContainerID); err != nil {
+		return badRequest(err)
+	}
+	if err := cluster.ValidateIfName(req.IfName); err != nil {
+		return badRequest(err)
+	}
+	if del && req.Netns == "" {
+		return nil
+	}
+	if err := cluster.ValidateNetns(req.Netns); err != nil {
+		return badRequest(err)
 	}
 	return nil
 }
@@ -170,7 +177,7 @@ func (a *Agent) attachment(e cluster.Endpoint, o overlay.Attachment) api.Attachm
 
 // AddEndpoint allocates an address for a container and attaches it.
 func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attachment, error) {
-	if err := a.validate(req); err != nil {
+	if err := validate(req, false); err != nil {
 		return api.Attachment{}, err
 	}
 	if _, err := os.Stat(req.Netns); err != nil {
@@ -229,7 +236,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 
 // CheckEndpoint verifies a container's attachment against the store and the kernel.
 func (a *Agent) CheckEndpoint(ctx context.Context, req api.AddRequest) (api.Attachment, error) {
-	if err := a.validate(req); err != nil {
+	if err := validate(req, false); err != nil {
 		return api.Attachment{}, err
 	}
 	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
@@ -251,8 +258,8 @@ func (a *Agent) CheckEndpoint(ctx context.Context, req api.AddRequest) (api.Atta
 // DeleteEndpoint detaches a container and releases its address. Deleting an
 // endpoint that is partly or wholly gone succeeds.
 func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
-	if req.ContainerID == "" || !ifNamePattern.MatchString(req.IfName) {
-		return a.validate(req)
+	if err := validate(req, true); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -20,6 +20,23 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
+)
+
+// Codes skiff-cni returns beyond the spec's (the spec leaves 100 and up to
+// plugins). Everything else is a spec code: 1, 4 (invalid CNI_CONTAINERID,
+// CNI_IFNAME or CNI_NETNS), 3 (CHECK of an unknown container), 6, 7, 11 and
+// 50 (README, "CNI error codes").
+const (
+	// ErrAddressesExhausted: the host's subnet has no free address left.
+	ErrAddressesExhausted uint = 100
+	// ErrAgentFailed: the agent could not attach, check or detach the
+	// container (a kernel or store failure that waiting will not mend); the
+	// details say what failed.
+	ErrAgentFailed uint = 101
+	// ErrCheckFailed: CHECK found the container's address missing from
+	// prevResult.
+	ErrCheckFailed uint = 102
 )
 
 // SpecVersions are the CNI spec versions skiff-cni speaks.
@@ -77,6 +94,28 @@ func (c *NetConf) Cgroup() string {
 	return s
 }
 
+// ValidateArgs checks the runtime's CNI_CONTAINERID, CNI_IFNAME and
+// CNI_NETNS as libcni does, before the agent is asked anything: error 4,
+// "invalid necessary environment variables". DEL may come without a netns.
+func ValidateArgs(args *skel.CmdArgs, del bool) error {
+	bad := func(what string, err error) error {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "invalid "+what, err.Error())
+	}
+	if err := cluster.ValidateContainerID(args.ContainerID); err != nil {
+		return bad("CNI_CONTAINERID", err)
+	}
+	if err := cluster.ValidateIfName(args.IfName); err != nil {
+		return bad("CNI_IFNAME", err)
+	}
+	if del && args.Netns == "" {
+		return nil
+	}
+	if err := cluster.ValidateNetns(args.Netns); err != nil {
+		return bad("CNI_NETNS", err)
+	}
+	return nil
+}
+
 func setup(args *skel.CmdArgs) (*NetConf, *api.Client, context.Context, context.CancelFunc, error) {
 	conf, err := ParseConf(args.StdinData)
 	if err != nil {
@@ -96,8 +135,12 @@ func cniError(op string, err error) error {
 		return types.NewError(types.ErrTryAgainLater, op+": the agent cannot do this right now; try again later", apiErr.Message)
 	case errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest:
 		return types.NewError(types.ErrInvalidEnvironmentVariables, op+": the agent rejected the request", apiErr.Message)
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound:
+		return types.NewError(types.ErrUnknownContainer, op+": the agent has no such container", apiErr.Message)
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusInsufficientStorage:
+		return types.NewError(ErrAddressesExhausted, op+": no free address on this host", apiErr.Message)
 	default:
-		return types.NewError(types.ErrInternal, op+" failed", err.Error())
+		return types.NewError(ErrAgentFailed, op+" failed", err.Error())
 	}
 }
 
@@ -105,6 +148,9 @@ func cniError(op string, err error) error {
 func Add(args *skel.CmdArgs) error {
 	conf, client, ctx, cancel, err := setup(args)
 	if err != nil {
+		return err
+	}
+	if err := ValidateArgs(args, false); err != nil {
 		return err
 	}
 	defer cancel()
@@ -115,7 +161,7 @@ func Add(args *skel.CmdArgs) error {
 	}
 	res, err := Result(att, args.Netns)
 	if err != nil {
-		return types.NewError(types.ErrInternal, "build result", err.Error())
+		return types.NewError(ErrAgentFailed, "build result", err.Error())
 	}
 	return types.PrintResult(res, conf.CNIVersion)
 }
@@ -150,6 +196,9 @@ func Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := ValidateArgs(args, true); err != nil {
+		return err
+	}
 	defer cancel()
 	if err := client.DeleteEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns}); err != nil {
 		return cniError("detach container", err)
@@ -161,6 +210,9 @@ func Del(args *skel.CmdArgs) error {
 func Check(args *skel.CmdArgs) error {
 	conf, client, ctx, cancel, err := setup(args)
 	if err != nil {
+		return err
+	}
+	if err := ValidateArgs(args, false); err != nil {
 		return err
 	}
 	defer cancel()
@@ -183,7 +235,7 @@ func Check(args *skel.CmdArgs) error {
 			return nil
 		}
 	}
-	return types.NewError(types.ErrInternal, "check container", fmt.Sprintf("prevResult does not hold the container's address %s", att.Endpoint.IP))
+	return types.NewError(ErrCheckFailed, "check container", fmt.Sprintf("prevResult does not hold the container's address %s", att.Endpoint.IP))
 }
 
 // Status reports whether the plugin can serve ADD now.

@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cni"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/lab/labtest"
@@ -25,11 +28,19 @@ type cniError struct {
 
 // plugin runs the real skiff-cni binary the way a runtime does and decodes
 // the CNI error object it prints on failure.
+// Variables in env replace the defaults.
 func plugin(t *testing.T, command, conf string, env ...string) (stdout string, cerr *cniError) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(labtest.BinDir(t, "skiff-cni"), "skiff-cni"))
-	cmd.Env = append([]string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=test-ctr", "CNI_NETNS=/run/netns/skiff-none",
-		"CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin"}, env...)
+	vars := map[string]string{"CNI_COMMAND": command, "CNI_CONTAINERID": "test-ctr", "CNI_NETNS": "/run/netns/skiff-none",
+		"CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
 	cmd.Stdin = strings.NewReader(conf)
 	var out bytes.Buffer
 	cmd.Stdout = &out
@@ -176,5 +187,89 @@ func TestCnitool(t *testing.T) {
 			run("del", "skiff", nsPath)
 			run("del", "skiff", nsPath) // idempotent
 		})
+	}
+}
+
+// TestBadArgs: CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS are checked as
+// libcni checks them, before the agent is asked: error 4 ("invalid
+// necessary environment variables"), also with no agent running (which
+// would be 11, "try again later", for ever).
+func TestBadArgs(t *testing.T) {
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","socket":%q}`, filepath.Join(t.TempDir(), "none.sock"))
+	for _, tc := range []struct {
+		name     string
+		env      []string
+		mentions string
+	}{
+		{"ID with ../", []string{"CNI_CONTAINERID=../../../tmp/skiff-escape"}, "containerid"},
+		{"ID with / inside", []string{"CNI_CONTAINERID=a/../../x"}, "containerid"},
+		{"ID ..", []string{"CNI_CONTAINERID=.."}, "containerid"},
+		{"oversized ID", []string{"CNI_CONTAINERID=" + strings.Repeat("a", 4096)}, "morethan128"},
+		{"ifname ..", []string{"CNI_IFNAME=.."}, "interfacename"},
+		{"ifname with /", []string{"CNI_IFNAME=a/b"}, "interfacename"},
+		{"ifname too long", []string{"CNI_IFNAME=abcdefghijklmnop"}, "interfacename"},
+		{"relative netns", []string{"CNI_NETNS=run/netns/x"}, "cni_netns"},
+		{"netns with ..", []string{"CNI_NETNS=/run/netns/../../etc/passwd"}, "cni_netns"},
+	} {
+		for _, cmd := range []string{"ADD", "DEL", "CHECK"} {
+			t.Run(tc.name+"/"+cmd, func(t *testing.T) {
+				_, e := plugin(t, cmd, conf, tc.env...)
+				if e == nil {
+					t.Fatal("succeeded")
+				}
+				// skel itself checks the ID's characters and the interface
+				// name, in its own words
+				said := strings.ToLower(strings.ReplaceAll(e.Msg+e.Details, " ", ""))
+				if e.Code != 4 || !strings.Contains(said, tc.mentions) {
+					t.Errorf("%+v, want code 4 mentioning %q", e, tc.mentions)
+				}
+			})
+		}
+	}
+	// DEL may come without a netns: that is not an argument error.
+	if _, e := plugin(t, "DEL", conf, "CNI_NETNS="); e == nil || e.Code != 11 {
+		t.Errorf("DEL without netns, no agent: %+v, want code 11", e)
+	}
+}
+
+// TestAgentErrorCodes: every agent failure becomes a documented code: the
+// spec's, or skiff's own from 100 (README, "CNI error codes"); never 999.
+func TestAgentErrorCodes(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status int
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(api.Error{Message: "the agent says no"})
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","socket":%q}`, sock)
+	for _, tc := range []struct {
+		status int
+		code   int
+	}{
+		{http.StatusBadRequest, 4},
+		{http.StatusNotFound, 3},
+		{http.StatusInsufficientStorage, int(cni.ErrAddressesExhausted)},
+		{http.StatusInternalServerError, int(cni.ErrAgentFailed)},
+	} {
+		status = tc.status
+		for _, cmd := range []string{"ADD", "CHECK", "DEL"} {
+			in := conf
+			if cmd == "CHECK" {
+				in = fmt.Sprintf(`{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","socket":%q,"prevResult":{"cniVersion":"1.1.0","ips":[]}}`, sock)
+			}
+			_, e := plugin(t, cmd, in)
+			if e == nil || e.Code != tc.code {
+				t.Errorf("%s, agent answers %d: %+v, want code %d", cmd, tc.status, e, tc.code)
+			}
+		}
+	}
+	if cni.ErrAddressesExhausted != 100 || cni.ErrAgentFailed != 101 || cni.ErrCheckFailed != 102 {
+		t.Error("the codes README documents changed")
 	}
 }

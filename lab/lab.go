@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 	"github.com/vishvananda/netlink"
 )
@@ -74,6 +75,9 @@ func (c *Config) defaults() error {
 	if c.Mode == "" {
 		c.Mode = "overlay"
 	}
+	if !cluster.ValidMode(c.Mode) {
+		return fmt.Errorf("mode %q: choose one of %s", c.Mode, strings.Join(cluster.Modes, ", "))
+	}
 	if c.UnderlayMTU == 0 {
 		c.UnderlayMTU = 1500
 	}
@@ -82,6 +86,12 @@ func (c *Config) defaults() error {
 	}
 	if c.ClusterCIDR == "" {
 		c.ClusterCIDR = "10.244.0.0/16"
+	}
+	// the agents would refuse these only after the lab is built
+	if p, err := netip.ParsePrefix(c.ClusterCIDR); err != nil || !p.Addr().Is4() || p.Masked() != p || p.Bits() > 24 {
+		return fmt.Errorf("cluster CIDR %q: want an IPv4 network of /24 or larger, such as 10.244.0.0/16", c.ClusterCIDR)
+	} else if p.Overlaps(underlayNet) {
+		return fmt.Errorf("cluster CIDR %s overlaps the lab's underlay %s", p, underlayNet)
 	}
 	if c.BinDir == "" {
 		exe, err := os.Executable()

@@ -552,3 +552,32 @@ func TestPolicyEndsEstablishedFlow(t *testing.T) {
 	}
 	s.finish()
 }
+
+// TestUpBadFlags: a lab with a mode or cluster CIDR the agents would refuse
+// fails at once, saying what is valid, and builds nothing. Before, --mode
+// nope waited 60 s for agents that had exited and then said they were not
+// ready.
+func TestUpBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Name: "tnope", Mode: "nope"}, "choose one of overlay, cache, sockets"},
+		{Config{Name: "tnope", ClusterCIDR: "10.99.0.0/16"}, "overlaps the lab's underlay"},
+		{Config{Name: "tnope", ClusterCIDR: "10.244.0.0/28"}, "cluster CIDR"},
+	} {
+		tc.cfg.BinDir = labtest.BinDir(t, "skiff", "skiffd", "skiff-cni")
+		start := time.Now()
+		_, err := Up(context.Background(), tc.cfg)
+		if err == nil {
+			Down(context.Background(), tc.cfg.Name)
+			t.Fatalf("Up(%+v) succeeded", tc.cfg)
+		}
+		if took := time.Since(start); took > 2*time.Second || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Up(%+v) = %v after %v; want an error mentioning %q at once", tc.cfg, err, took, tc.want)
+		}
+		if _, err := os.Stat(Dir(tc.cfg.Name)); err == nil {
+			t.Errorf("lab directory %s exists", Dir(tc.cfg.Name))
+		}
+	}
+}

@@ -9,11 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
 )
@@ -22,13 +26,19 @@ import (
 // that dies. A broker runs in the host namespace and in the container's
 // cgroup (the cgroup a socket is created in selects its hooks) and serves
 // the container at an abstract Unix address inside the container's
-// namespace. Brokers outlive the agent: a restarted agent adopts them by
-// their pid files.
+// namespace. The agent binds that address itself, in CNI ADD, before the
+// container's processes run, and holds the listener for as long as the
+// endpoint lives; every broker it starts serves the same listener. An
+// abstract name stays bound while any descriptor of its socket is open, so
+// no process of the container can bind it first (and serve the shims as an
+// impostor) or make the broker's bind fail. Brokers outlive the agent: a
+// restarted agent adopts them by their pid files, and takes a descriptor of
+// the listener back from the broker.
 type brokers struct {
 	cfg  Config
 	log  *slog.Logger
 	mu   sync.Mutex
-	want map[string]brokerSpec // by container ID
+	want map[string]*brokerSpec // by container ID
 	quit chan struct{}
 	done chan struct{}
 }
@@ -36,13 +46,112 @@ type brokers struct {
 type brokerSpec struct {
 	e      cluster.Endpoint
 	cgroup string
+	// ln is the broker's listener, bound in the container's netns; nil
+	// while another process holds the address (the container's sockets
+	// then stay on the overlay) or the agent has not got it back yet.
+	ln       *os.File
+	squatted bool // the address was taken when last tried: logged once
+}
+
+// brokerName is the broker's abstract address in the container's netns
+// (shim/skiff_broker.h, SKIFF_BROKER_NAME).
+const brokerName = "skiff-broker"
+
+// brokerListenFD is the descriptor number the listener has in the broker
+// (the first of exec's ExtraFiles).
+const brokerListenFD = 3
+
+// errAddressTaken: another process holds the broker's address in the
+// container's netns.
+var errAddressTaken = errors.New("the broker's address @" + brokerName + " is bound by another process of the container")
+
+// listenIn binds the broker's address in the network namespace at path.
+// An abstract AF_UNIX name belongs to the netns of the socket, fixed when
+// the socket is created: only the socket() call needs the namespace.
+func listenIn(path string) (*os.File, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		host, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, fmt.Errorf("own netns: %w", err)}
+			return
+		}
+		defer host.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, fmt.Errorf("enter netns %s: %w", path, err)}
+			return
+		}
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if serr := netns.Set(host); serr != nil {
+			// the thread stays locked, in the container's netns, and
+			// ends with this goroutine
+			if err == nil {
+				unix.Close(fd)
+			}
+			ch <- result{-1, fmt.Errorf("back to the host netns: %w", serr)}
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		return nil, fmt.Errorf("broker socket in %s: %w", path, r.err)
+	}
+	if err := unix.Bind(r.fd, &unix.SockaddrUnix{Name: "@" + brokerName}); err != nil {
+		unix.Close(r.fd)
+		if errors.Is(err, unix.EADDRINUSE) {
+			return nil, errAddressTaken
+		}
+		return nil, fmt.Errorf("bind @%s in %s: %w", brokerName, path, err)
+	}
+	if err := unix.Listen(r.fd, 512); err != nil {
+		unix.Close(r.fd)
+		return nil, fmt.Errorf("listen on @%s in %s: %w", brokerName, path, err)
+	}
+	return os.NewFile(uintptr(r.fd), "@"+brokerName), nil
+}
+
+// takeListener gets a descriptor of the listener of the running broker pid
+// (an agent restarted while its brokers ran), or nil. Only a listening Unix
+// socket at the broker's address qualifies: a broker of an earlier version
+// bound its own, at another number.
+func takeListener(pid int) *os.File {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, brokerListenFD, 0)
+	if err != nil {
+		return nil
+	}
+	listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	sa, serr := unix.Getsockname(fd)
+	if ua, ok := sa.(*unix.SockaddrUnix); err != nil || serr != nil || listening != 1 || !ok || ua.Name != "@"+brokerName {
+		unix.Close(fd)
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "@"+brokerName)
 }
 
 // superviseEvery is how often dead brokers are looked for.
 const superviseEvery = 200 * time.Millisecond
 
 func newBrokers(cfg Config, log *slog.Logger) *brokers {
-	b := &brokers{cfg: cfg, log: log, want: map[string]brokerSpec{}, quit: make(chan struct{}), done: make(chan struct{})}
+	b := &brokers{cfg: cfg, log: log, want: map[string]*brokerSpec{}, quit: make(chan struct{}), done: make(chan struct{})}
 	go b.supervise()
 	return b
 }
@@ -80,30 +189,71 @@ func ReadBrokerStats(stateDir, containerID string) BrokerStats {
 	return BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3)}
 }
 
-// ensure starts e's broker unless it runs.
+// ensure starts e's broker unless it runs. An address another process of
+// the container holds is logged, not returned: the container's sockets stay
+// on the overlay, and the agent's syncs must not fail for what a container
+// does.
 func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.want[e.ContainerID] = brokerSpec{e, cgroup}
+	s := b.want[e.ContainerID]
+	if s != nil && s.e.Netns != e.Netns {
+		// the runtime recreated the sandbox: a broker and a listener of
+		// the old namespace serve nobody
+		if s.ln != nil {
+			s.ln.Close()
+		}
+		if err := stopBroker(b.cfg.StateDir, e.ContainerID); err != nil {
+			return err
+		}
+		s = nil
+	}
+	if s == nil {
+		s = &brokerSpec{}
+		b.want[e.ContainerID] = s
+	}
+	s.e, s.cgroup = e, cgroup
 	if pid := b.running(e.ContainerID); pid > 0 {
+		if s.ln == nil {
+			s.ln = takeListener(pid)
+		}
 		return nil
 	}
-	return b.start(brokerSpec{e, cgroup})
+	return b.start(s)
 }
 
-func (b *brokers) start(s brokerSpec) error {
+func (b *brokers) start(s *brokerSpec) error {
+	id := s.e.ContainerID
+	if s.ln == nil {
+		ln, err := listenIn(s.e.Netns)
+		if errors.Is(err, errAddressTaken) {
+			if !s.squatted {
+				b.log.Error("socket broker not started: its address is taken; the container's sockets stay on the overlay",
+					"container", id, "netns", s.e.Netns, "err", err)
+			}
+			s.squatted = true
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if s.squatted {
+			b.log.Info("socket broker's address is free again", "container", id)
+		}
+		s.ln, s.squatted = ln, false
+	}
 	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
 		return fmt.Errorf("broker state: %w", err)
 	}
-	id := s.e.ContainerID
 	logf, err := os.OpenFile(filepath.Join(b.dir(), id+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("broker log: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(b.cfg.Broker, "--netns", s.e.Netns, "--cidr", b.cfg.Cluster.CIDR.String(),
+	cmd := exec.Command(b.cfg.Broker, "--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
 		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent")
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{s.ln}
 	// Its own session: the broker must survive the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -141,8 +291,15 @@ func isBroker(pid int, id string) bool {
 		return false // a zombie is dead
 	}
 	args := bytes.Split(cmdline, []byte{0})
-	return len(args) > 0 && filepath.Base(string(args[0])) == "skiff-broker" &&
-		bytes.Contains(cmdline, []byte("/"+id+".stats"))
+	if len(args) == 0 || filepath.Base(string(args[0])) != "skiff-broker" {
+		return false
+	}
+	for i := 1; i+1 < len(args); i++ {
+		if string(args[i]) == "--stats" {
+			return filepath.Base(string(args[i+1])) == id+".stats"
+		}
+	}
+	return false
 }
 
 // stopBroker ends id's broker if it runs and removes its files.
@@ -161,6 +318,9 @@ func stopBroker(stateDir, id string) error {
 
 func (b *brokers) stop(id string) {
 	b.mu.Lock()
+	if s := b.want[id]; s != nil && s.ln != nil {
+		s.ln.Close()
+	}
 	delete(b.want, id)
 	b.mu.Unlock()
 	if err := stopBroker(b.cfg.StateDir, id); err != nil {
@@ -174,11 +334,22 @@ func (b *brokers) prune(local []cluster.Endpoint) {
 	for _, e := range local {
 		keep[e.ContainerID] = true
 	}
+	gone := map[string]bool{}
 	entries, _ := os.ReadDir(b.dir())
 	for _, ent := range entries {
 		if id, ok := strings.CutSuffix(ent.Name(), ".pid"); ok && !keep[id] {
-			b.stop(id)
+			gone[id] = true
 		}
+	}
+	b.mu.Lock()
+	for id := range b.want { // also those whose address was taken: no pid file
+		if !keep[id] {
+			gone[id] = true
+		}
+	}
+	b.mu.Unlock()
+	for id := range gone {
+		b.stop(id)
 	}
 }
 
@@ -217,7 +388,9 @@ func (b *brokers) supervise() {
 			if _, err := os.Stat(s.e.Netns); err != nil {
 				continue // the container is going; the agent removes it
 			}
-			b.log.Warn("socket broker not running; restarting", "container", id)
+			if !s.squatted {
+				b.log.Warn("socket broker not running; restarting", "container", id)
+			}
 			if err := b.start(s); err != nil {
 				b.log.Warn("restart broker", "container", id, "err", err)
 			}

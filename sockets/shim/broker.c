@@ -3,6 +3,9 @@
  * Listens on the abstract AF_UNIX SEQPACKET address "\0skiff-broker" inside the
  * container's netns, but creates every TCP socket in the host netns (and, with
  * --cgroup, in the container's cgroup so the eBPF cgroup hooks apply to them).
+ * skiffd binds that address itself, before the container runs, and passes the
+ * listener (--listen-fd): the name is then never free for a process of the
+ * container to take.  With --netns the broker binds it (tests, manual use).
  * Protocol and stats layout: skiff_broker.h.  Single-threaded ppoll() loop.
  */
 #ifndef _GNU_SOURCE
@@ -107,7 +110,7 @@ static void die_usage(const char *msg) __attribute__((noreturn));
 static void die_usage(const char *msg)
 {
 	fprintf(stderr, "skiff-broker: %s\n"
-		"usage: skiff-broker --netns PATH --cidr NET/LEN --ip IP [--cgroup DIR] "
+		"usage: skiff-broker {--netns PATH | --listen-fd N} --cidr NET/LEN --ip IP [--cgroup DIR] "
 		"[--stats FILE] [--pool N] [--name NAME] [--transparent]\n", msg);
 	exit(2);
 }
@@ -265,6 +268,22 @@ static const char *reason_name(unsigned r)
 	return r < SKIFF_R_MAX ? names[r] : "?";
 }
 
+/* The listener skiffd passed: a listening AF_UNIX SEQPACKET socket (where it
+ * is bound is skiffd's business). Returns 0 or an errno. */
+static int adopt_listener(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0)
+		return errno;
+	if (!sockopt_is(fd, SOL_SOCKET, SO_DOMAIN, AF_UNIX) || !sockopt_is(fd, SOL_SOCKET, SO_TYPE, SOCK_SEQPACKET) ||
+	    !sockopt_is(fd, SOL_SOCKET, SO_ACCEPTCONN, 1))
+		return ENOTSOCK;
+	/* its file is shared with skiffd's descriptor, which never accepts */
+	if (fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+		return errno;
+	return 0;
+}
+
 /* returns 0 if client i stays, -1 if it must be dropped */
 static int handle_client(int i)
 {
@@ -409,8 +428,10 @@ int main(int argc, char **argv)
 		{ "ip", required_argument, 0, 'i' }, { "cgroup", required_argument, 0, 'g' },
 		{ "stats", required_argument, 0, 's' }, { "pool", required_argument, 0, 'p' },
 		{ "name", required_argument, 0, 'N' }, { "transparent", no_argument, 0, 'T' },
+		{ "listen-fd", required_argument, 0, 'L' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
 	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
+	int listen_fd = -1;
 	char msg[600];
 	int o;
 	opterr = 0;
@@ -423,6 +444,12 @@ int main(int argc, char **argv)
 		case 's': stats = optarg; break;
 		case 'N': g_name = optarg; break;
 		case 'T': g_transparent = 1; break;
+		case 'L': {
+			char *e; long v = strtol(optarg, &e, 10);
+			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --listen-fd (3..1023)");
+			listen_fd = (int)v;
+			break;
+		}
 		case 'p': {
 			char *e; long v = strtol(optarg, &e, 10);
 			if (*e || e == optarg || v < 0 || v > MAX_POOL) die_usage("bad --pool (0..4096)");
@@ -439,7 +466,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind < argc) { snprintf(msg, sizeof msg, "unexpected argument %s", argv[optind]); die_usage(msg); }
-	if (!netns) die_usage("missing --netns");
+	if (!netns == (listen_fd < 0)) die_usage("want one of --netns and --listen-fd");
 	if (!cidr) die_usage("missing --cidr");
 	if (!ipstr) die_usage("missing --ip");
 	if (!*g_name || strlen(g_name) > sizeof(((struct sockaddr_un *)0)->sun_path) - 2)
@@ -462,10 +489,13 @@ int main(int argc, char **argv)
 		if ((hello.ip & mask) != hello.net) die_usage("--ip is not inside --cidr");
 	}
 
-	int nsfd = open(netns, O_RDONLY | O_CLOEXEC);
-	if (nsfd < 0) { fprintf(stderr, "skiff-broker: open netns %s: %s\n", netns, strerror(errno)); return 1; }
-	int hostfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-	if (hostfd < 0) { fprintf(stderr, "skiff-broker: open /proc/self/ns/net: %s\n", strerror(errno)); return 1; }
+	int nsfd = -1, hostfd = -1;
+	if (netns) {
+		nsfd = open(netns, O_RDONLY | O_CLOEXEC);
+		if (nsfd < 0) { fprintf(stderr, "skiff-broker: open netns %s: %s\n", netns, strerror(errno)); return 1; }
+		hostfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+		if (hostfd < 0) { fprintf(stderr, "skiff-broker: open /proc/self/ns/net: %s\n", strerror(errno)); return 1; }
+	}
 
 	if (cgroup) {
 		char path[4096];
@@ -492,24 +522,28 @@ int main(int argc, char **argv)
 	g_st[SKIFF_ST_PID] = (uint64_t)getpid();
 
 	/* the listener lives in the container netns; everything else in the host netns */
-	if (setns(nsfd, CLONE_NEWNET) < 0) {
-		fprintf(stderr, "skiff-broker: setns %s: %s\n", netns, strerror(errno));
-		return 1;
+	int ls = listen_fd, lerr = 0;
+	if (netns) {
+		if (setns(nsfd, CLONE_NEWNET) < 0) {
+			fprintf(stderr, "skiff-broker: setns %s: %s\n", netns, strerror(errno));
+			return 1;
+		}
+		ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		size_t nl = strlen(g_name);
+		memcpy(sa.sun_path + 1, g_name, nl);
+		socklen_t salen = offsetof(struct sockaddr_un, sun_path) + 1 + nl;
+		if (ls < 0 || bind(ls, (struct sockaddr *)&sa, salen) < 0 || listen(ls, 512) < 0)
+			lerr = errno;
+		if (setns(hostfd, CLONE_NEWNET) < 0) {
+			fprintf(stderr, "skiff-broker: setns back to host netns: %s\n", strerror(errno));
+			return 1;
+		}
+		close(hostfd);
+		close(nsfd);
+	} else {
+		lerr = adopt_listener(ls);
 	}
-	int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t nl = strlen(g_name);
-	memcpy(sa.sun_path + 1, g_name, nl);
-	socklen_t salen = offsetof(struct sockaddr_un, sun_path) + 1 + nl;
-	int lerr = 0;
-	if (ls < 0 || bind(ls, (struct sockaddr *)&sa, salen) < 0 || listen(ls, 512) < 0)
-		lerr = errno;
-	if (setns(hostfd, CLONE_NEWNET) < 0) {
-		fprintf(stderr, "skiff-broker: setns back to host netns: %s\n", strerror(errno));
-		return 1;
-	}
-	close(hostfd);
-	close(nsfd);
 	{
 		/* the shim checks a socket is one of ours before it replaces it */
 		int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -522,7 +556,10 @@ int main(int argc, char **argv)
 		g_host_netns = hello.host_netns;
 	}
 	if (lerr) {
-		fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", g_name, netns, strerror(lerr));
+		if (netns)
+			fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", g_name, netns, strerror(lerr));
+		else
+			fprintf(stderr, "skiff-broker: --listen-fd %d: %s\n", listen_fd, strerror(lerr));
 		return 1;
 	}
 
@@ -569,7 +606,7 @@ int main(int argc, char **argv)
 		char nb[INET_ADDRSTRLEN], ib[INET_ADDRSTRLEN];
 		inet_ntop(AF_INET, &hello.net, nb, sizeof nb);
 		inet_ntop(AF_INET, &hello.ip, ib, sizeof ib);
-		LOG("ready pid %d netns %s cidr %s/%u ip %s pool %d%s%s", (int)getpid(), netns, nb,
+		LOG("ready pid %d netns %s cidr %s/%u ip %s pool %d%s%s", (int)getpid(), netns ? netns : "of --listen-fd", nb,
 		    hello.prefix, ib, g_npool, cgroup ? " cgroup " : "", cgroup ? cgroup : "");
 	}
 

@@ -435,6 +435,18 @@ static int broker_sock(void)
 		sys_close(s);
 		return -1;
 	}
+	/* Only the broker's listener: skiffd binds the address as root before
+	 * the container runs and holds it. Should a process of the container
+	 * have bound the name anyway (an agent down while the broker died), it
+	 * would get the app's sockets and could keep copies. SO_PEERCRED of a
+	 * connected Unix socket is the credentials of the listener's listen(),
+	 * which only root's (uid 0 in this user namespace) may be. */
+	struct ucred uc;
+	socklen_t ul = sizeof uc;
+	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &uc, &ul) < 0 || uc.uid != 0) {
+		sys_close(s);
+		return -1;
+	}
 	return s;
 }
 

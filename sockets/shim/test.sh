@@ -87,7 +87,9 @@ bad_flags() {
 	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/33 --ip 10.98.0.2 2>"$TMP/e" && grep -q "bad --cidr" "$TMP/e" || return 1
 	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.97.0.2 2>"$TMP/e" && grep -q "not inside" "$TMP/e" || return 1
 	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip x 2>"$TMP/e" && grep -q "bad --ip" "$TMP/e" || return 1
-	! ./skiff-broker --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "missing --netns" "$TMP/e" || return 1
+	! ./skiff-broker --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "want one of --netns and --listen-fd" "$TMP/e" || return 1
+	! ./skiff-broker --netns /run/netns/$C --listen-fd 3 --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "want one of" "$TMP/e" || return 1
+	! ./skiff-broker --listen-fd 3 --cidr 10.98.0.0/16 --ip 10.98.0.2 3</dev/null 2>"$TMP/e" && grep -q -- "--listen-fd 3: " "$TMP/e" || return 1
 	! ./skiff-broker --netns /run/netns/nonexistent-skf --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "open netns" "$TMP/e" || return 1
 	! ./skiff-broker --netns /etc/hostname --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "setns" "$TMP/e"
 }
@@ -282,6 +284,52 @@ print("replayed ok")
 EOF
 }
 check fallback-replays-options replay
+
+# ---------------- the broker's address ----------------
+# skiffd binds it and passes the listener (--listen-fd): the broker serves it
+passed_listener() {
+	ip netns exec $C $PY -c '
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind("\0skfpassed"); s.listen(16)
+os.dup2(s.fileno(), 3)
+os.execvp("nsenter", ["nsenter", "--net=/run/netns/" + sys.argv[1], "./skiff-broker", "--listen-fd", "3",
+    "--cidr", "10.98.0.0/16", "--ip", "10.98.0.2", "--name", "skfpassed", "--stats", sys.argv[2]])' $H "$TMP/stats-passed" 2>>"$TMP/broker.log" &
+	local bp=$!; PIDS+=($bp)
+	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-passed" 0 2>/dev/null)" = $((0x154534b53)) ] && break; sleep 0.05; done
+	sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skfpassed ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.1 --host yes
+	local rc=$?
+	kill $bp; wait $bp
+	return $rc
+}
+check broker-serves-passed-listener passed_listener
+
+# an unprivileged process that bound the name first is no broker: the shim
+# closes the connection before the hello (SO_PEERCRED: not uid 0) and falls
+# back; the impostor never gets a request
+impostor() {
+	ip netns exec $C setpriv --reuid=65534 --regid=65534 --clear-groups $PY -c '
+import socket, sys, struct
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind("\0skfimpostor"); s.listen(16)
+print("bound", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(1)
+    try:
+        c.send(struct.pack("=IIIB3xIIQ", 0x31464b53, 4, 0x0000620a, 16, 0x0200620a, 0, 1))
+        m = c.recv(64)
+    except OSError:
+        m = b""
+    print("request" if m else "no request", flush=True)' >"$TMP/impostor" 2>&1 &
+	local ip=$!; PIDS+=($ip)
+	for _ in $(seq 100); do grep -q bound "$TMP/impostor" && break; sleep 0.05; done
+	sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skfimpostor ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
+	local rc=$?
+	sleep 1.2
+	kill $ip; wait $ip 2>/dev/null
+	cat "$TMP/impostor"
+	[ $rc = 0 ] && grep -q "no request" "$TMP/impostor" && ! grep -q "^request" "$TMP/impostor"
+}
+check shim-refuses-unprivileged-impostor impostor
 
 # ---------------- opt-out, fork+exec, threads, many connections ----------------
 ct_before=$(stat_slot "$TMP/stats" 4)
