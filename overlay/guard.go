@@ -39,10 +39,11 @@ type ControlPlane struct {
 }
 
 // guardHooks are the jumps into the guard chains, first in their built-in
-// chains. A container's packet matches one of each pair; a spoofed source
-// still arrives on the bridge, and packets of other hosts' containers
-// (decapsulated, or readdressed to the host stack by a layer) carry their
-// overlay address.
+// chains. INPUT takes what comes from the bridge (a spoofed source still
+// arrives there) and from any overlay address (other hosts' containers,
+// decapsulated or readdressed to the host stack by a layer); FORWARD takes
+// this host's containers' (the bridge): beyond the overlay, other hosts'
+// containers are their hosts' to judge.
 func (o *Overlay) guardHooks() []hook {
 	cidr := o.cfg.Cluster.CIDR.String()
 	port := fmt.Sprint(o.cfg.Cluster.VXLANPort)
