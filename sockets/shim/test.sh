@@ -292,6 +292,7 @@ passed_listener() {
 import os, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind("\0skfpassed"); s.listen(16)
 os.dup2(s.fileno(), 3)
+os.set_inheritable(3, True)  # when the socket already was fd 3, dup2 did nothing and it is close-on-exec
 os.execvp("nsenter", ["nsenter", "--net=/run/netns/" + sys.argv[1], "./skiff-broker", "--listen-fd", "3",
     "--cidr", "10.98.0.0/16", "--ip", "10.98.0.2", "--name", "skfpassed", "--stats", sys.argv[2]])' $H "$TMP/stats-passed" 2>>"$TMP/broker.log" &
 	local bp=$!; PIDS+=($bp)
