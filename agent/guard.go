@@ -41,6 +41,9 @@ func controlPlane(ctx context.Context, endpoints []string, served []netip.AddrPo
 // resolveEndpoint returns the IPv4 addresses and the port of an etcd
 // client URL (or host:port).
 func resolveEndpoint(ctx context.Context, endpoint string) ([]netip.Addr, uint16, error) {
+	if endpoint == "" {
+		return nil, 0, fmt.Errorf("empty endpoint")
+	}
 	hostport := endpoint
 	if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
 		hostport = u.Host

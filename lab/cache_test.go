@@ -23,11 +23,7 @@ import (
 
 func cacheStats(t *testing.T, l *Lab, host string) map[string]uint64 {
 	t.Helper()
-	h, err := l.Host(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := api.NewClient(h.Socket).Cache(context.Background())
+	v, err := agentOf(t, l, host).Cache(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +407,6 @@ func scrape(t *testing.T, l *Lab, host, addr string) string {
 func TestCacheNotPoisoned(t *testing.T) {
 	l := newLab(t, Config{Name: "tcpoison", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
 	ctx := context.Background()
-	h1, _ := l.Host("h1")
 	h2, _ := l.Host("h2")
 	attacker := netip.AddrPortFrom(switchAddr, 4789) // an address the attacker holds
 	victim, _ := l.IP("h2/c1")
@@ -419,7 +414,7 @@ func TestCacheNotPoisoned(t *testing.T) {
 	frame := forgedVXLAN(overlay.VTEPMAC(h2.UnderlayIP), src, victim, 0x0c, 7000, []byte("poison"))
 	egressOf := func() netip.Addr {
 		t.Helper()
-		v, err := api.NewClient(h1.Socket).Cache(ctx)
+		v, err := agentOf(t, l, "h1").Cache(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

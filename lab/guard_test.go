@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -9,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/tc/tctest"
 )
 
 const metricsPort = 9473
@@ -82,11 +81,7 @@ func TestGuardKeepsContainersFromControlPlane(t *testing.T) {
 // hostSubnet returns host's overlay subnet from its agent's status.
 func hostSubnet(t *testing.T, l *Lab, host string) netip.Prefix {
 	t.Helper()
-	h, err := l.Host(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := api.NewClient(h.Socket).Status(t.Context())
+	st, err := agentOf(t, l, host).Status(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,24 +154,6 @@ func TestGuardDropsForgedVXLAN(t *testing.T) {
 // forgedVXLAN builds a VXLAN payload (VNI 1) carrying an Ethernet frame to
 // mac with a UDP datagram from src to dst:port with TOS tos.
 func forgedVXLAN(mac net.HardwareAddr, src, dst netip.Addr, tos byte, port uint16, payload []byte) []byte {
-	b := []byte{0x08, 0, 0, 0, 0, 0, 1, 0}                     // VXLAN, VNI 1
-	b = append(b, mac...)                                      // inner destination
-	b = append(b, 0x02, 0, 0, 0, 0, 1, 0x08, 0x00)             // source MAC, IPv4
-	ip := []byte{0x45, tos, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0} // DF, TTL 64, UDP
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
-	ip = append(ip, src.AsSlice()...)
-	ip = append(ip, dst.AsSlice()...)
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
-	udp := make([]byte, 8)
-	binary.BigEndian.PutUint16(udp[0:], 40000)
-	binary.BigEndian.PutUint16(udp[2:], port)
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload))) // checksum 0: none
-	return append(append(append(b, ip...), udp...), payload...)
+	ip := tctest.IPv4(tctest.IPOpts{TOS: tos, Frag: 0x4000}, tctest.ProtoUDP, src, dst, tctest.UDP(40000, port, payload))
+	return append([]byte{0x08, 0, 0, 0, 0, 0, 1, 0}, tctest.Eth(mac, net.HardwareAddr{2, 0, 0, 0, 0, 1}, 0x0800, ip)...)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/skiffnet/skiff/api"
 	"io"
 	"net"
 	"net/netip"
@@ -105,6 +106,16 @@ func echoServer(t *testing.T, l *Lab, target string, port int) {
 			ul.WriteTo(buf[:n], from)
 		}
 	}()
+}
+
+// agentOf returns the API client of host's agent.
+func agentOf(t *testing.T, l *Lab, host string) *api.Client {
+	t.Helper()
+	h, err := l.Host(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api.NewClient(h.Socket)
 }
 
 // dial opens a connection from src to addr.

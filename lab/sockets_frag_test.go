@@ -33,19 +33,12 @@ import (
 const pyOptionSYN = `
 import os, random, socket, struct, sys, time
 dst, ovl_dst, port, ovl_src, shape = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-def csum(b):
-    if len(b) % 2:
-        b += b"\0"
-    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    while s >> 16:
-        s = (s & 0xffff) + (s >> 16)
-    return ~s & 0xffff
+` + pySYNOption + `
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 u.connect((dst, 9))
 src = u.getsockname()[0]
 sport = random.randint(20000, 60000)
-opts = bytes([2, 4, 5, 0xb4]) + bytes([1] * 16)
-opts += bytes([253, 14, 0x53, 0x52]) + socket.inet_aton(ovl_dst) + struct.pack("!H", port) + socket.inet_aton(ovl_src) + bytes([1, 1])
+opts = bytes([2, 4, 5, 0xb4]) + bytes([1] * 16) + skiff_option(ovl_dst, port, ovl_src)
 def tcp(options):
     return struct.pack("!HHIIBBHHH", sport, port, 1000, 0, (20 + len(options)) // 4 << 4, 0x02, 65535, 0, 0) + options
 if shape == "middle":

@@ -151,12 +151,10 @@ rows = [l.split() for l in open("/proc/net/tcp").readlines()[1:]]
 print("yes" if any(r[1].endswith(":" + port) and r[3] == "0A" for r in rows) else "no")
 `
 
-// pyForgedSYN sends SYNs carrying skiff's option from a host namespace, with
-// no socket behind them: argv = dst host, dst overlay ip, port, claimed
-// overlay source.
-const pyForgedSYN = `
-import socket, struct, sys
-dst, ovl_dst, port, ovl_src = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+// pySYNOption is Python for forging SYNs (after imports of socket and
+// struct): csum, the Internet checksum, and skiff_option, the SYN option
+// (kind 253) claiming overlay addresses, padded to 16 bytes.
+const pySYNOption = `
 def csum(b):
     if len(b) % 2:
         b += b"\0"
@@ -164,11 +162,21 @@ def csum(b):
     while s >> 16:
         s = (s & 0xffff) + (s >> 16)
     return ~s & 0xffff
+def skiff_option(ovl_dst, port, ovl_src):
+    return bytes([253, 14, 0x53, 0x52]) + socket.inet_aton(ovl_dst) + struct.pack("!H", port) + socket.inet_aton(ovl_src) + bytes([1, 1])
+`
+
+// pyForgedSYN sends SYNs carrying skiff's option from a host namespace, with
+// no socket behind them: argv = dst host, dst overlay ip, port, claimed
+// overlay source.
+const pyForgedSYN = `
+import socket, struct, sys
+dst, ovl_dst, port, ovl_src = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+` + pySYNOption + `
 r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
 r.connect((dst, 0))
 src = r.getsockname()[0]
-opts = bytes([2, 4, 5, 0xb4, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])
-opts += bytes([253, 14, 0x53, 0x52]) + socket.inet_aton(ovl_dst) + struct.pack("!H", port) + socket.inet_aton(ovl_src) + bytes([1, 1])
+opts = bytes([2, 4, 5, 0xb4, 4, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) + skiff_option(ovl_dst, port, ovl_src)
 for i in range(3):
     hdr = struct.pack("!HHIIBBHHH", 40000 + i, port, 1000, 0, (20 + len(opts)) // 4 << 4, 0x02, 65535, 0, 0) + opts
     pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(hdr))
@@ -351,11 +359,7 @@ func runPy(t *testing.T, l *Lab, target, prog string, env []string, args ...stri
 
 func socketsStatus(t *testing.T, l *Lab, host string) *api.SocketsStatus {
 	t.Helper()
-	h, err := l.Host(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := api.NewClient(h.Socket).Status(context.Background())
+	st, err := agentOf(t, l, host).Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,6 +93,16 @@ func run(args []string) error {
 		serves = append(serves, *metrics)
 	}
 	if *embedded != "" {
+		scheme := "https"
+		if creds.Insecure {
+			scheme = "http"
+		}
+		if *embeddedListen == "" {
+			*embeddedListen = scheme + "://127.0.0.1:2379"
+		}
+		if *embeddedPeer == "" {
+			*embeddedPeer = scheme + "://127.0.0.1:2380"
+		}
 		serves = append(serves, *embeddedListen, *embeddedPeer)
 		e, err := startEmbedded(ctx, *name, *embedded, *embeddedListen, *embeddedPeer, &creds, log)
 		if err != nil {
@@ -127,16 +137,6 @@ func run(args []string) error {
 // insecure, and gives the agent beside it a client certificate of its own
 // when it has none. On the first start it says how other hosts join.
 func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *store.TLS, log *slog.Logger) (*store.Embedded, error) {
-	scheme := "https"
-	if creds.Insecure {
-		scheme = "http"
-	}
-	if listen == "" {
-		listen = scheme + "://127.0.0.1:2379"
-	}
-	if peer == "" {
-		peer = scheme + "://127.0.0.1:2380"
-	}
 	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: dir, ClientURL: listen, PeerURL: peer, Insecure: creds.Insecure, Log: log})
 	if err != nil {
 		return nil, err
