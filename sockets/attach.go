@@ -112,7 +112,7 @@ func (l *Layer) seedServed() error {
 // attachRecorder attaches the SYN recorder to the underlay's TCX ingress:
 // it sees every packet the host receives, which TCX hands it without the
 // qdisc and classifier layers of a clsact filter, and the device's later
-// programs still see them (docs/BENCHMARKS.md). The link is pinned per
+// programs still see them (docs/bench/history.md). The link is pinned per
 // device; a link to an earlier underlay goes.
 func (l *Layer) attachRecorder() error {
 	name := "underlay-" + strconv.Itoa(l.underlay.Attrs().Index)
