@@ -99,6 +99,8 @@ for name, (lvl, opt, val) in {"SO_PRIORITY": (socket.SOL_SOCKET, socket.SO_PRIOR
                               "SO_MARK": (socket.SOL_SOCKET, 36, 1),
                               "SO_BINDTODEVICE": (socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo"),
                               "TCP_SAVE_SYN": (socket.IPPROTO_TCP, 27, 1),
+                              "TCP_REPAIR": (socket.IPPROTO_TCP, 19, 1),
+                              "SO_RCVBUFFORCE": (socket.SOL_SOCKET, 33, 1 << 20),
                               "TCP_NODELAY": (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)}.items():
     try:
         s.setsockopt(lvl, opt, val)
@@ -415,7 +417,7 @@ func TestSocketsSecurity(t *testing.T) {
 	want := map[string]string{
 		"local": cliIP.String(), "peer": srvIP.String(),
 		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "SO_BINDTODEVICE": "EPERM",
-		"TCP_SAVE_SYN": "EPERM", "TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000",
+		"TCP_SAVE_SYN": "EPERM", "TCP_REPAIR": "EPERM", "SO_RCVBUFFORCE": "EPERM", "TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000",
 		"raw_connect_underlay": "EPERM", "raw_connect_outside": "EPERM",
 	}
 	for k, v := range want {

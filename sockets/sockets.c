@@ -64,6 +64,8 @@ char __license[] SEC("license") = "GPL";
 #define SO_PRIORITY 12
 #define SO_MARK 36
 #define SO_BINDTOIFINDEX 62
+#define SO_SNDBUFFORCE 32
+#define SO_RCVBUFFORCE 33
 #define SO_REUSEPORT 15
 #define SOL_IP 0
 #define IP_TOS 1
@@ -449,11 +451,16 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	// optlen 0 passes the caller's own buffer to the kernel, which
 	// otherwise copies the value a second time (kmalloc, memcpy, kfree).
 	int level = ctx->level, name = ctx->optname;
+	// TCP_REPAIR and the buffer limits' *FORCE variants need CAP_NET_ADMIN
+	// in the socket's namespace, the host's: a container granted it for
+	// its own namespace (Kubernetes' "NET_ADMIN") would otherwise rewrite
+	// a host connection's sequence numbers or pin host memory.
 	if (!cfg_secure ||
 	    !((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
-				       name == SO_BINDTOIFINDEX)) ||
+				       name == SO_BINDTOIFINDEX || name == SO_RCVBUFFORCE || name == SO_SNDBUFFORCE)) ||
 	      (level == SOL_IP && (name == IP_TOS || name == IP_OPTIONS)) ||
-	      (level == SOL_TCP && name == TCP_SAVE_SYN)) ||
+	      (level == SOL_TCP && (name == TCP_SAVE_SYN || name == TCP_REPAIR || name == TCP_REPAIR_QUEUE ||
+				    name == TCP_QUEUE_SEQ || name == TCP_REPAIR_OPTIONS || name == TCP_REPAIR_WINDOW))) ||
 	    !info_of(ctx->sk) || !host_socket(ctx)) {
 		ctx->optlen = 0;
 		return 1;
