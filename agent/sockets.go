@@ -167,7 +167,7 @@ func (a *Agent) socketsStatus(local []cluster.Endpoint) *api.SocketsStatus {
 		}
 		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String()}
 		st := sockets.ReadBrokerStats(a.cfg.StateDir, e.ContainerID)
-		c.HandedOut, c.Replaced, c.Fallback = st.HandedOut, st.Replaced, st.Fallback
+		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = st.HandedOut, st.Replaced, st.Fallback, st.Privileged
 		c.Broker = a.sockets.BrokerRunning(e.ContainerID)
 		s.Containers = append(s.Containers, c)
 	}

@@ -91,6 +91,10 @@ type SocketsContainer struct {
 	HandedOut   uint64 `json:"handedOut"` // host sockets given to its processes
 	Replaced    uint64 `json:"replaced"`  // connections and listeners on host sockets
 	Fallback    uint64 `json:"fallback"`  // sockets that fell back to the overlay
+	// Privileged is a process of the container that holds CAP_NET_ADMIN or
+	// CAP_SYS_ADMIN in the host's user namespace: its broker refuses the
+	// container host sockets (secure mode). 0 if none.
+	Privileged int `json:"privileged,omitempty"`
 }
 
 // CacheView is the cache layer's state: counters and every entry.

@@ -222,8 +222,11 @@ func printSockets(env Env, s *api.SocketsStatus) {
 	var rows [][]string
 	for _, c := range s.Containers {
 		broker := "running"
-		if !c.Broker {
+		switch {
+		case !c.Broker:
 			broker = "DOWN"
+		case c.Privileged != 0:
+			broker = fmt.Sprintf("refused (pid %d holds NET_ADMIN/SYS_ADMIN)", c.Privileged)
 		}
 		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced), fmt.Sprint(c.Fallback)})
 	}

@@ -357,16 +357,36 @@ func (l *Lab) Netns(target string) (string, error) {
 	return h.Netns, nil
 }
 
+// RuntimeCaps is the bounding set a container runtime gives a container by
+// default (Docker's and containerd's): no CAP_NET_ADMIN, no CAP_SYS_ADMIN.
+const RuntimeCaps = "-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,+net_bind_service," +
+	"+net_raw,+sys_chroot,+mknod,+audit_write,+setfcap"
+
 // Command returns a command that runs inside target's network namespace.
-// In sockets mode a container's commands run with the socket shim
-// preloaded, as a container image built for sockets mode would.
+// In sockets mode a container's commands run as a runtime would start
+// them: in the container's cgroup, with a runtime's default bounding set
+// (RuntimeCaps), and with the socket shim preloaded, as a container image
+// built for sockets mode would.
 func (l *Lab) Command(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	return l.CommandCaps(ctx, RuntimeCaps, target, name, args...)
+}
+
+// CommandCaps is Command with the bounding set caps (setpriv's syntax) for
+// a sockets-mode container's command.
+func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args ...string) (*exec.Cmd, error) {
 	ns, err := l.Netns(target)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns, name}, args...)...)
-	if l.Config.Mode == "sockets" && strings.Contains(target, "/") {
+	argv := append([]string{"ip", "netns", "exec", ns, name}, args...)
+	c, _ := l.Container(target)
+	if c == nil || c.Cgroup == "" {
+		return exec.CommandContext(ctx, argv[0], argv[1:]...), nil
+	}
+	argv = append([]string{"ip", "netns", "exec", ns, "setpriv", "--bounding-set", caps, "--", name}, args...)
+	// The shell joins the cgroup, then becomes the command (same pid).
+	cmd := exec.CommandContext(ctx, "sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, c.Cgroup}, argv...)...)
+	if l.Config.Mode == "sockets" {
 		cmd.Env = append(os.Environ(), "LD_PRELOAD="+l.Shim())
 	}
 	return cmd, nil

@@ -101,6 +101,7 @@ for name, (lvl, opt, val) in {"SO_PRIORITY": (socket.SOL_SOCKET, socket.SO_PRIOR
                               "TCP_SAVE_SYN": (socket.IPPROTO_TCP, 27, 1),
                               "TCP_REPAIR": (socket.IPPROTO_TCP, 19, 1),
                               "SO_RCVBUFFORCE": (socket.SOL_SOCKET, 33, 1 << 20),
+                              "IP_PKTINFO": (socket.IPPROTO_IP, 8, 1),
                               "TCP_NODELAY": (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)}.items():
     try:
         s.setsockopt(lvl, opt, val)
@@ -113,6 +114,11 @@ s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
 out["TCP_CONGESTION"] = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 3, 200000))
 out["SO_RCVTIMEO"] = "%d.%06d" % struct.unpack("ll", s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+try:
+    raw = s.getsockopt(socket.IPPROTO_IP, 80, 16)  # SO_ORIGINAL_DST: conntrack's, of the host connection
+    out["SO_ORIGINAL_DST"] = "%s:%d" % (socket.inet_ntoa(raw[4:8]), int.from_bytes(raw[2:4], "big"))
+except OSError as e:
+    out["SO_ORIGINAL_DST"] = code(e)
 # A program that bypasses the shim (raw connect syscall on the host socket
 # socket() handed out) must not reach the host network.
 libc = ctypes.CDLL(None, use_errno=True)
@@ -417,7 +423,8 @@ func TestSocketsSecurity(t *testing.T) {
 	want := map[string]string{
 		"local": cliIP.String(), "peer": srvIP.String(),
 		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "SO_BINDTODEVICE": "EPERM",
-		"TCP_SAVE_SYN": "EPERM", "TCP_REPAIR": "EPERM", "SO_RCVBUFFORCE": "EPERM", "TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000",
+		"TCP_SAVE_SYN": "EPERM", "TCP_REPAIR": "EPERM", "SO_RCVBUFFORCE": "EPERM", "IP_PKTINFO": "EPERM",
+		"TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000", "SO_ORIGINAL_DST": srv.String(),
 		"raw_connect_underlay": "EPERM", "raw_connect_outside": "EPERM",
 	}
 	for k, v := range want {
@@ -520,6 +527,70 @@ func TestSocketsSecurity(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Errorf("a well-formed option was not recorded: %v", err)
+	}
+}
+
+// TestSocketsPrivilegedContainer: a container whose processes may hold
+// CAP_NET_ADMIN in the host's user namespace (Kubernetes' "NET_ADMIN"
+// without a user namespace) could change the host's interfaces through a
+// host socket's ioctls: its broker refuses it host sockets, for good, and
+// its connections take the overlay. A container with a runtime's default
+// capabilities keeps them.
+func TestSocketsPrivilegedContainer(t *testing.T) {
+	l := newLab(t, Config{Name: "tskpriv", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
+	ctx := context.Background()
+	priv, err := l.AddContainer(ctx, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The default container serves on host sockets.
+	srv := replacedServer(t, l, pyEcho, "h2/c1")
+	if out := runPy(t, l, "h2/c1", pyOnce, nil, srv.Addr().String(), "7000"); !strings.HasPrefix(out, "ok") {
+		t.Fatalf("client of the default container: %s", out)
+	}
+
+	privIP, _ := l.IP(priv)
+	cmd, err := l.CommandCaps(ctx, RuntimeCaps+",+net_admin", priv, "python3", "-c", pyEcho, privIP.String(), "7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startProc(t, cmd, true)
+	var pid int
+	if _, err := eventually(5*time.Second, func() error {
+		for _, c := range socketsStatus(t, l, "h1").Containers {
+			if c.IP == privIP.String() && c.Privileged != 0 {
+				pid = c.Privileged
+				return nil
+			}
+		}
+		return fmt.Errorf("h1 reports no privileged process for %s", priv)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if pid != cmd.Process.Pid {
+		t.Errorf("privileged pid %d, want the server's %d", pid, cmd.Process.Pid)
+	}
+	// For good: its unprivileged processes get no host sockets either.
+	unpriv := startPy(t, l, priv, pyEcho, nil, privIP.String(), "7002")
+	privNetns, _ := l.Netns(priv)
+	for _, port := range []string{"7001", "7002"} {
+		if _, err := eventually(5*time.Second, func() error {
+			out, err := exec.Command("ip", "netns", "exec", privNetns, "ss", "-Htln", "src", privIP.String()+":"+port).Output()
+			if err != nil || !strings.Contains(string(out), "LISTEN") {
+				return fmt.Errorf("%s has no listener of its own on port %s (%v): %s", priv, port, err, out)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("%v (server: %v)", err, unpriv.exited())
+		}
+		if out := runPy(t, l, "h2/c1", pyOnce, nil, privIP.String(), port); !strings.HasPrefix(out, "ok") {
+			t.Errorf("client of the privileged container's port %s: %s", port, out)
+		}
+	}
+	for _, s := range socketsStatus(t, l, "h1").Listeners {
+		if strings.HasPrefix(s, privIP.String()+":") {
+			t.Errorf("the privileged container has a replaced listener %s", s)
+		}
 	}
 }
 

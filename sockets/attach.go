@@ -309,6 +309,7 @@ func (l *Layer) cgroupPrograms() map[string]struct {
 		"getsockname4": {o.SksGetsockname4, ebpf.AttachCgroupInet4GetSockname},
 		"getpeername4": {o.SksGetpeername4, ebpf.AttachCgroupInet4GetPeername},
 		"setsockopt":   {o.SksSetsockopt, ebpf.AttachCGroupSetsockopt},
+		"getsockopt":   {o.SksGetsockopt, ebpf.AttachCGroupGetsockopt},
 		"sockops":      {o.SksSockops, ebpf.AttachCGroupSockOps},
 	}
 }

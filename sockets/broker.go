@@ -172,21 +172,25 @@ type BrokerStats struct {
 	HandedOut uint64 // host sockets sent to the container's processes
 	Replaced  uint64 // connections and listeners on host sockets
 	Fallback  uint64 // sockets that fell back to the overlay
+	// Privileged is the process (pid) of the container that holds
+	// CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace, for
+	// which the broker refuses the container host sockets; 0 if none.
+	Privileged int
 }
 
-// brokerStatsMagic opens a ready broker's counters file: "SKST", layout 1
+// brokerStatsMagic opens a ready broker's counters file: "SKST", layout 2
 // (shim/skiff_broker.h).
-const brokerStatsMagic = 0x154534b53
+const brokerStatsMagic = 0x254534b53
 
 // ReadBrokerStats reads a container's broker counters; zero while the
 // broker is not (or not yet) running.
 func ReadBrokerStats(stateDir, containerID string) BrokerStats {
 	data, err := os.ReadFile(StatsFile(stateDir, containerID))
-	if err != nil || len(data) < 32 || binary.NativeEndian.Uint64(data) != brokerStatsMagic {
+	if err != nil || len(data) < 72 || binary.NativeEndian.Uint64(data) != brokerStatsMagic {
 		return BrokerStats{}
 	}
 	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }
-	return BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3)}
+	return BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3), Privileged: int(u(8))}
 }
 
 // ensure starts e's broker unless it runs. An address another process of
@@ -250,8 +254,14 @@ func (b *brokers) start(s *brokerSpec) error {
 		return fmt.Errorf("broker log: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(b.cfg.Broker, "--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
-		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent")
+	args := []string{"--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
+		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent"}
+	if b.cfg.Secure {
+		// A host socket answers ioctls in the host's namespace: no host
+		// sockets for a container that may hold CAP_NET_ADMIN there.
+		args = append(args, "--refuse-privileged")
+	}
+	cmd := exec.Command(b.cfg.Broker, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{s.ln}
 	// Its own session: the broker must survive the agent.

@@ -304,22 +304,62 @@ attempt(reuseport)
 attempt(lambda: socket.socket().setsockopt(socket.SOL_IP, socket.IP_OPTIONS, bytes([131, 7, 4, 10, 99, 0, 3, 0])))
 attempt(lambda: socket.socket().setsockopt(socket.IPPROTO_TCP, 19, 1))  # TCP_REPAIR
 attempt(lambda: socket.socket().setsockopt(socket.SOL_SOCKET, 33, 1 << 20))  # SO_RCVBUFFORCE
+attempt(lambda: socket.socket().setsockopt(socket.SOL_IP, 8, 1))  # IP_PKTINFO
+attempt(lambda: socket.socket().setsockopt(socket.SOL_IP, 20, 1))  # IP_RECVORIGDSTADDR
 `
 
 // TestBindAndOptions runs bind4 and setsockopt in the kernel: a listener
 // that would share its port (SO_REUSEPORT) is refused, so the shim gives
 // the app a container socket, where the kernel shares ports; and secure
 // mode refuses a source route, which would send the SYN elsewhere than
-// where connect4 sent it, and the options that need CAP_NET_ADMIN in the
-// host's namespace (the test runs as root, who has it).
+// where connect4 sent it, the options that need CAP_NET_ADMIN in the
+// host's namespace (the test runs as root, who has it), and those that make
+// IP_PKTOPTIONS show a packet's host addresses.
 func TestBindAndOptions(t *testing.T) {
 	_, python := containerHost(t, "sock_create", "bind4", "setsockopt")
 	out, err := python(pyBindOptions).CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if got, want := strings.Fields(string(out)), []string{"ok", "err", "EPERM", "err", "EPERM", "err", "EPERM", "err", "EPERM"}; !slices.Equal(got, want) {
-		t.Fatalf("bind, bind with SO_REUSEPORT, IP_OPTIONS, TCP_REPAIR, SO_RCVBUFFORCE (as root): %q, want %q", got, want)
+	if got, want := strings.Fields(string(out)), []string{"ok", "err", "EPERM", "err", "EPERM", "err", "EPERM", "err", "EPERM", "err", "EPERM", "err", "EPERM"}; !slices.Equal(got, want) {
+		t.Fatalf("bind, bind with SO_REUSEPORT, IP_OPTIONS, TCP_REPAIR, SO_RCVBUFFORCE (as root), IP_PKTINFO, IP_RECVORIGDSTADDR: %q, want %q", got, want)
+	}
+}
+
+// pyOriginalDst connects to its argument and prints what SO_ORIGINAL_DST
+// answers.
+const pyOriginalDst = `
+import socket, sys
+h, p = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((h, int(p)), timeout=5)
+raw = s.getsockopt(socket.SOL_IP, 80, 16)  # SO_ORIGINAL_DST
+print("%s:%d" % (socket.inet_ntoa(raw[4:8]), int.from_bytes(raw[2:4], "big")))
+`
+
+// TestOriginalDst runs getsockopt in the kernel: conntrack's original
+// destination of a fast-path connection is the listener's host address;
+// the container sees the overlay address it connected to, as getpeername
+// shows it.
+func TestOriginalDst(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "connect4", "getsockopt")
+	// conntrack tracks this namespace's connections once a rule needs it
+	if out, err := exec.Command("iptables", "-A", "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-j", "ACCEPT").CombinedOutput(); err != nil {
+		t.Fatalf("iptables: %v: %s", err, out)
+	}
+	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
+	if err := l.Sync([]cluster.Host{testHost, h2}, []cluster.Listener{{Host: "h2", Addr: netip.MustParseAddrPort("10.244.2.9:80")}}, policy.Set{}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := l.Stats()
+	out, err := python(pyOriginalDst, "10.244.2.9:80").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "10.244.2.9:80" {
+		t.Errorf("SO_ORIGINAL_DST: %s, want the overlay address 10.244.2.9:80", got)
+	}
+	if after, _ := l.Stats(); after["origdst_shown"]-before["origdst_shown"] != 1 {
+		t.Errorf("origdst_shown +%d, want +1", after["origdst_shown"]-before["origdst_shown"])
 	}
 }
 

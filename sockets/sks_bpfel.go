@@ -142,6 +142,7 @@ const (
 	sksProgSksFromUnderlay   = "sks_from_underlay"
 	sksProgSksGetpeername4   = "sks_getpeername4"
 	sksProgSksGetsockname4   = "sks_getsockname4"
+	sksProgSksGetsockopt     = "sks_getsockopt"
 	sksProgSksLookup         = "sks_lookup"
 	sksProgSksSetsockopt     = "sks_setsockopt"
 	sksProgSksSockCreate     = "sks_sock_create"
@@ -214,6 +215,7 @@ type sksProgramSpecs struct {
 	SksFromUnderlay  *ebpf.ProgramSpec `ebpf:"sks_from_underlay"`
 	SksGetpeername4  *ebpf.ProgramSpec `ebpf:"sks_getpeername4"`
 	SksGetsockname4  *ebpf.ProgramSpec `ebpf:"sks_getsockname4"`
+	SksGetsockopt    *ebpf.ProgramSpec `ebpf:"sks_getsockopt"`
 	SksLookup        *ebpf.ProgramSpec `ebpf:"sks_lookup"`
 	SksSetsockopt    *ebpf.ProgramSpec `ebpf:"sks_setsockopt"`
 	SksSockCreate    *ebpf.ProgramSpec `ebpf:"sks_sock_create"`
@@ -345,6 +347,7 @@ type sksPrograms struct {
 	SksFromUnderlay  *ebpf.Program `ebpf:"sks_from_underlay"`
 	SksGetpeername4  *ebpf.Program `ebpf:"sks_getpeername4"`
 	SksGetsockname4  *ebpf.Program `ebpf:"sks_getsockname4"`
+	SksGetsockopt    *ebpf.Program `ebpf:"sks_getsockopt"`
 	SksLookup        *ebpf.Program `ebpf:"sks_lookup"`
 	SksSetsockopt    *ebpf.Program `ebpf:"sks_setsockopt"`
 	SksSockCreate    *ebpf.Program `ebpf:"sks_sock_create"`
@@ -364,6 +367,7 @@ func (p *sksPrograms) Close() error {
 		p.SksFromUnderlay,
 		p.SksGetpeername4,
 		p.SksGetsockname4,
+		p.SksGetsockopt,
 		p.SksLookup,
 		p.SksSetsockopt,
 		p.SksSockCreate,

@@ -18,8 +18,10 @@
 //                 a replaced listener is unreachable without the SYN option;
 //                 a second listener on the same overlay port gets EADDRINUSE.
 //   getsockname4/getpeername4: show overlay addresses, never host ones.
-//   setsockopt    secure mode: priority, TOS, mark, device binding and saved
-//                 SYNs are refused on host sockets.
+//   setsockopt    secure mode: priority, TOS, mark, device binding, saved
+//                 SYNs, repair, forced buffers and the received-packet
+//                 address options are refused on host sockets.
+//   getsockopt    SO_ORIGINAL_DST shows overlay addresses, never host ones.
 //   sockops       writes the overlay addresses into the SYN (option kind 253),
 //                 publishes listeners in a socket map, learns an accepted
 //                 connection's overlay peer.
@@ -70,6 +72,7 @@ char __license[] SEC("license") = "GPL";
 #define SOL_IP 0
 #define IP_TOS 1
 #define IP_OPTIONS 4
+#define SO_ORIGINAL_DST 80
 #define SOL_TCP 6
 #define TCP_SAVE_SYN 27
 #define TCPHDR_SYN 0x02
@@ -458,7 +461,9 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	if (!cfg_secure ||
 	    !((level == SOL_SOCKET && (name == SO_PRIORITY || name == SO_MARK || name == SO_BINDTODEVICE ||
 				       name == SO_BINDTOIFINDEX || name == SO_RCVBUFFORCE || name == SO_SNDBUFFORCE)) ||
-	      (level == SOL_IP && (name == IP_TOS || name == IP_OPTIONS)) ||
+	      // IP_PKTOPTIONS would show a packet's host addresses.
+	      (level == SOL_IP && (name == IP_TOS || name == IP_OPTIONS || name == IP_PKTINFO ||
+				   name == IP_RECVORIGDSTADDR)) ||
 	      (level == SOL_TCP && (name == TCP_SAVE_SYN || name == TCP_REPAIR || name == TCP_REPAIR_QUEUE ||
 				    name == TCP_QUEUE_SEQ || name == TCP_REPAIR_OPTIONS || name == TCP_REPAIR_WINDOW))) ||
 	    !info_of(ctx->sk) || !host_socket(ctx)) {
@@ -467,6 +472,38 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	}
 	count(SKS_SOCKOPT_REFUSED);
 	return 0;
+}
+
+// conntrack's original destination of a host connection is a host address
+// (the peer host's underlay or loopback): show the overlay one, as
+// getpeername and getsockname do. A client's is its peer's, an accepted
+// connection's its own.
+SEC("cgroup/getsockopt")
+int sks_getsockopt(struct bpf_sockopt *ctx)
+{
+	// Every option the container reads comes here, SO_ERROR after each
+	// non-blocking connect included: the cheap test first. optlen 0 keeps
+	// the kernel's answer without copying it back a second time.
+	struct sockaddr_in *sin = ctx->optval;
+	if (ctx->level != SOL_IP || ctx->optname != SO_ORIGINAL_DST || ctx->retval || (void *)(sin + 1) > ctx->optval_end)
+		goto keep;
+	struct bpf_sock *sk = ctx->sk;
+	struct sks_info *si = info_of(sk);
+	if (!si || !host_socket(ctx))
+		goto keep;
+	if (sin->sin_addr.s_addr == sk->dst_ip4 && sin->sin_port == sk->dst_port) {
+		sin->sin_addr.s_addr = si->peer_ip;
+		if (si->peer_port)
+			sin->sin_port = si->peer_port;
+	} else {
+		sin->sin_addr.s_addr = si->local_ip;
+		sin->sin_port = si->local_port ? si->local_port : bpf_htons(sk->src_port);
+	}
+	count(SKS_ORIGDST_SHOWN);
+	return 1;
+keep:
+	ctx->optlen = 0;
+	return 1;
 }
 
 // Keeps the event type in BTF for the Go side.

@@ -153,7 +153,7 @@ var Reasons = []string{
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
 	"syncookie_steered", "connect_denied", "syn_forged", "event_lost",
-	"tcp_fragment", "tcp_malformed", "syn_denied",
+	"tcp_fragment", "tcp_malformed", "syn_denied", "origdst_shown",
 }
 
 // Stats returns the counters summed over CPUs, by reason.

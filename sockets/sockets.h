@@ -154,5 +154,6 @@ enum sks_reason {
 	SKS_TCP_FRAGMENT,     // a TCP fragment that could hide an option SYN: dropped
 	SKS_TCP_MALFORMED,    // a container's TCP segment with a truncated or bad header: dropped
 	SKS_SYN_DENIED,       // recorded SYN the server host's policy denies (RST)
+	SKS_ORIGDST_SHOWN,    // SO_ORIGINAL_DST answered with the overlay address
 	SKS_REASONS,
 };

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #endif
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -32,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -111,7 +113,7 @@ static void die_usage(const char *msg)
 {
 	fprintf(stderr, "skiff-broker: %s\n"
 		"usage: skiff-broker {--netns PATH | --listen-fd N} --cidr NET/LEN --ip IP [--cgroup DIR] "
-		"[--stats FILE] [--pool N] [--name NAME] [--transparent]\n", msg);
+		"[--stats FILE] [--pool N] [--name NAME] [--transparent] [--refuse-privileged]\n", msg);
 	exit(2);
 }
 
@@ -136,6 +138,102 @@ static void pool_fill(int target, int limit)
 		g_fill_failing = 0;
 		g_pool[g_npool++] = s;
 	}
+}
+
+/* --refuse-privileged: a host socket answers ioctls and options in the
+ * host's namespace, and the kernel judges them by the caller's capabilities
+ * in the host's user namespace. A container whose processes may hold
+ * CAP_NET_ADMIN there (Kubernetes' "NET_ADMIN" without a user namespace)
+ * could change the host's interfaces through one (SIOCSIFMTU, SIOCSIFFLAGS),
+ * CAP_SYS_ADMIN likewise. Such a container gets no host sockets, for good:
+ * the broker looks at each client (SO_PEERCRED) and, every second and at
+ * each client, at every process of the container's cgroup, so that a
+ * privileged process cannot have an unprivileged one fetch sockets for it. */
+static int g_refuse_privileged;
+static const char *g_cgroup;
+static struct stat g_userns;   /* the broker's (the host's) user namespace */
+static pid_t g_privileged;     /* the privileged process seen; 0: none yet */
+static time_t g_scanned;       /* when the cgroup was last looked at */
+
+#define CAP_NET_ADMIN_BIT 12
+#define CAP_SYS_ADMIN_BIT 21
+
+/* Whether pid lives in the host's user namespace with CAP_NET_ADMIN or
+ * CAP_SYS_ADMIN in its bounding set (which limits what it or any program it
+ * runs can ever hold). A process that has gone is not. */
+static int privileged(pid_t pid)
+{
+	char path[64];
+	struct stat st;
+	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+	if (pid <= 0 || pid == getpid() || stat(path, &st) < 0 || st.st_dev != g_userns.st_dev ||
+	    st.st_ino != g_userns.st_ino)
+		return 0;
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	char line[256];
+	unsigned long long bnd = 0;
+	int found = 0;
+	while (!found && fgets(line, sizeof line, f))
+		found = sscanf(line, "CapBnd: %llx", &bnd) == 1;
+	fclose(f);
+	return found && (bnd & (1ull << CAP_NET_ADMIN_BIT | 1ull << CAP_SYS_ADMIN_BIT));
+}
+
+/* The first privileged process of cgroup dir or a cgroup below it, or 0. */
+static pid_t privileged_in(const char *dir, int depth)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+	FILE *f = fopen(path, "re");
+	pid_t found = 0;
+	if (f) {
+		int pid;
+		while (!found && fscanf(f, "%d", &pid) == 1)
+			if (privileged(pid))
+				found = pid;
+		fclose(f);
+	}
+	DIR *d = found || depth >= 8 ? NULL : opendir(dir);
+	for (struct dirent *e; d && !found && (e = readdir(d));) {
+		if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+		found = privileged_in(path, depth + 1);
+	}
+	if (d)
+		closedir(d);
+	return found;
+}
+
+static void drop_client(int i, const char *why);
+
+/* Looks for a privileged process (client: a new client's fd, or -1) and,
+ * once one is seen, drops every client: their shims fall back to the
+ * container's own sockets. Returns whether the container is refused. */
+static int refused(int client)
+{
+	if (!g_refuse_privileged || g_privileged)
+		return g_privileged != 0;
+	struct ucred uc;
+	socklen_t ul = sizeof uc;
+	pid_t p = 0;
+	if (client >= 0 && getsockopt(client, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0)
+		p = privileged(uc.pid) ? uc.pid : 0;
+	if (!p && g_cgroup)
+		p = privileged_in(g_cgroup, 0);
+	g_scanned = time(NULL);
+	if (!p)
+		return 0;
+	g_privileged = p;
+	g_st[SKIFF_ST_PRIVILEGED] = (uint64_t)p;
+	LOG("process %d holds CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace: "
+	    "no host sockets for this container; it uses the overlay", (int)p);
+	while (g_nclients)
+		drop_client(g_nclients, "container privileged");
+	return 1;
 }
 
 static void drop_client(int i, const char *why)
@@ -382,6 +480,11 @@ static void accept_clients(int ls, const struct skiff_hello *hello)
 			return;
 		}
 		g_accept_paused = 0;
+		if (refused(c)) {   /* the shim falls back */
+			st_add(SKIFF_ST_ERRORS, 1);
+			close(c);
+			continue;
+		}
 		if (g_nclients >= MAX_CLIENTS) {   /* the shim falls back */
 			st_add(SKIFF_ST_ERRORS, 1);
 			LOG("client refused: %d clients already", g_nclients);
@@ -428,7 +531,7 @@ int main(int argc, char **argv)
 		{ "ip", required_argument, 0, 'i' }, { "cgroup", required_argument, 0, 'g' },
 		{ "stats", required_argument, 0, 's' }, { "pool", required_argument, 0, 'p' },
 		{ "name", required_argument, 0, 'N' }, { "transparent", no_argument, 0, 'T' },
-		{ "listen-fd", required_argument, 0, 'L' },
+		{ "listen-fd", required_argument, 0, 'L' }, { "refuse-privileged", no_argument, 0, 'P' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
 	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
 	int listen_fd = -1;
@@ -444,6 +547,7 @@ int main(int argc, char **argv)
 		case 's': stats = optarg; break;
 		case 'N': g_name = optarg; break;
 		case 'T': g_transparent = 1; break;
+		case 'P': g_refuse_privileged = 1; break;
 		case 'L': {
 			char *e; long v = strtol(optarg, &e, 10);
 			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --listen-fd (3..1023)");
@@ -497,6 +601,11 @@ int main(int argc, char **argv)
 		if (hostfd < 0) { fprintf(stderr, "skiff-broker: open /proc/self/ns/net: %s\n", strerror(errno)); return 1; }
 	}
 
+	if (g_refuse_privileged && stat("/proc/self/ns/user", &g_userns) < 0) {
+		fprintf(stderr, "skiff-broker: /proc/self/ns/user: %s\n", strerror(errno));
+		return 1;
+	}
+	g_cgroup = cgroup;
 	if (cgroup) {
 		char path[4096];
 		snprintf(path, sizeof path, "%s/cgroup.procs", cgroup);
@@ -618,6 +727,10 @@ int main(int argc, char **argv)
 		const struct timespec *wait = g_npool >= g_pool_target ? NULL : g_fill_failing ? &retry : &now;
 		if (g_accept_paused && !wait)
 			wait = &retry;
+		static const struct timespec second = { 1, 0 };
+		int watching = g_refuse_privileged && !g_privileged && g_cgroup;
+		if (watching && !wait)
+			wait = &second;
 		/* replies held back: look again soon whether their clients read */
 		for (int i = 1; i <= g_nclients && wait != &now; i++)
 			if (g_held[i].n) { wait = &held; break; }
@@ -644,6 +757,8 @@ int main(int argc, char **argv)
 		for (int i = g_nclients; i >= 1; i--)
 			if (g_held[i].n && serve_held(i) < 0)
 				drop_client(i, "eof/error");
+		if (watching && time(NULL) != g_scanned)
+			refused(-1);
 		if (g_pfd[0].revents & POLLIN)
 			accept_clients(ls, &hello);
 		g_pfd[0].revents = 0;

@@ -98,12 +98,14 @@ struct skiff_reply {
  *   [5] clients_now    shim connections open
  *   [6] errors         socket()/sendmsg/protocol errors in the broker
  *   [7] pid            broker pid
+ *   [8] privileged     --refuse-privileged: the pid of the privileged process
+ *                      that made the broker refuse the container, 0 if none
  */
-#define SKIFF_STATS_MAGIC    (0x54534b53ull | (1ull << 32))   /* "SKST", layout v1 */
+#define SKIFF_STATS_MAGIC    (0x54534b53ull | (2ull << 32))   /* "SKST", layout v2 */
 enum {
 	SKIFF_ST_MAGIC = 0, SKIFF_ST_HANDED_OUT, SKIFF_ST_REPLACED, SKIFF_ST_FALLBACK,
 	SKIFF_ST_CLIENTS_TOTAL, SKIFF_ST_CLIENTS_NOW, SKIFF_ST_ERRORS, SKIFF_ST_PID,
-	SKIFF_ST_NSLOTS
+	SKIFF_ST_PRIVILEGED, SKIFF_ST_NSLOTS
 };
 #define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
 
