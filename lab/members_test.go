@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 )
@@ -72,7 +73,10 @@ func TestStoreMemberLoss(t *testing.T) {
 			default:
 			}
 			begin := time.Now()
-			if _, r.err = l.AddContainer(ctx, l.Hosts[r.adds%2].Name); r.err != nil {
+			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			_, r.err = l.AddContainer(actx, l.Hosts[r.adds%2].Name)
+			cancel()
+			if r.err != nil {
 				return
 			}
 			r.slowest = max(r.slowest, time.Since(begin))
@@ -127,6 +131,9 @@ func TestStoreMemberLoss(t *testing.T) {
 	}
 	if err := l.killNetns(ctx, c.Netns); err != nil {
 		t.Fatal(err)
+	}
+	if st, err := eventuallyStatus(agentOf(t, l, "h2"), func(s api.Status) bool { return !s.StoreReachable }); err != nil {
+		t.Errorf("the agent does not report the store unreachable: %+v, %v", st, err)
 	}
 	if err := ping(ctx, l, newest("h1").Name, newest("h2").IP); err != nil {
 		t.Errorf("forwarding without a majority: %v", err)
