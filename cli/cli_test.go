@@ -47,6 +47,9 @@ func TestCommands(t *testing.T) {
 		{[]string{"lab", "up", "--name", "tnope", "--mode", "nope"}, 1, "", "choose one of overlay, cache, sockets"},
 		{[]string{"lab", "up", "--name", "tnope", "--cluster-cidr", "10.99.0.0/16"}, 1, "", "overlaps the lab's underlay"},
 		{[]string{"lab", "up", "--name", "tnope", "--cluster-cidr", "banana"}, 1, "", "cluster CIDR"},
+		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "2"}, 1, "", "2 etcd members: choose 1, 3, 5 or 7"},
+		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "9"}, 1, "", "9 etcd members: choose 1, 3, 5 or 7"},
+		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "three"}, 2, "", "invalid value"},
 	} {
 		code, out, errOut := run(t, tc.args...)
 		if code != tc.code || !strings.Contains(out, tc.wantOut) || !strings.Contains(errOut, tc.wantStderr) {

@@ -43,6 +43,7 @@ func labUp(ctx context.Context, env Env, args []string) error {
 	fs.IntVar(&cfg.UnderlayMTU, "underlay-mtu", 1500, "MTU of the underlay links")
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "10.244.0.0/16", "overlay address range")
 	fs.BoolVar(&cfg.EtcdInsecure, "etcd-insecure", false, "run the lab's store on plain HTTP without client certificates (default: TLS)")
+	fs.IntVar(&cfg.EtcdMembers, "etcd-members", 1, "members of the lab's etcd cluster: 1, 3, 5 or 7 (2k+1 survive the loss of k)")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding skiffd and skiff-cni (default: next to skiff)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -62,6 +63,9 @@ func labUp(ctx context.Context, env Env, args []string) error {
 
 func printLab(env Env, l *lab.Lab) error {
 	var rows [][]string
+	for _, m := range l.Etcd {
+		rows = append(rows, []string{m.Name, "etcd", m.IP.String(), m.Netns, fmt.Sprint(m.PID)})
+	}
 	for _, h := range l.Hosts {
 		rows = append(rows, []string{h.Name, "host", h.UnderlayIP.String(), h.Netns, fmt.Sprint(h.AgentPID)})
 		for _, c := range l.Containers {
@@ -70,7 +74,7 @@ func printLab(env Env, l *lab.Lab) error {
 			}
 		}
 	}
-	return table(env.Stdout, "TARGET\tKIND\tIP\tNETNS\tAGENT PID", rows)
+	return table(env.Stdout, "TARGET\tKIND\tIP\tNETNS\tPID", rows)
 }
 
 func labDown(ctx context.Context, env Env, args []string) error {
@@ -183,6 +187,8 @@ func labEtcd(ctx context.Context, env Env, args []string) error {
 	fs.StringVar(&cfg.Dir, "dir", "", "data directory")
 	fs.StringVar(&cfg.ClientURL, "listen", "", "client URL")
 	fs.StringVar(&cfg.PeerURL, "peer", "", "peer URL")
+	fs.StringVar(&cfg.Name, "name", "", "member name (default skiff)")
+	fs.StringVar(&cfg.InitialCluster, "initial-cluster", "", "every member as NAME=PEER-URL,... (default: this one alone)")
 	fs.StringVar(&cfg.PKIDir, "pki-dir", "", "directory of the cluster CA and certificates (default: DIR/pki)")
 	fs.BoolVar(&cfg.Insecure, "etcd-insecure", false, "serve plain HTTP without client certificates")
 	cfg.Log = slog.New(slog.NewTextHandler(env.Stderr, nil))

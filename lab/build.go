@@ -71,8 +71,8 @@ func linkUp(h *netlink.Handle, name string, addr netip.Prefix, mtu int) error {
 var switchMAC = net.HardwareAddr{0x02, 0x5c, 0x1f, 0xf0, 0, 1}
 
 // buildSwitch creates the underlay switch: a namespace with a bridge that
-// every host's eth0 plugs into. The bridge carries the switch's own address,
-// where etcd listens.
+// every host's eth0 plugs into. The bridge carries the switch's own address
+// and those of the other etcd members: each member listens on its own.
 func (l *Lab) buildSwitch() error {
 	name := l.switchNetns()
 	if err := addNetns(name); err != nil {
@@ -90,7 +90,15 @@ func (l *Lab) buildSwitch() error {
 	if err := linkUp(h, "lo", netip.Prefix{}, 0); err != nil {
 		return err
 	}
-	return linkUp(h, "br0", netip.PrefixFrom(switchAddr, underlayNet.Bits()), l.Config.UnderlayMTU)
+	if err := linkUp(h, "br0", netip.PrefixFrom(switchAddr, underlayNet.Bits()), l.Config.UnderlayMTU); err != nil {
+		return err
+	}
+	for _, m := range l.Etcd[1:] {
+		if err := linkUp(h, "br0", netip.PrefixFrom(m.IP, underlayNet.Bits()), 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // buildHost creates a host namespace with eth0 plugged into the switch.
@@ -187,21 +195,55 @@ func (l *Lab) etcdFlags(host string) ([]string, error) {
 	return []string{"--etcd-cafile", t.CAFile, "--etcd-certfile", t.CertFile, "--etcd-keyfile", t.KeyFile}, nil
 }
 
-// startEtcd runs the store in the switch namespace. The lab makes the CA
-// first, so it can issue the agents' certificates; etcd issues its own
-// server certificate from it.
+// startEtcd runs the store's members in the switch namespace. The lab
+// makes the CA first, so it can issue the agents' certificates, and the
+// server certificate every member serves (for all their addresses, which
+// peers check too): members starting together would race to issue it.
 func (l *Lab) startEtcd() error {
-	args := []string{"lab", "etcd-server", "--dir", filepath.Join(l.dir(), "etcd"),
-		"--listen", l.etcdURL(), "--peer", l.etcdScheme() + switchAddr.String() + ":2380", "--pki-dir", l.pkiDir()}
+	if !l.Config.EtcdInsecure {
+		if err := l.etcdPKI(); err != nil {
+			return fmt.Errorf("lab CA: %w", err)
+		}
+	}
+	for i := range l.Etcd {
+		if err := l.startMember(&l.Etcd[i]); err != nil {
+			return err
+		}
+	}
+	return l.save()
+}
+
+func (l *Lab) etcdPKI() error {
+	p, _, err := store.EnsurePKI(l.pkiDir())
+	if err != nil {
+		return err
+	}
+	hosts := []string{"127.0.0.1", "localhost"}
+	for _, m := range l.Etcd {
+		hosts = append(hosts, m.IP.String())
+	}
+	if _, _, _, err := p.EnsureServer(hosts); err != nil {
+		return err
+	}
+	_, _, err = p.EnsureClient(store.AdminName)
+	return err
+}
+
+// startMember starts one member of the store, in a cluster of them all.
+func (l *Lab) startMember(m *Member) error {
+	var initial []string
+	for _, o := range l.Etcd {
+		initial = append(initial, o.Name+"="+l.peerURL(o))
+	}
+	args := []string{"lab", "etcd-server", "--dir", filepath.Join(l.dir(), "etcd", m.Name), "--name", m.Name,
+		"--listen", l.clientURL(*m), "--peer", l.peerURL(*m), "--initial-cluster", strings.Join(initial, ","), "--pki-dir", l.pkiDir()}
 	if l.Config.EtcdInsecure {
 		args = append(args, "--etcd-insecure")
-	} else if _, _, err := store.EnsurePKI(l.pkiDir()); err != nil {
-		return fmt.Errorf("lab CA: %w", err)
 	}
-	pid, err := l.spawn(l.switchNetns(), filepath.Join(l.dir(), "etcd.log"), filepath.Join(l.Config.BinDir, "skiff"), args...)
+	pid, err := l.spawn(m.Netns, filepath.Join(l.dir(), "etcd-"+m.Name+".log"), filepath.Join(l.Config.BinDir, "skiff"), args...)
 	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
+		return fmt.Errorf("start etcd member %s: %w", m.Name, err)
 	}
-	l.EtcdPID = pid
-	return l.save()
+	m.PID = pid
+	return nil
 }

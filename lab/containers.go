@@ -117,34 +117,40 @@ func (l *Lab) cgroupDir() (string, error) {
 }
 
 func (l *Lab) cniAdd(ctx context.Context, c Container) (netip.Addr, error) {
+	// A freshly started agent may still be syncing: CNI error 11 means try
+	// again later, and that is what a runtime does.
+	for attempt := 0; ; attempt++ {
+		ip, err := l.cniAddOnce(ctx, c)
+		if err == nil || attempt > 50 || !strings.Contains(err.Error(), "try again later") {
+			return ip, err
+		}
+		l.addRetries++
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// cniAddOnce runs CNI ADD once, as a runtime's single attempt.
+func (l *Lab) cniAddOnce(ctx context.Context, c Container) (netip.Addr, error) {
 	cc, list, err := l.cni(c.Host)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	// A freshly started agent may still be syncing: CNI error 11 means try
-	// again later, and that is what a runtime does.
-	for attempt := 0; ; attempt++ {
-		res, err := cc.AddNetworkList(ctx, list, l.runtimeConf(c))
-		if err != nil {
-			if attempt > 50 || !strings.Contains(err.Error(), "try again later") {
-				return netip.Addr{}, err
-			}
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		cur, err := current.NewResultFromResult(res)
-		if err != nil {
-			return netip.Addr{}, fmt.Errorf("CNI result: %w", err)
-		}
-		if len(cur.IPs) == 0 {
-			return netip.Addr{}, errors.New("CNI result has no address")
-		}
-		ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
-		if !ok {
-			return netip.Addr{}, fmt.Errorf("CNI result address %v is not IPv4", cur.IPs[0].Address)
-		}
-		return ip, nil
+	res, err := cc.AddNetworkList(ctx, list, l.runtimeConf(c))
+	if err != nil {
+		return netip.Addr{}, err
 	}
+	cur, err := current.NewResultFromResult(res)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("CNI result: %w", err)
+	}
+	if len(cur.IPs) == 0 {
+		return netip.Addr{}, errors.New("CNI result has no address")
+	}
+	ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("CNI result address %v is not IPv4", cur.IPs[0].Address)
+	}
+	return ip, nil
 }
 
 // CheckContainer runs CNI CHECK for a container.

@@ -40,8 +40,8 @@ func Down(ctx context.Context, name string) error {
 	for _, ns := range namespaces {
 		errs = append(errs, l.killNetns(ctx, ns))
 	}
-	errs = append(errs, l.removeCgroups())
-	errs = append(errs, stop(ctx, l.EtcdPID, 5*time.Second), os.RemoveAll(l.dir()),
+	errs = append(errs, l.removeCgroups(), l.StopEtcd(ctx))
+	errs = append(errs, os.RemoveAll(l.dir()),
 		os.RemoveAll(filepath.Dir(l.bpfDir("h1"))))
 	// The parent directory goes when no lab and no agent pins there any more.
 	os.Remove(filepath.Dir(filepath.Dir(l.bpfDir("h1"))))

@@ -54,7 +54,13 @@ type Config struct {
 	// EtcdInsecure runs the store on plain HTTP without client
 	// certificates (to compare); by default it takes TLS only.
 	EtcdInsecure bool `json:"etcdInsecure,omitempty"`
+	// EtcdMembers is how many etcd members the store has (1, 3, 5 or 7;
+	// default 1). A store of 2k+1 members survives the loss of k.
+	EtcdMembers int `json:"etcdMembers,omitempty"`
 }
+
+// maxEtcdMembers: etcd's own advice (more make every write slower).
+const maxEtcdMembers = 7
 
 func (c *Config) defaults() error {
 	if c.Name == "" {
@@ -77,6 +83,12 @@ func (c *Config) defaults() error {
 	}
 	if !cluster.ValidMode(c.Mode) {
 		return fmt.Errorf("mode %q: choose one of %s", c.Mode, strings.Join(cluster.Modes, ", "))
+	}
+	if c.EtcdMembers == 0 {
+		c.EtcdMembers = 1
+	}
+	if c.EtcdMembers < 1 || c.EtcdMembers > maxEtcdMembers || c.EtcdMembers%2 == 0 {
+		return fmt.Errorf("%d etcd members: choose 1, 3, 5 or 7 (the store works while a majority runs, so an even number survives no more losses than one fewer)", c.EtcdMembers)
 	}
 	if c.UnderlayMTU == 0 {
 		c.UnderlayMTU = 1500
@@ -132,14 +144,27 @@ type Container struct {
 	Cgroup string `json:"cgroup,omitempty"`
 }
 
+// Member is a member of the lab's store, running in the switch namespace
+// on an address of its own.
+type Member struct {
+	Name  string     `json:"name"` // e1
+	Netns string     `json:"netns"`
+	IP    netip.Addr `json:"ip"`
+	PID   int        `json:"pid"`
+}
+
 // Lab is a running lab, as recorded in its state file.
 type Lab struct {
-	Config    Config `json:"config"`
-	EtcdPID   int    `json:"etcdPID"`
-	HostsMade int    `json:"hostsMade"` // hosts are never renumbered
+	Config    Config   `json:"config"`
+	Etcd      []Member `json:"etcd"`
+	HostsMade int      `json:"hostsMade"` // hosts are never renumbered
 
 	Hosts      []Host      `json:"hosts"`
 	Containers []Container `json:"containers"`
+
+	// addRetries counts the ADDs an agent asked to try again later (CNI
+	// error 11) that were tried again.
+	addRetries int
 }
 
 // Dir is the lab's run directory.
@@ -150,7 +175,23 @@ func (l *Lab) prefix() string      { return "skiff-" + l.Config.Name + "-" }
 func (l *Lab) switchNetns() string { return l.prefix() + "sw" }
 func (l *Lab) pkiDir() string      { return filepath.Join(l.dir(), "pki") }
 
-func (l *Lab) etcdURL() string { return l.etcdScheme() + switchAddr.String() + ":2379" }
+// members are the store's members: e1 at the switch's address, the
+// others counting down from it, below the hosts' addresses counting up.
+func (l *Lab) members() []Member {
+	ms := make([]Member, l.Config.EtcdMembers)
+	for i := range ms {
+		ip := switchAddr.As4()
+		ip[3] -= byte(i)
+		ms[i] = Member{Name: fmt.Sprintf("e%d", i+1), Netns: l.switchNetns(), IP: netip.AddrFrom4(ip)}
+	}
+	return ms
+}
+
+func (l *Lab) clientURL(m Member) string { return l.etcdScheme() + m.IP.String() + ":2379" }
+func (l *Lab) peerURL(m Member) string   { return l.etcdScheme() + m.IP.String() + ":2380" }
+
+// etcdURL is what an agent's --etcd-endpoints says: every member's client URL.
+func (l *Lab) etcdURL() string { return strings.Join(l.EtcdEndpoints(), ",") }
 
 func (l *Lab) etcdScheme() string {
 	if l.Config.EtcdInsecure {
@@ -160,7 +201,13 @@ func (l *Lab) etcdScheme() string {
 }
 
 // EtcdEndpoints are the client URLs of the lab's store.
-func (l *Lab) EtcdEndpoints() []string { return []string{l.etcdURL()} }
+func (l *Lab) EtcdEndpoints() []string {
+	var out []string
+	for _, m := range l.Etcd {
+		out = append(out, l.clientURL(m))
+	}
+	return out
+}
 
 // EtcdTLS gives the credentials of a store client with common name name (a
 // host's name, or store.AdminName), issuing its certificate when needed.
@@ -225,6 +272,7 @@ func Up(ctx context.Context, cfg Config) (*Lab, error) {
 		return nil, errors.New("the lab needs root (network namespaces, veths, eBPF)")
 	}
 	l := &Lab{Config: cfg}
+	l.Etcd = l.members()
 	if _, err := os.Stat(l.dir()); err == nil {
 		return nil, fmt.Errorf("lab %q is already up (skiff lab down --name %s, or choose another --name)", cfg.Name, cfg.Name)
 	}
@@ -281,8 +329,8 @@ func (l *Lab) AddHost(ctx context.Context) (string, error) {
 func (l *Lab) addHost(ctx context.Context, wait bool) (Host, error) {
 	l.HostsMade++
 	i := l.HostsMade
-	if i > 253 {
-		return Host{}, errors.New("the lab underlay has room for 253 hosts")
+	if room := 254 - len(l.Etcd); i > room {
+		return Host{}, fmt.Errorf("the lab underlay has room for %d hosts beside %d etcd members", room, len(l.Etcd))
 	}
 	ip := underlayNet.Addr().As4()
 	ip[3] = byte(i)

@@ -565,6 +565,9 @@ func TestUpBadFlags(t *testing.T) {
 		{Config{Name: "tnope", Mode: "nope"}, "choose one of overlay, cache, sockets"},
 		{Config{Name: "tnope", ClusterCIDR: "10.99.0.0/16"}, "overlaps the lab's underlay"},
 		{Config{Name: "tnope", ClusterCIDR: "10.244.0.0/28"}, "cluster CIDR"},
+		{Config{Name: "tnope", EtcdMembers: 4}, "4 etcd members: choose 1, 3, 5 or 7"},
+		{Config{Name: "tnope", EtcdMembers: 9}, "9 etcd members: choose 1, 3, 5 or 7"},
+		{Config{Name: "tnope", EtcdMembers: -1}, "-1 etcd members: choose 1, 3, 5 or 7"},
 	} {
 		tc.cfg.BinDir = labtest.BinDir(t, "skiff", "skiffd", "skiff-cni")
 		start := time.Now()

@@ -98,13 +98,26 @@ func (l *Lab) StartAgent(ctx context.Context, host string) error {
 	return l.waitAgent(ctx, *h, 30*time.Second)
 }
 
-// StopEtcd stops the cluster store (to test an unreachable store).
-func (l *Lab) StopEtcd(ctx context.Context) error { return stop(ctx, l.EtcdPID, 5*time.Second) }
-
-// StartEtcd restarts the cluster store on its existing data.
-func (l *Lab) StartEtcd() error {
-	if alive(l.EtcdPID) {
-		return nil
+// StopEtcd stops every member of the cluster store (to test an
+// unreachable store).
+func (l *Lab) StopEtcd(ctx context.Context) error {
+	var errs []error
+	for _, m := range l.Etcd {
+		errs = append(errs, stop(ctx, m.PID, 5*time.Second))
 	}
-	return l.startEtcd()
+	return errors.Join(errs...)
+}
+
+// StartEtcd restarts the members of the cluster store that are not
+// running, on their existing data.
+func (l *Lab) StartEtcd() error {
+	for i := range l.Etcd {
+		if alive(l.Etcd[i].PID) {
+			continue
+		}
+		if err := l.startMember(&l.Etcd[i]); err != nil {
+			return err
+		}
+	}
+	return l.save()
 }

@@ -28,6 +28,16 @@ type EmbeddedConfig struct {
 	// Insecure serves clients and peers plain HTTP without authentication.
 	Insecure bool
 	Log      *slog.Logger // default slog.Default()
+	// Name is this member's name (default "skiff").
+	Name string
+	// InitialCluster lists every member of a cluster as etcd's
+	// --initial-cluster does (NAME=PEER-URL,...), this member included
+	// (default: this member alone). etcd reads it only on a first start.
+	InitialCluster string
+	// Join starts a member that an existing cluster already lists (etcdctl
+	// member add) rather than forming a new cluster: etcd's
+	// --initial-cluster-state existing.
+	Join bool
 }
 
 // Embedded is an etcd server running inside this process: the real server as
@@ -41,10 +51,12 @@ type Embedded struct {
 	CreatedPKI bool
 }
 
-// StartEmbedded runs a single-member etcd cluster. By default it serves
-// clients and peers over TLS and asks them for a certificate of the cluster
-// CA, which it creates in cfg.PKIDir on first start. It returns once the
-// server is ready to serve.
+// StartEmbedded runs an etcd member, of a cluster of its own unless cfg
+// names the others. By default it serves clients and peers over TLS and asks
+// them for a certificate of the cluster CA, which it creates in cfg.PKIDir
+// on first start (the members of one cluster need the same CA there: copy
+// ca.crt and ca.key before their first start). It returns once the server
+// is ready to serve: for a member of several, once a majority of them runs.
 func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	log := cfg.Log
 	if log == nil {
@@ -68,12 +80,21 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 		}
 	}
 	ec := embed.NewConfig()
-	ec.Name = "skiff"
+	ec.Name = cfg.Name
+	if ec.Name == "" {
+		ec.Name = "skiff"
+	}
 	ec.Dir = cfg.Dir
 	ec.LogLevel = "error"
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	ec.InitialCluster = ec.Name + "=" + pu.String()
+	if cfg.InitialCluster != "" {
+		ec.InitialCluster = cfg.InitialCluster
+	}
+	if cfg.Join {
+		ec.ClusterState = embed.ClusterStateFlagExisting
+	}
 	e := &Embedded{URL: cu.String()}
 	if cfg.Insecure {
 		log.Warn("the cluster store serves plain HTTP without authentication (--etcd-insecure): whoever reaches it can read and rewrite the cluster", "url", cu.String())

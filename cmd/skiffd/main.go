@@ -40,6 +40,8 @@ func run(args []string) error {
 	embedded := fs.String("embedded-etcd", "", "run an embedded etcd server with its data in this directory")
 	embeddedListen := fs.String("embedded-etcd-listen", "", "client URL of the embedded etcd (default https://127.0.0.1:2379, http:// with --etcd-insecure)")
 	embeddedPeer := fs.String("embedded-etcd-peer", "", "peer URL of the embedded etcd (default https://127.0.0.1:2380, http:// with --etcd-insecure)")
+	initialCluster := fs.String("embedded-etcd-initial-cluster", "", "every member of a multi-member embedded etcd as NAME=PEER-URL,... (etcd's --initial-cluster; a member's NAME is its host's --name); default: this member alone")
+	clusterState := fs.String("embedded-etcd-initial-cluster-state", "new", "new: form the cluster of --embedded-etcd-initial-cluster; existing: join a running cluster that lists this member (etcdctl member add)")
 	var creds store.TLS
 	fs.StringVar(&creds.CAFile, "etcd-cafile", "", "CA certificate that signed the etcd server's certificate")
 	fs.StringVar(&creds.CertFile, "etcd-certfile", "", "this host's etcd client certificate (common name: the host's --name)")
@@ -104,7 +106,11 @@ func run(args []string) error {
 			*embeddedPeer = scheme + "://127.0.0.1:2380"
 		}
 		serves = append(serves, *embeddedListen, *embeddedPeer)
-		e, err := startEmbedded(ctx, *name, *embedded, *embeddedListen, *embeddedPeer, &creds, log)
+		cfg := store.EmbeddedConfig{Dir: *embedded, ClientURL: *embeddedListen, PeerURL: *embeddedPeer, Insecure: creds.Insecure, Log: log}
+		if err := memberFlags(&cfg, *name, *initialCluster, *clusterState); err != nil {
+			return err
+		}
+		e, err := startEmbedded(ctx, *name, cfg, &creds, log)
 		if err != nil {
 			return err
 		}
@@ -133,15 +139,34 @@ func run(args []string) error {
 	return a.Run(ctx)
 }
 
+// memberFlags makes the embedded etcd a member of several, named after
+// its host, when an initial cluster is given.
+func memberFlags(cfg *store.EmbeddedConfig, name, initial, state string) error {
+	switch state {
+	case "new":
+	case "existing":
+		if initial == "" {
+			return errors.New("--embedded-etcd-initial-cluster-state existing needs --embedded-etcd-initial-cluster: every member of the cluster joined, this one included")
+		}
+		cfg.Join = true
+	default:
+		return fmt.Errorf("--embedded-etcd-initial-cluster-state %q: choose new or existing", state)
+	}
+	if initial != "" {
+		cfg.Name, cfg.InitialCluster = name, initial
+	}
+	return nil
+}
+
 // startEmbedded runs the embedded etcd, over TLS unless creds say
 // insecure, and gives the agent beside it a client certificate of its own
 // when it has none. On the first start it says how other hosts join.
-func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *store.TLS, log *slog.Logger) (*store.Embedded, error) {
-	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{Dir: dir, ClientURL: listen, PeerURL: peer, Insecure: creds.Insecure, Log: log})
+func startEmbedded(ctx context.Context, name string, cfg store.EmbeddedConfig, creds *store.TLS, log *slog.Logger) (*store.Embedded, error) {
+	e, err := store.StartEmbedded(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	log.Info("embedded etcd serving", "url", e.URL, "dir", dir, "tls", !creds.Insecure)
+	log.Info("embedded etcd serving", "url", e.URL, "dir", cfg.Dir, "tls", !creds.Insecure)
 	if creds.Insecure {
 		return e, nil
 	}

@@ -33,7 +33,8 @@ func TestEmbeddedJoinInstructions(t *testing.T) {
 		var creds store.TLS
 		listen := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
 		peer := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
-		e, err := startEmbedded(context.Background(), "node1", dir, listen, peer, &creds, log)
+		cfg := store.EmbeddedConfig{Dir: dir, ClientURL: listen, PeerURL: peer, Log: log}
+		e, err := startEmbedded(context.Background(), "node1", cfg, &creds, log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,6 +55,35 @@ func TestEmbeddedJoinInstructions(t *testing.T) {
 		}
 		if strings.Contains(out.String(), "PRIVATE KEY") {
 			t.Errorf("start %d: a key in the log:\n%s", i, out.String())
+		}
+	}
+}
+
+// TestMemberFlags: an initial cluster names the embedded member after its
+// host; joining needs one; an unknown state is refused saying what is valid.
+func TestMemberFlags(t *testing.T) {
+	const initial = "n1=https://10.0.0.1:2380,n2=https://10.0.0.2:2380,n3=https://10.0.0.3:2380"
+	for _, tc := range []struct {
+		initial, state string
+		want           store.EmbeddedConfig
+		err            string
+	}{
+		{"", "new", store.EmbeddedConfig{}, ""},
+		{initial, "new", store.EmbeddedConfig{Name: "n2", InitialCluster: initial}, ""},
+		{initial, "existing", store.EmbeddedConfig{Name: "n2", InitialCluster: initial, Join: true}, ""},
+		{"", "existing", store.EmbeddedConfig{}, "needs --embedded-etcd-initial-cluster"},
+		{initial, "joined", store.EmbeddedConfig{}, `"joined": choose new or existing`},
+	} {
+		var cfg store.EmbeddedConfig
+		err := memberFlags(&cfg, "n2", tc.initial, tc.state)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q %q: %v, want an error mentioning %q", tc.initial, tc.state, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || cfg != tc.want {
+			t.Errorf("%q %q: %+v, %v; want %+v", tc.initial, tc.state, cfg, err, tc.want)
 		}
 	}
 }

@@ -77,18 +77,24 @@ func (w tbWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// freeAddrs returns two distinct free loopback addresses: both listeners are
-// held until both are chosen.
+// freeAddrs returns two distinct free loopback addresses.
 func freeAddrs(tb testing.TB) (string, string) {
-	a, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	a := FreeAddrs(tb, 2)
+	return a[0], a[1]
+}
+
+// FreeAddrs returns n distinct free loopback addresses (HOST:PORT): every
+// listener is held until all are chosen.
+func FreeAddrs(tb testing.TB, n int) []string {
+	tb.Helper()
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer l.Close()
+		out = append(out, fmt.Sprint(l.Addr()))
 	}
-	defer a.Close()
-	b, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer b.Close()
-	return fmt.Sprint(a.Addr()), fmt.Sprint(b.Addr())
+	return out
 }
