@@ -145,6 +145,12 @@ func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *s
 	if creds.Insecure {
 		return e, nil
 	}
+	// The store checks every client's rights: this host's agent gets its
+	// own user and role, as other hosts get theirs from skiff cert issue.
+	if err := allowHost(ctx, e, name); err != nil {
+		e.Close()
+		return nil, err
+	}
 	if creds.CAFile == "" && creds.CertFile == "" && creds.KeyFile == "" {
 		if *creds, err = e.ClientTLS(name); err != nil {
 			e.Close()
@@ -160,6 +166,15 @@ func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *s
 			"admin", "the administrator's certificate is "+e.PKI.ClientTLS(store.AdminName).CertFile)
 	}
 	return e, nil
+}
+
+func allowHost(ctx context.Context, e *store.Embedded, name string) error {
+	admin, err := e.Admin()
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	return admin.AllowHost(ctx, name)
 }
 
 // checkCredentials refuses a client certificate issued for another host
