@@ -130,7 +130,12 @@ func run(args []string) error {
 			return err
 		}
 	}
-	return a.Run(ctx)
+	if err := a.Run(ctx); errors.Is(err, store.ErrPermission) {
+		return fmt.Errorf("%w\nthe store has no user and role for host %s (or they lack a right): the administrator makes them with skiff cert allow --ca-dir DIR --name %s --etcd-endpoints URL", err, *name, *name)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // startEmbedded runs the embedded etcd, over TLS unless creds say
@@ -160,7 +165,7 @@ func startEmbedded(ctx context.Context, name, dir, listen, peer string, creds *s
 	if e.CreatedPKI {
 		pki := e.PKI.Dir
 		log.Info("to join another host HOST: issue its certificate here, copy the directory to it, and start its agent with the certificate",
-			"issue", "skiff cert issue --ca-dir "+pki+" --name HOST --out HOST-pki",
+			"issue", "skiff cert issue --ca-dir "+pki+" --name HOST --out HOST-pki --etcd-endpoints "+e.URL+" (also makes HOST's user and role in the store)",
 			"copy", "HOST-pki/ to /etc/skiff/pki/ on HOST (mode 0700; it holds HOST's key)",
 			"run", "skiffd --name HOST --etcd-endpoints "+e.URL+" --etcd-cafile /etc/skiff/pki/ca.crt --etcd-certfile /etc/skiff/pki/HOST.crt --etcd-keyfile /etc/skiff/pki/HOST.key",
 			"admin", "the administrator's certificate is "+e.PKI.ClientTLS(store.AdminName).CertFile)
