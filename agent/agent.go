@@ -406,7 +406,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		all = append(all, remote...)
+		all = append(all, store.Owned(hosts, remote)...) // no host speaks for another's addresses
 	}
 	a.synced = &clusterView{rules: rules, hosts: hosts, endpoints: all}
 	eps = a.collectGarbage(ctx, eps)

@@ -16,7 +16,6 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -59,21 +58,9 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 	}))
 	mux.HandleFunc("GET /v1/cache", a.handle(func(r *http.Request) (any, error) { return a.CacheView() }))
 	mux.HandleFunc("GET /v1/hosts", a.handle(func(r *http.Request) (any, error) { return a.store.Hosts(r.Context()) }))
-	mux.HandleFunc("DELETE /v1/hosts/{name}", a.handle(func(r *http.Request) (any, error) {
-		return struct{}{}, a.store.RemoveHost(r.Context(), r.PathValue("name"))
-	}))
 	mux.HandleFunc("GET /v1/policies", a.handle(func(r *http.Request) (any, error) { return a.store.Policies(r.Context()) }))
-	mux.HandleFunc("POST /v1/policies", a.handle(func(r *http.Request) (any, error) {
-		return decodeThen(r, func(ctx context.Context, rule policy.Rule) (any, error) {
-			if err := rule.Validate(); err != nil {
-				return nil, badRequest(err)
-			}
-			return struct{}{}, a.store.PutPolicy(ctx, rule)
-		})
-	}))
-	mux.HandleFunc("DELETE /v1/policies/{id}", a.handle(func(r *http.Request) (any, error) {
-		return struct{}{}, a.store.DeletePolicy(r.Context(), r.PathValue("id"))
-	}))
+	// Policy changes and host removal are the administrator's, with the
+	// credential the agent does not hold: skiff makes them in the store.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -11,6 +11,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/store"
 )
 
 func (a *Agent) socketsPinDir() string { return filepath.Join(a.pinDir(), "sockets") }
@@ -96,7 +97,7 @@ func (a *Agent) publishListeners(ctx context.Context, l *sockets.Layer, changed 
 // It runs before the overlay applies the rules, so a first rule is judged
 // on INPUT as soon as on FORWARD.
 func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []cluster.Host, local []cluster.Endpoint, policyChanged bool) error {
-	listeners, err := a.publishedListeners(ctx)
+	listeners, err := a.publishedListeners(ctx, hosts)
 	if err != nil {
 		return err
 	}
@@ -123,13 +124,15 @@ func (a *Agent) syncSockets(ctx context.Context, rules policy.Set, hosts []clust
 	return nil
 }
 
-// publishedListeners returns the cluster's published listeners: from the
-// watch, or from the store while there is none. The caller holds a.mu.
-func (a *Agent) publishedListeners(ctx context.Context) ([]cluster.Listener, error) {
+// publishedListeners returns the cluster's published listeners in subnets
+// their hosts hold (store.Owned): from the watch, or from the store while
+// there is none. The caller holds a.mu.
+func (a *Agent) publishedListeners(ctx context.Context, hosts []cluster.Host) ([]cluster.Listener, error) {
 	if a.listeners != nil {
-		return a.listeners.List(), nil
+		return store.Owned(hosts, a.listeners.List()), nil
 	}
-	return a.store.Listeners(ctx)
+	ls, err := a.store.Listeners(ctx)
+	return store.Owned(hosts, ls), err
 }
 
 // syncRoutes applies a change of the published listeners: only the
@@ -142,7 +145,7 @@ func (a *Agent) syncRoutes(ctx context.Context) error {
 	if a.synced == nil {
 		return nil // the first reconcile syncs the routes
 	}
-	listeners, err := a.publishedListeners(ctx)
+	listeners, err := a.publishedListeners(ctx, a.synced.hosts)
 	if err != nil {
 		return err
 	}

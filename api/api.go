@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"time"
 
 	"github.com/skiffnet/skiff/cluster"
@@ -220,25 +219,10 @@ func (c *Client) Cache(ctx context.Context) (CacheView, error) {
 	return v, c.do(ctx, http.MethodGet, "/v1/cache", nil, &v)
 }
 
-// RemoveHost removes a host and everything it owns from the cluster.
-func (c *Client) RemoveHost(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/hosts/"+url.PathEscape(name), nil, nil)
-}
-
 // Policies lists the policy rules in evaluation order.
 func (c *Client) Policies(ctx context.Context) (policy.Set, error) {
 	var s policy.Set
 	return s, c.do(ctx, http.MethodGet, "/v1/policies", nil, &s)
-}
-
-// PutPolicy adds or replaces a rule.
-func (c *Client) PutPolicy(ctx context.Context, r policy.Rule) error {
-	return c.do(ctx, http.MethodPost, "/v1/policies", r, nil)
-}
-
-// DeletePolicy removes a rule.
-func (c *Client) DeletePolicy(ctx context.Context, id string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/policies/"+url.PathEscape(id), nil, nil)
 }
 
 // CacheEntries is a snapshot of the cache layer's maps, for skiff cache.

@@ -18,6 +18,7 @@ import (
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/store"
 )
 
 // Env is what a command sees of the world.
@@ -266,13 +267,14 @@ func cmdEndpoints(ctx context.Context, env Env, args []string) error {
 func cmdHosts(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "hosts")
 	client := socketFlag(env, fs)
+	admin := adminStore(env, fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	switch rest := fs.Args(); {
 	case len(rest) == 2 && rest[0] == "remove":
-		return client().RemoveHost(ctx, rest[1])
+		return removeHost(ctx, admin, rest[1])
 	case len(rest) != 0:
 		return usagef("usage: skiff hosts [remove NAME]")
 	}
@@ -293,6 +295,7 @@ func cmdHosts(ctx context.Context, env Env, args []string) error {
 func cmdPolicy(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "policy")
 	client := socketFlag(env, fs)
+	admin := adminStore(env, fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -306,12 +309,12 @@ func cmdPolicy(ctx context.Context, env Env, args []string) error {
 		if err != nil {
 			return usageError{err}
 		}
-		return client().PutPolicy(ctx, r)
+		return withStore(admin, func(s *store.Store) error { return s.PutPolicy(ctx, r) })
 	case "del", "delete", "rm":
 		if len(rest) != 2 {
 			return usagef("usage: skiff policy del ID")
 		}
-		return client().DeletePolicy(ctx, rest[1])
+		return withStore(admin, func(s *store.Store) error { return s.DeletePolicy(ctx, rest[1]) })
 	case "list", "ls":
 		set, err := client().Policies(ctx)
 		if err != nil {
@@ -323,4 +326,22 @@ func cmdPolicy(ctx context.Context, env Env, args []string) error {
 		return nil
 	}
 	return usagef("unknown policy command %q (add, del, list)", rest[0])
+}
+
+// withStore runs f with the store open returns.
+func withStore(open func() (*store.Store, error), f func(*store.Store) error) error {
+	s, err := open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return f(s)
+}
+
+// removeHost deletes a host's keys and, where the store checks its
+// clients, its user and role: its certificate writes nothing any more.
+func removeHost(ctx context.Context, admin func() (*store.Store, error), name string) error {
+	return withStore(admin, func(s *store.Store) error {
+		return errors.Join(s.RemoveHost(ctx, name), s.RevokeHost(ctx, name))
+	})
 }

@@ -1,8 +1,9 @@
 // Package ipam hands out overlay addresses: the cluster CIDR is cut into
 // per-host subnets, and each host's containers get addresses from its subnet.
-// Both leases are etcd transactions, so concurrent agents never get the same
-// subnet and an address is never handed out twice; both are persisted, so
-// they survive agent restarts.
+// A host writes only keys of its own: its claim on a subnet (the oldest
+// claim holds it, so concurrent agents never hold the same subnet) and its
+// address leases (etcd transactions, so an address is never handed out
+// twice). Both are persisted, so they survive agent restarts.
 package ipam
 
 import (
@@ -60,74 +61,95 @@ func hostAddrs(subnet netip.Prefix) []netip.Addr {
 	return out
 }
 
-// Join registers h in the cluster and returns it with its subnet. A host that
-// is already registered keeps its subnet (its underlay address and VTEP MAC
-// are updated); a new host leases h.Subnet if that is set and free, else the
-// first free subnet.
+// Join registers h in the cluster and returns it with its subnet. A host
+// keeps the subnet it holds (its record's, else h.Subnet's, else any it
+// claimed earlier and still holds; its underlay address and VTEP MAC are
+// updated); a new host claims h.Subnet if that is set and free, else the
+// first free subnet. A host writes only its own keys: it claims a subnet
+// in its own prefix and holds it when its claim is the oldest
+// (store.Holders), so two hosts racing for a subnet both see which won.
+// Claims it does not use are withdrawn.
 func Join(ctx context.Context, s *store.Store, c cluster.Config, h cluster.Host) (cluster.Host, error) {
-	hostKey := store.HostKey(h.Name)
+	if err := store.ValidateHostName(h.Name); err != nil {
+		return cluster.Host{}, err
+	}
 	for attempt := 0; attempt < 2*len(Subnets(c))+8; attempt++ {
 		existing, err := s.Host(ctx, h.Name)
-		switch {
-		case err == nil && existing.Subnet.IsValid():
-			h.Subnet = existing.Subnet
-			ok, err := putHost(ctx, s, h, clientv3.Compare(clientv3.Value(store.SubnetKey(h.Subnet)), "=", h.Name))
-			if err != nil || ok {
-				return h, err
-			}
-			continue // the lease changed under us; read again
-		case err != nil && !errors.Is(err, store.ErrNotFound):
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return cluster.Host{}, err
 		}
-		subnet, err := freeSubnet(ctx, s, c, h.Subnet)
+		claims, _, err := s.Claims(ctx)
 		if err != nil {
 			return cluster.Host{}, err
 		}
+		holders := store.Holders(claims)
+		subnet, ok := held(c, holders, h.Name, existing.Subnet, h.Subnet)
+		if !ok {
+			if subnet, err = freeSubnet(c, holders, h.Subnet); err != nil {
+				return cluster.Host{}, err
+			}
+			if err := claim(ctx, s, h.Name, subnet); err != nil {
+				return cluster.Host{}, err
+			}
+			continue // see whose claim is the oldest
+		}
 		h.Subnet = subnet
 		val, _ := json.Marshal(h)
-		resp, err := s.Txn(ctx,
-			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(store.SubnetKey(subnet)), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(hostKey), "=", 0),
-			},
-			[]clientv3.Op{
-				clientv3.OpPut(store.SubnetKey(subnet), h.Name),
-				clientv3.OpPut(hostKey, string(val)),
-			})
+		ops := []clientv3.Op{clientv3.OpPut(store.HostKey(h.Name), string(val))}
+		for _, cl := range claims {
+			if cl.Host == h.Name && cl.Subnet != subnet {
+				ops = append(ops, clientv3.OpDelete(store.ClaimKey(h.Name, cl.Subnet)))
+			}
+		}
+		// The claim still stands (nobody but this host and the
+		// administrator can delete it), so it still holds.
+		resp, err := s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.ClaimKey(h.Name, subnet)), ">", 0)}, ops)
 		if err != nil {
 			return cluster.Host{}, err
 		}
 		if resp.Succeeded {
 			return h, nil
 		}
-		// Another agent took that subnet (or registered this name) first.
 	}
 	return cluster.Host{}, fmt.Errorf("join %s: too much contention for subnets", h.Name)
 }
 
-func putHost(ctx context.Context, s *store.Store, h cluster.Host, cmp clientv3.Cmp) (bool, error) {
-	val, _ := json.Marshal(h)
-	resp, err := s.Txn(ctx, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(store.HostKey(h.Name), string(val))})
-	if err != nil {
-		return false, err
+// held returns the first of the subnets in the cluster that name holds.
+// Failing that, any subnet it holds: a host whose record is gone (deleted
+// by hand) finds its subnet again by its claim.
+func held(c cluster.Config, holders map[netip.Prefix]store.Claim, name string, prefer ...netip.Prefix) (netip.Prefix, bool) {
+	for _, p := range prefer {
+		if p.IsValid() && holders[p].Host == name && valid(c, p) {
+			return p, true
+		}
 	}
-	return resp.Succeeded, nil
+	for _, p := range Subnets(c) {
+		if holders[p].Host == name {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
-func freeSubnet(ctx context.Context, s *store.Store, c cluster.Config, prefer netip.Prefix) (netip.Prefix, error) {
-	resp, err := s.Client.Get(ctx, store.SubnetsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("list subnet leases: %w: %w", store.ErrUnavailable, err)
-	}
-	taken := make(map[string]bool, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		taken[string(kv.Key)] = true
-	}
-	if prefer.IsValid() && c.CIDR.Contains(prefer.Addr()) && prefer.Bits() == c.HostPrefix && !taken[store.SubnetKey(prefer)] {
+func valid(c cluster.Config, p netip.Prefix) bool {
+	return c.CIDR.Contains(p.Addr()) && p.Bits() == c.HostPrefix && p == p.Masked()
+}
+
+// claim writes name's claim on subnet unless it has one. Join withdraws
+// it again if it loses (another's is older).
+func claim(ctx context.Context, s *store.Store, name string, subnet netip.Prefix) error {
+	key := store.ClaimKey(name, subnet)
+	_, err := s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(key, name)})
+	return err
+}
+
+func freeSubnet(c cluster.Config, holders map[netip.Prefix]store.Claim, prefer netip.Prefix) (netip.Prefix, error) {
+	if prefer.IsValid() && valid(c, prefer) && holders[prefer].Host == "" {
 		return prefer, nil
 	}
 	for _, p := range Subnets(c) {
-		if !taken[store.SubnetKey(p)] {
+		if holders[p].Host == "" {
 			return p, nil
 		}
 	}
@@ -147,13 +169,13 @@ func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluste
 		if !errors.Is(err, store.ErrNotFound) {
 			return cluster.Endpoint{}, err
 		}
-		addr, err := nextFree(ctx, s, subnet)
+		addr, err := nextFree(ctx, s, e.Host, subnet)
 		if err != nil {
 			return cluster.Endpoint{}, err
 		}
 		e.IP = netip.PrefixFrom(addr, subnet.Bits())
 		val, _ := json.Marshal(e)
-		addrKey := store.AddrKey(subnet, addr)
+		addrKey := store.AddrKey(e.Host, subnet, addr)
 		resp, err := s.Txn(ctx,
 			[]clientv3.Cmp{
 				clientv3.Compare(clientv3.CreateRevision(addrKey), "=", 0),
@@ -162,7 +184,7 @@ func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluste
 			[]clientv3.Op{
 				clientv3.OpPut(addrKey, epKey),
 				clientv3.OpPut(epKey, string(val)),
-				clientv3.OpPut(store.LastAddrKey(subnet), addr.String()),
+				clientv3.OpPut(store.LastAddrKey(e.Host, subnet), addr.String()),
 			})
 		if err != nil {
 			return cluster.Endpoint{}, err
@@ -174,10 +196,10 @@ func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluste
 	return cluster.Endpoint{}, fmt.Errorf("allocate address for %s: too much contention", epKey)
 }
 
-func nextFree(ctx context.Context, s *store.Store, subnet netip.Prefix) (netip.Addr, error) {
+func nextFree(ctx context.Context, s *store.Store, host string, subnet netip.Prefix) (netip.Addr, error) {
 	resp, err := s.Txn(ctx, nil, []clientv3.Op{
-		clientv3.OpGet(store.AddrSubnetPrefix(subnet), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(store.LastAddrKey(subnet)),
+		clientv3.OpGet(store.AddrSubnetPrefix(host, subnet), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(store.LastAddrKey(host, subnet)),
 	})
 	if err != nil {
 		return netip.Addr{}, err
@@ -200,7 +222,7 @@ func nextFree(ctx context.Context, s *store.Store, subnet netip.Prefix) (netip.A
 	}
 	for i := range addrs {
 		a := addrs[(start+i)%len(addrs)]
-		if !used[store.AddrKey(subnet, a)] {
+		if !used[store.AddrKey(host, subnet, a)] {
 			return a, nil
 		}
 	}
@@ -213,7 +235,7 @@ func Release(ctx context.Context, s *store.Store, e cluster.Endpoint) error {
 	epKey := store.KeyOf(e)
 	ops := []clientv3.Op{clientv3.OpDelete(epKey)}
 	if e.IP.IsValid() {
-		addrKey := store.AddrKey(e.IP.Masked(), e.IP.Addr())
+		addrKey := store.AddrKey(e.Host, e.IP.Masked(), e.IP.Addr())
 		// Free the address only if it is still this endpoint's lease.
 		_, err := s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.Value(addrKey), "=", epKey)},
 			append(ops, clientv3.OpDelete(addrKey)), ops...)

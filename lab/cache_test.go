@@ -115,7 +115,7 @@ func TestCacheDenyStopsCachedFlow(t *testing.T) {
 	}
 	dst, _ := l.IP("h2/c1")
 	rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: 7300}
-	if err := api.NewClient(l.Hosts[1].Socket).PutPolicy(context.Background(), rule); err != nil {
+	if err := l.PutPolicy(context.Background(), rule); err != nil {
 		t.Fatal(err)
 	}
 	took, err := eventually(converges, func() error {

@@ -16,8 +16,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/store"
 )
 
 // NetnsPath is where `ip netns` keeps named namespaces.
@@ -192,8 +192,8 @@ func (l *Lab) RemoveContainer(ctx context.Context, name string) error {
 }
 
 // RemoveHost takes a host out of the cluster as an operator would: its agent
-// stops, the host is removed from the store (through another host's agent),
-// and its namespaces go.
+// stops, the administrator removes the host and its store user, and its
+// namespaces go.
 func (l *Lab) RemoveHost(ctx context.Context, name string) error {
 	h, err := l.Host(name)
 	if err != nil {
@@ -202,13 +202,9 @@ func (l *Lab) RemoveHost(ctx context.Context, name string) error {
 	if err := stop(ctx, h.AgentPID, 5*time.Second); err != nil {
 		return err
 	}
-	var errs []error
-	for _, other := range l.Hosts {
-		if other.Name != name {
-			errs = append(errs, api.NewClient(other.Socket).RemoveHost(ctx, name))
-			break
-		}
-	}
+	errs := []error{l.Admin(func(s *store.Store) error {
+		return errors.Join(s.RemoveHost(ctx, name), s.RevokeHost(ctx, name))
+	})}
 	for _, c := range l.Containers {
 		if c.Host == name {
 			errs = append(errs, l.killNetns(ctx, c.Netns))

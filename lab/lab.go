@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/store"
 	"github.com/vishvananda/netlink"
 )
@@ -223,6 +225,78 @@ func (l *Lab) EtcdTLS(name string) (store.TLS, error) {
 	return t, err
 }
 
+// OpenStore connects to the lab's store from the network namespace of
+// from (a host, a container, or "" for the underlay switch, where the store
+// runs) as the client with common name name (a host's name, or
+// store.AdminName).
+func (l *Lab) OpenStore(from, name string) (*store.Store, error) {
+	ns := l.switchNetns()
+	if from != "" {
+		var err error
+		if ns, err = l.Netns(from); err != nil {
+			return nil, err
+		}
+	}
+	t, err := l.EtcdTLS(name)
+	if err != nil {
+		return nil, err
+	}
+	return store.OpenVia(l.EtcdEndpoints(), t, func(ctx context.Context, addr string) (c net.Conn, err error) {
+		err = inNetns(ns, func() error {
+			c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return c, err
+	})
+}
+
+// Admin runs f with the lab's store as the administrator: policy changes,
+// host removal, users and roles.
+func (l *Lab) Admin(f func(*store.Store) error) error {
+	s, err := l.OpenStore("", store.AdminName)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return f(s)
+}
+
+// PutPolicy adds or replaces a policy rule, as the administrator.
+func (l *Lab) PutPolicy(ctx context.Context, r policy.Rule) error {
+	return l.Admin(func(s *store.Store) error { return s.PutPolicy(ctx, r) })
+}
+
+// DeletePolicy removes a policy rule, as the administrator.
+func (l *Lab) DeletePolicy(ctx context.Context, id string) error {
+	return l.Admin(func(s *store.Store) error { return s.DeletePolicy(ctx, id) })
+}
+
+// allowHost makes the store's user and role of a new host (the store
+// enables authentication as it starts; see store.Embedded), waiting for
+// the store to come up.
+func (l *Lab) allowHost(ctx context.Context, name string) error {
+	if l.Config.EtcdInsecure {
+		return nil
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := l.Admin(func(s *store.Store) error {
+			if on, err := s.AuthEnabled(ctx); err != nil || !on {
+				return errors.Join(err, errors.New("authentication not on yet"))
+			}
+			return s.AllowHost(ctx, name)
+		})
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // Open reads the state of a running lab.
 func Open(name string) (*Lab, error) {
 	if name == "" {
@@ -338,6 +412,9 @@ func (l *Lab) addHost(ctx context.Context, wait bool) (Host, error) {
 	h.Socket = filepath.Join(l.dir(), h.Name, "skiffd.sock")
 	if err := l.buildHost(h); err != nil {
 		return Host{}, err
+	}
+	if err := l.allowHost(ctx, h.Name); err != nil {
+		return Host{}, fmt.Errorf("store user of %s: %w", h.Name, err)
 	}
 	l.Hosts = append(l.Hosts, h)
 	if err := l.startAgent(&l.Hosts[len(l.Hosts)-1]); err != nil {

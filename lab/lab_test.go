@@ -392,10 +392,9 @@ func TestPolicy(t *testing.T) {
 	if err := exchange(l, "h1/c1", "tcp4", to); err != nil {
 		t.Fatal(err)
 	}
-	// Issued on h2's agent; must take effect on h1 too.
-	client := api.NewClient(l.Hosts[1].Socket)
+	// Written to the store by the administrator; takes effect on every host.
 	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Src: netip.PrefixFrom(src, 32), Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: echoPort}
-	if err := client.PutPolicy(ctx, rule); err != nil {
+	if err := l.PutPolicy(ctx, rule); err != nil {
 		t.Fatal(err)
 	}
 	took, err := eventually(converges, func() error {
@@ -414,7 +413,7 @@ func TestPolicy(t *testing.T) {
 	if err := exchange(l, "h1/c1", "udp4", to); err != nil {
 		t.Errorf("UDP to the port was blocked too: %v", err)
 	}
-	if err := api.NewClient(l.Hosts[0].Socket).DeletePolicy(ctx, "no-echo"); err != nil {
+	if err := l.DeletePolicy(ctx, "no-echo"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := eventually(converges, func() error { return exchange(l, "h1/c1", "tcp4", to) }); err != nil {
@@ -543,7 +542,7 @@ func TestPolicyEndsEstablishedFlow(t *testing.T) {
 	}
 	dst, _ := l.IP("h2/c1")
 	rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: 7200}
-	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, rule); err != nil {
+	if err := l.PutPolicy(ctx, rule); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)

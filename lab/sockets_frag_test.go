@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -193,7 +192,7 @@ func TestSocketsServerPolicy(t *testing.T) {
 	}
 	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Src: netip.PrefixFrom(cliIP, 32),
 		Dst: netip.PrefixFrom(srv.Addr(), 32), Proto: policy.TCP, Port: srv.Port()}
-	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, rule); err != nil {
+	if err := l.PutPolicy(ctx, rule); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := eventually(converges, func() error {

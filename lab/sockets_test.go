@@ -815,7 +815,7 @@ func TestSocketsPolicy(t *testing.T) {
 	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Src: netip.PrefixFrom(cliIP, 32),
 		Dst: netip.PrefixFrom(srvIP, 32), Proto: policy.TCP, Port: 7000}
 	start := time.Now()
-	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, rule); err != nil {
+	if err := l.PutPolicy(ctx, rule); err != nil {
 		t.Fatal(err)
 	}
 	s := hold.line(t, 5*time.Second)
@@ -833,7 +833,7 @@ func TestSocketsPolicy(t *testing.T) {
 	// whose packets go into lo.
 	anyRule := rule
 	anyRule.ID, anyRule.Src = "no-echo-any", netip.Prefix{}
-	if err := api.NewClient(l.Hosts[0].Socket).PutPolicy(ctx, anyRule); err != nil {
+	if err := l.PutPolicy(ctx, anyRule); err != nil {
 		t.Fatal(err)
 	}
 	denied := counter(t, l, "h2", "connect_denied")
@@ -868,7 +868,7 @@ func TestSocketsPolicy(t *testing.T) {
 		t.Error("connect4 denied no connection")
 	}
 	for _, id := range []string{"no-echo", "no-echo-any"} {
-		if err := api.NewClient(l.Hosts[1].Socket).DeletePolicy(ctx, id); err != nil {
+		if err := l.DeletePolicy(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -44,6 +44,10 @@ func (c *Cache[T]) put(key, val []byte) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if keyOf(v) != string(key) {
+		delete(c.byKey, string(key)) // not believed (see keyOf)
+		return nil
+	}
 	c.byKey[string(key)] = v
 	return nil
 }

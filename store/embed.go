@@ -49,6 +49,8 @@ type Embedded struct {
 	close sync.Once
 	// CreatedPKI reports that this start created the cluster CA.
 	CreatedPKI bool
+	adminURL   string // where the administrator reaches it
+	serverName string // and what name of its certificate it checks
 }
 
 // StartEmbedded runs an etcd member, of a cluster of its own unless cfg
@@ -120,6 +122,10 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	select {
 	case <-e.etcd.Server.ReadyNotify():
+		if err := e.enableAuth(ctx, cu); err != nil {
+			e.etcd.Close()
+			return nil, err
+		}
 		return e, nil
 	case err := <-e.etcd.Err():
 		e.etcd.Close()
@@ -190,6 +196,48 @@ func (e *Embedded) ClientTLS(name string) (TLS, error) {
 	}
 	t, _, err := e.PKI.EnsureClient(name)
 	return t, err
+}
+
+// enableAuth turns on etcd's users and roles (see auth.go), as the
+// administrator whose certificate ensurePKI made. An insecure server takes
+// every client as it comes.
+func (e *Embedded) enableAuth(ctx context.Context, cu *url.URL) error {
+	if e.PKI == nil {
+		return nil
+	}
+	u := *cu
+	if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
+	}
+	e.adminURL = u.String()
+	// The administrator reaches this very server: any name its certificate
+	// has will do (an operator's may not cover loopback).
+	if cert, err := readCert(filepath.Join(e.PKI.Dir, serverName+".crt")); err == nil {
+		if len(cert.IPAddresses) > 0 {
+			e.serverName = cert.IPAddresses[0].String()
+		} else if len(cert.DNSNames) > 0 {
+			e.serverName = cert.DNSNames[0]
+		}
+	}
+	admin, err := e.Admin()
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if err := admin.EnableAuth(ctx); err != nil {
+		return fmt.Errorf("embedded etcd: %w", err)
+	}
+	return nil
+}
+
+// Admin opens the server as the administrator.
+func (e *Embedded) Admin() (*Store, error) {
+	if e.PKI == nil {
+		return nil, fmt.Errorf("etcd at %s serves plain HTTP: it has no administrator", e.URL)
+	}
+	t := e.PKI.ClientTLS(AdminName)
+	t.serverName = e.serverName
+	return Open([]string{e.adminURL}, t)
 }
 
 // Err reports a fatal server error.

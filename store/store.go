@@ -10,11 +10,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -24,8 +28,9 @@ import (
 	"github.com/skiffnet/skiff/policy"
 )
 
-// Key prefixes. A host owns the subnet lease, address leases and endpoints
-// that name it; RemoveHost deletes them together.
+// Key prefixes. Every key a host writes names the host right after its
+// kind's prefix (see owner.go): etcd grants a host's role those ranges, and
+// RemoveHost deletes them together.
 const (
 	Prefix         = "/skiff/v1/"
 	configKey      = Prefix + "config"
@@ -44,6 +49,10 @@ var ErrUnavailable = errors.New("cluster store unavailable")
 // ErrNotFound is returned for a key that does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrPermission wraps the store's refusal of a request this client's
+// certificate (its etcd user) has no right to.
+var ErrPermission = errors.New("the cluster store refuses this client")
+
 // EndpointKey is where an endpoint is stored.
 func EndpointKey(host, containerID, ifName string) string {
 	return EndpointPrefix + host + "/" + containerID + "/" + ifName
@@ -55,25 +64,31 @@ func KeyOf(e cluster.Endpoint) string { return EndpointKey(e.Host, e.ContainerID
 // HostKey is where a host is stored.
 func HostKey(name string) string { return HostsPrefix + name }
 
-// SubnetKey is the lease of one host subnet; its value is the host's name.
-func SubnetKey(p netip.Prefix) string {
-	return SubnetsPrefix + strings.ReplaceAll(p.String(), "/", "-")
+func subnetName(p netip.Prefix) string { return strings.ReplaceAll(p.String(), "/", "-") }
+
+// ClaimKey is host's claim on a host subnet; the subnet is in the key, so
+// a claim cannot be moved to another subnet and keep its age. Of several
+// claims on one subnet the oldest holds (see Claims).
+func ClaimKey(host string, p netip.Prefix) string {
+	return SubnetsPrefix + host + "/" + subnetName(p)
 }
 
-// AddrKey is the lease of one container address; its value is the endpoint key.
-func AddrKey(subnet netip.Prefix, a netip.Addr) string {
-	return AddrsPrefix + strings.ReplaceAll(subnet.String(), "/", "-") + "/" + a.String()
+// AddrKey is the lease of one container address in host's subnet; its value
+// is the endpoint key.
+func AddrKey(host string, subnet netip.Prefix, a netip.Addr) string {
+	return AddrSubnetPrefix(host, subnet) + a.String()
 }
 
-// LastAddrKey remembers the last address handed out in subnet, so that
-// allocation walks round the subnet instead of reusing a just-released address.
-func LastAddrKey(subnet netip.Prefix) string {
-	return Prefix + "addr-last/" + strings.ReplaceAll(subnet.String(), "/", "-")
+// LastAddrKey remembers the last address handed out in host's subnet, so
+// that allocation walks round the subnet instead of reusing a just-released
+// address.
+func LastAddrKey(host string, subnet netip.Prefix) string {
+	return AddrsPrefix + host + "/last/" + subnetName(subnet)
 }
 
-// AddrSubnetPrefix is the prefix of every address lease in subnet.
-func AddrSubnetPrefix(subnet netip.Prefix) string {
-	return AddrsPrefix + strings.ReplaceAll(subnet.String(), "/", "-") + "/"
+// AddrSubnetPrefix is the prefix of every address lease in host's subnet.
+func AddrSubnetPrefix(host string, subnet netip.Prefix) string {
+	return AddrsPrefix + host + "/" + subnetName(subnet) + "/"
 }
 
 // Store is a connection to the cluster store.
@@ -82,13 +97,21 @@ type Store struct {
 	timeout time.Duration
 	tls     TLS
 	tlsCfg  *tls.Config
+	dial    Dialer
 }
 
 // Open connects to etcd over TLS as t says. Files that are missing, do not
 // belong together, have expired, or that a reachable etcd refuses are an
 // error naming the file. Open does not wait for the cluster otherwise: an
 // unreachable store shows up as ErrUnavailable on the first call.
-func Open(endpoints []string, t TLS) (*Store, error) {
+func Open(endpoints []string, t TLS) (*Store, error) { return OpenVia(endpoints, t, nil) }
+
+// Dialer makes a store client's TCP connections to addr (HOST:PORT), for
+// instance inside another network namespace.
+type Dialer func(ctx context.Context, addr string) (net.Conn, error)
+
+// OpenVia is Open with the connections dial makes (nil: the default).
+func OpenVia(endpoints []string, t TLS, dial Dialer) (*Store, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("no etcd endpoints given")
 	}
@@ -100,11 +123,19 @@ func Open(endpoints []string, t TLS) (*Store, error) {
 		return nil, err
 	}
 	if cfg != nil {
-		if err := t.probe(context.Background(), endpoints, cfg); err != nil {
+		if err := t.probe(context.Background(), endpoints, cfg, dial); err != nil {
 			return nil, err
 		}
 	}
+	var opts []grpc.DialOption
+	if dial != nil {
+		opts = append(opts, grpc.WithContextDialer(dial))
+	}
+	if t.serverName != "" {
+		opts = append(opts, grpc.WithAuthority(t.serverName))
+	}
 	cli, err := clientv3.New(clientv3.Config{
+		DialOptions:          opts,
 		Endpoints:            endpoints,
 		TLS:                  cfg,
 		DialTimeout:          2 * time.Second,
@@ -115,7 +146,7 @@ func Open(endpoints []string, t TLS) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}
-	return &Store{Client: cli, timeout: 3 * time.Second, tls: t, tlsCfg: cfg}, nil
+	return &Store{Client: cli, timeout: 3 * time.Second, tls: t, tlsCfg: cfg, dial: dial}, nil
 }
 
 // TLS is how the store was opened.
@@ -130,7 +161,7 @@ func (s *Store) Close() error { return s.Client.Close() }
 func (s *Store) Ping(ctx context.Context) error {
 	_, err := s.get(ctx, configKey)
 	if err != nil && s.tlsCfg != nil {
-		if perr := s.tls.probe(ctx, s.Client.Endpoints(), s.tlsCfg); perr != nil {
+		if perr := s.tls.probe(ctx, s.Client.Endpoints(), s.tlsCfg, s.dial); perr != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, perr)
 		}
 	}
@@ -143,11 +174,17 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // unavailable wraps a failed etcd call: as ErrUnavailable, unless etcd
 // answered that the request itself is wrong (too many operations, too
-// large), which waiting for the store would not mend.
+// large) or not this client's to make (ErrPermission), which waiting for
+// the store would not mend.
 func unavailable(op string, err error) error {
 	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) && ee.Code() == codes.InvalidArgument {
-		return fmt.Errorf("%s: %w", op, err)
+	if errors.As(err, &ee) {
+		switch ee.Code() {
+		case codes.InvalidArgument:
+			return fmt.Errorf("%s: %w", op, err)
+		case codes.PermissionDenied:
+			return fmt.Errorf("%s: %w: %w", op, ErrPermission, err)
+		}
 	}
 	return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
 }
@@ -225,13 +262,21 @@ func list[T any](ctx context.Context, s *Store, prefix string) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]T, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	return decodeAll[T](resp.Kvs)
+}
+
+// decodeAll decodes values, leaving out those not at their own key (see
+// keyOf).
+func decodeAll[T any](kvs []*mvccpb.KeyValue) ([]T, error) {
+	out := make([]T, 0, len(kvs))
+	for _, kv := range kvs {
 		var v T
 		if err := json.Unmarshal(kv.Value, &v); err != nil {
 			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
 		}
-		out = append(out, v)
+		if keyOf(v) == string(kv.Key) {
+			out = append(out, v)
+		}
 	}
 	return out, nil
 }
@@ -242,28 +287,47 @@ func (s *Store) Host(ctx context.Context, name string) (cluster.Host, error) {
 	return h, s.getJSON(ctx, HostKey(name), &h)
 }
 
-// Hosts lists every host.
+// Hosts lists every host that holds the subnet its record names (see
+// Holders): a record naming a subnet another host claimed first is left
+// out, as is one written for another host's name.
 func (s *Store) Hosts(ctx context.Context) ([]cluster.Host, error) {
-	return list[cluster.Host](ctx, s, HostsPrefix)
+	resp, err := s.Txn(ctx, nil, []clientv3.Op{
+		clientv3.OpGet(HostsPrefix, clientv3.WithPrefix()),
+		clientv3.OpGet(SubnetsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	})
+	if err != nil {
+		return nil, err
+	}
+	hosts, err := decodeAll[cluster.Host](resp.Responses[0].GetResponseRange().Kvs)
+	if err != nil {
+		return nil, err
+	}
+	holders := Holders(claimsOf(resp.Responses[1].GetResponseRange().Kvs))
+	return slices.DeleteFunc(hosts, func(h cluster.Host) bool { return holders[h.Subnet].Host != h.Name }), nil
 }
 
-// RemoveHost deletes a host with everything it owns: its subnet lease, its
-// address leases and its endpoints. Other agents see the host key go and
-// remove their routes to it.
+// RemoveHost deletes a host with everything it owns (HostRanges): its
+// record, subnet claims, address leases, endpoints and listeners. Other
+// agents see the host key go and remove their routes to it. It takes the
+// administrator's credential.
 func (s *Store) RemoveHost(ctx context.Context, name string) error {
-	h, err := s.Host(ctx, name)
+	if err := ValidateHostName(name); err != nil {
+		return err
+	}
+	var ops []clientv3.Op
+	for _, r := range HostRanges(name) {
+		ops = append(ops, clientv3.OpDelete(r.Key, clientv3.WithRange(r.End)))
+	}
+	resp, err := s.Txn(ctx, nil, ops)
 	if err != nil {
 		return err
 	}
-	_, err = s.Txn(ctx, nil, []clientv3.Op{
-		clientv3.OpDelete(HostKey(name)),
-		clientv3.OpDelete(SubnetKey(h.Subnet)),
-		clientv3.OpDelete(AddrSubnetPrefix(h.Subnet), clientv3.WithPrefix()),
-		clientv3.OpDelete(LastAddrKey(h.Subnet)),
-		clientv3.OpDelete(EndpointPrefix+name+"/", clientv3.WithPrefix()),
-		clientv3.OpDelete(ListenerPrefix+name+"/", clientv3.WithPrefix()),
-	})
-	return err
+	for _, r := range resp.Responses {
+		if r.GetResponseDeleteRange().Deleted > 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("host %s: %w", name, ErrNotFound)
 }
 
 // Endpoints lists the endpoints of one host, or of all hosts when host is "".

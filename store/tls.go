@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,6 +21,7 @@ import (
 type TLS struct {
 	CAFile, CertFile, KeyFile string
 	Insecure                  bool
+	serverName                string // the name to check the server's certificate for, if not its address's
 }
 
 // config loads the files. Every error names the file at fault: a client
@@ -54,7 +56,7 @@ func (t TLS) config() (*tls.Config, error) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		return nil, fmt.Errorf("etcd client certificate %s is not one a CA in %s issued for clients: %w", t.CertFile, t.CAFile, err)
 	}
-	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12, ServerName: t.serverName}, nil
 }
 
 // readCAs reads a CA file, which may hold several certificates (a bundle).
@@ -135,11 +137,12 @@ func (t TLS) checkSchemes(endpoints []string) error {
 // until its deadline and says "context deadline exceeded"). Endpoints that
 // cannot be reached at all say nothing about the files: probe returns nil
 // unless a handshake failed.
-func (t TLS) probe(ctx context.Context, endpoints []string, cfg *tls.Config) error {
-	client := &http.Client{
-		Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true},
-		Timeout:   2 * time.Second,
+func (t TLS) probe(ctx context.Context, endpoints []string, cfg *tls.Config, dial Dialer) error {
+	tr := &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}
+	if dial != nil {
+		tr.DialContext = func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }
 	}
+	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
 	defer client.CloseIdleConnections()
 	for _, ep := range endpoints {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(ep, "/")+"/health", nil)

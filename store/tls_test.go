@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -101,12 +102,24 @@ func TestTLSRefusals(t *testing.T) {
 		})
 	}
 
-	// The cluster's own certificate works.
+	// The cluster's own certificate works once the store knows its user:
+	// before, the store refuses it at once, not after a timeout.
 	s, err := store.Open([]string{e.URL}, own)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	if err := s.Ping(context.Background()); !errors.Is(err, store.ErrPermission) || errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("ping with a certificate of no user: %v, want ErrPermission", err)
+	}
+	admin, err := e.Admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.AllowHost(context.Background(), "h1"); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatalf("ping with the cluster's certificate: %v", err)
 	}

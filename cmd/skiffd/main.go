@@ -136,7 +136,12 @@ func run(args []string) error {
 			return err
 		}
 	}
-	return a.Run(ctx)
+	if err := a.Run(ctx); errors.Is(err, store.ErrPermission) {
+		return fmt.Errorf("%w\nthe store has no user and role for host %s (or they lack a right): the administrator makes them with skiff cert allow --ca-dir DIR --name %s --etcd-endpoints URL", err, *name, *name)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // memberFlags makes the embedded etcd a member of several, named after
@@ -170,6 +175,12 @@ func startEmbedded(ctx context.Context, name string, cfg store.EmbeddedConfig, c
 	if creds.Insecure {
 		return e, nil
 	}
+	// The store checks every client's rights: this host's agent gets its
+	// own user and role, as other hosts get theirs from skiff cert issue.
+	if err := allowHost(ctx, e, name); err != nil {
+		e.Close()
+		return nil, err
+	}
 	if creds.CAFile == "" && creds.CertFile == "" && creds.KeyFile == "" {
 		if *creds, err = e.ClientTLS(name); err != nil {
 			e.Close()
@@ -179,12 +190,21 @@ func startEmbedded(ctx context.Context, name string, cfg store.EmbeddedConfig, c
 	if e.CreatedPKI {
 		pki := e.PKI.Dir
 		log.Info("to join another host HOST: issue its certificate here, copy the directory to it, and start its agent with the certificate",
-			"issue", "skiff cert issue --ca-dir "+pki+" --name HOST --out HOST-pki",
+			"issue", "skiff cert issue --ca-dir "+pki+" --name HOST --out HOST-pki --etcd-endpoints "+e.URL+" (also makes HOST's user and role in the store)",
 			"copy", "HOST-pki/ to /etc/skiff/pki/ on HOST (mode 0700; it holds HOST's key)",
 			"run", "skiffd --name HOST --etcd-endpoints "+e.URL+" --etcd-cafile /etc/skiff/pki/ca.crt --etcd-certfile /etc/skiff/pki/HOST.crt --etcd-keyfile /etc/skiff/pki/HOST.key",
 			"admin", "the administrator's certificate is "+e.PKI.ClientTLS(store.AdminName).CertFile)
 	}
 	return e, nil
+}
+
+func allowHost(ctx context.Context, e *store.Embedded, name string) error {
+	admin, err := e.Admin()
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	return admin.AllowHost(ctx, name)
 }
 
 // checkCredentials refuses a client certificate issued for another host
