@@ -301,9 +301,9 @@ func TestReadBrokerStats(t *testing.T) {
 	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{}) {
 		t.Fatalf("counters from a missing file: %+v", st)
 	}
-	data := make([]byte, 64)
-	// SKIFF_STATS_MAGIC of shim/skiff_broker.h: "SKST", layout 1.
-	for i, v := range []uint64{0x54534b53 | 1<<32, 16, 3, 1, 2, 1, 0, 4242} {
+	data := make([]byte, 72)
+	// SKIFF_STATS_MAGIC of shim/skiff_broker.h: "SKST", layout 2.
+	for i, v := range []uint64{0x54534b53 | 2<<32, 16, 3, 1, 2, 1, 0, 4242, 77} {
 		binary.NativeEndian.PutUint64(data[8*i:], v)
 	}
 	if err := os.MkdirAll(filepath.Dir(StatsFile(dir, "c")), 0o755); err != nil {
@@ -312,8 +312,8 @@ func TestReadBrokerStats(t *testing.T) {
 	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1}) {
-		t.Fatalf("counters %+v, want 16, 3, 1", st)
+	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77}) {
+		t.Fatalf("counters %+v, want 16, 3, 1, privileged 77", st)
 	}
 	data[0] = 0 // a broker still starting up
 	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
