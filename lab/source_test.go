@@ -115,7 +115,7 @@ func udpReceiver(t *testing.T, l *Lab, target string) func() []string {
 // neighbour's flow is on the fast path first, so the forged datagram
 // would take it. In overlay mode, the check is also taken away while the
 // agent is down (forged datagrams then arrive: the test can tell) and put
-// back by the agent's restart.
+// back by the agent's restart; DEL removes it.
 func TestSourceCheck(t *testing.T) {
 	for _, mode := range []string{"overlay", "cache", "sockets"} {
 		t.Run(mode, func(t *testing.T) {
@@ -261,6 +261,13 @@ func TestSourceCheck(t *testing.T) {
 			}
 			waitSourcePrograms(t, l, attackerVeth, 1)
 			expectForged(false)
+			// DEL takes the link with the veth.
+			if err := l.RemoveContainer(ctx, attacker.Name); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(l.bpfDir("h1"), "skv_links", attackerVeth)); !os.IsNotExist(err) {
+				t.Errorf("source check link of a deleted endpoint: %v", err)
+			}
 		})
 	}
 }
