@@ -39,7 +39,7 @@ type Config struct {
 	StateDir      string    // local cache of the host's cluster identity
 	Cluster       cluster.Config
 	Mode          string
-	BPFDir        string // bpffs directory for pinned maps (cache mode)
+	BPFDir        string // bpffs directory for pinned maps and links
 	CacheCapacity cache.Capacity
 	SocketsSecure bool          // sockets mode: refuse what the fast path does not carry
 	Broker        string        // sockets mode: the skiff-broker binary
@@ -162,13 +162,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.join(ctx); err != nil {
 		return err
 	}
-	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay}, a.log)
+	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay, PinDir: a.pinDir()}, a.log)
 	if err != nil {
 		return err
 	}
 	if err := ov.Setup(); err != nil {
 		return fmt.Errorf("set up overlay: %w", err)
 	}
+	defer ov.Close()
 	a.overlay = ov
 	if a.cfg.Mode == "cache" {
 		if a.cache, err = a.startCache(); err != nil {
@@ -414,6 +415,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		a.overlay.SyncHosts(hosts),
 		a.overlay.SyncGuard(a.control, hosts),
 		a.overlay.PruneEndpoints(eps),
+		a.overlay.SyncSources(eps),
 	)
 	if a.sockets != nil {
 		// Before the overlay applies the rules: that is when they count as

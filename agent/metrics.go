@@ -14,6 +14,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/overlay"
 )
 
 // ServeMetrics exposes the agent's and the fast path's counters in the
@@ -67,6 +68,12 @@ func renderMetrics(st api.Status) string {
 	gauge("skiff_remote_hosts", "Other hosts in the cluster.", float64(st.RemoteHosts))
 	gauge("skiff_store_reachable", "Whether the cluster store answers.", boolean(st.StoreReachable))
 	gauge("skiff_ready", "Whether the agent is registered and in sync.", boolean(st.Ready))
+	if st.SourceDrops != nil {
+		family("skiff_source_check_drops_total", "counter", "Packets of containers the source check on their veths dropped, by reason (docs/security.md).")
+		for _, r := range overlay.SourceReasons {
+			fmt.Fprintf(b, "skiff_source_check_drops_total{reason=%q} %d\n", r, st.SourceDrops[r])
+		}
+	}
 	if st.Cache != nil {
 		family("skiff_cache_packets_total", "counter", "Packets handled by the cache programs, by program and outcome.")
 		reasons := append([]cache.Reason(nil), cache.Reasons...)

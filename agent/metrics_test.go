@@ -94,3 +94,15 @@ func TestRenderSocketsMetrics(t *testing.T) {
 		t.Errorf("sockets metrics without the layer:\n%s", text)
 	}
 }
+
+func TestRenderSourceDrops(t *testing.T) {
+	text := renderMetrics(api.Status{SourceDrops: map[string]uint64{"ip_source": 5, "arp_sender": 1}})
+	for reason, want := range map[string]float64{"ip_source": 5, "arp_sender": 1, "mac_source": 0} {
+		if got := value(t, text, "skiff_source_check_drops_total", map[string]string{"reason": reason}); got != want {
+			t.Errorf("%s: %v, want %v", reason, got, want)
+		}
+	}
+	if strings.Contains(renderMetrics(api.Status{}), "skiff_source_check") {
+		t.Error("source check metrics without counters")
+	}
+}

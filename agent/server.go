@@ -125,6 +125,9 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	if pingErr != nil {
 		s.StoreError = pingErr.Error()
 	}
+	if a.overlay != nil {
+		s.SourceDrops, _ = a.overlay.SourceDrops()
+	}
 	if a.cache != nil {
 		s.Cache, _ = a.cache.Stats()
 	}

@@ -64,6 +64,9 @@ type Status struct {
 	// Sockets holds the sockets layer's counters and its containers in
 	// sockets mode.
 	Sockets *SocketsStatus `json:"sockets,omitempty"`
+	// SourceDrops counts, by reason, the packets containers sent that the
+	// source check on their veths dropped (every mode).
+	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
 }
 
 // SocketsStatus is the sockets layer of one host.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
@@ -198,6 +199,16 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintf(w, "sync error: %s\n", st.SyncError)
 	}
 	fmt.Fprintf(w, "endpoints:  %d local; %d remote hosts\n", st.Endpoints, st.RemoteHosts)
+	if st.SourceDrops != nil {
+		var rows [][]string
+		for _, r := range overlay.SourceReasons {
+			if n := st.SourceDrops[r]; n > 0 {
+				rows = append(rows, []string{"  " + r, fmt.Sprint(n)})
+			}
+		}
+		fmt.Fprintln(w, "source check (dropped packets):")
+		table(w, "  REASON\tPACKETS", rows)
+	}
 	if st.Cache != nil {
 		fmt.Fprintln(w, "cache fast path (packets):")
 		printCounters(env, st.Cache)

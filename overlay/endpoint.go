@@ -49,7 +49,18 @@ func inNetns(path string) (*netlink.Handle, func(), error) {
 // the overlay and a default route via the host's gateway. Adding an endpoint
 // that is already intact changes nothing; a half-built one is rebuilt.
 func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
-	if a, err := o.CheckEndpoint(e); err == nil {
+	if o.src == nil {
+		return Attachment{}, errNoSourceCheck
+	}
+	if a, err := o.checkLinks(e); err == nil {
+		host, err := netlink.LinkByName(e.Veth)
+		if err == nil {
+			mac, _ := net.ParseMAC(a.ContainerMAC)
+			err = o.src.guard(host, e.IP.Addr(), mac)
+		}
+		if err != nil {
+			return Attachment{}, err
+		}
 		return a, nil
 	}
 	h, done, err := inNetns(e.Netns)
@@ -93,12 +104,16 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 	if err != nil {
 		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return Attachment{}, fmt.Errorf("set %s up: %w", e.Veth, err)
-	}
 	c, err := h.LinkByName(e.IfName)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("container %s: %w", e.IfName, err)
+	}
+	// Before the veth is up: nothing the container sends goes unchecked.
+	if err := o.src.guard(host, e.IP.Addr(), c.Attrs().HardwareAddr); err != nil {
+		return Attachment{}, err
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return Attachment{}, fmt.Errorf("set %s up: %w", e.Veth, err)
 	}
 	if err := h.AddrReplace(c, &netlink.Addr{IPNet: prefixNet(e.IP)}); err != nil {
 		return Attachment{}, fmt.Errorf("address %s on container %s: %w", e.IP, e.IfName, err)
@@ -119,8 +134,28 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
 }
 
-// CheckEndpoint verifies that e's interfaces, address and route are intact.
+// CheckEndpoint verifies that e's interfaces, address and route are intact
+// and that its veth checks the container's source addresses.
 func (o *Overlay) CheckEndpoint(e cluster.Endpoint) (Attachment, error) {
+	a, err := o.checkLinks(e)
+	if err != nil {
+		return Attachment{}, err
+	}
+	if o.src == nil {
+		return Attachment{}, errNoSourceCheck
+	}
+	host, err := netlink.LinkByName(e.Veth)
+	if err == nil {
+		err = o.src.check(host, e.IP.Addr())
+	}
+	if err != nil {
+		return Attachment{}, err
+	}
+	return a, nil
+}
+
+// checkLinks verifies that e's interfaces, address and route are intact.
+func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 	host, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
@@ -173,9 +208,13 @@ func (o *Overlay) CheckEndpoint(e cluster.Endpoint) (Attachment, error) {
 	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
 }
 
-// RemoveEndpoint deletes e's veth pair. A namespace or link that is already
-// gone is success.
+// RemoveEndpoint deletes e's veth pair, then its source check. A namespace
+// or link that is already gone is success.
 func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
+	var ifindex uint32
+	if l, err := netlink.LinkByName(e.Veth); err == nil {
+		ifindex = uint32(l.Attrs().Index)
+	}
 	if h, done, err := inNetns(e.Netns); err == nil {
 		defer done()
 		if err := deleteLink(h.LinkByName, h.LinkDel, e.IfName); err != nil {
@@ -184,7 +223,13 @@ func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	} else if !errors.Is(err, ErrNetnsGone) {
 		return err
 	}
-	return deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth)
+	if err := deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth); err != nil {
+		return err
+	}
+	if o.src == nil {
+		return nil
+	}
+	return o.src.unguard(e.Veth, ifindex)
 }
 
 func deleteLink(byName func(string) (netlink.Link, error), del func(netlink.Link) error, name string) error {

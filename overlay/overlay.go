@@ -41,6 +41,7 @@ type Config struct {
 	Cluster  cluster.Config
 	Host     cluster.Host // this host, with its subnet and VTEP MAC
 	Underlay string       // name of the interface that carries Host.UnderlayIP
+	PinDir   string       // bpffs directory for the source check's maps and links
 }
 
 // Overlay manages one host's part of the overlay.
@@ -51,6 +52,7 @@ type Overlay struct {
 	log      *slog.Logger
 	applied  *policy.Set // the rule set last enforced, nil before the first
 	guard    string      // the guard chains last written
+	src      *sourceCheck
 }
 
 // New looks up the underlay interface; it changes nothing.
@@ -64,6 +66,15 @@ func New(cfg Config, log *slog.Logger) (*Overlay, error) {
 		return nil, fmt.Errorf("underlay %s MTU %d leaves %d for containers, below the IPv4 minimum of 576", cfg.Underlay, l.Attrs().MTU, mtu)
 	}
 	return &Overlay{cfg: cfg, underlay: l, mtu: mtu, log: log}, nil
+}
+
+// Close releases this process's handles on the source check; its pinned
+// maps and links stay, and so does everything else the overlay built.
+func (o *Overlay) Close() error {
+	if o.src == nil {
+		return nil
+	}
+	return o.src.objs.Close()
 }
 
 // MTU is the container interface MTU: the underlay's minus the VXLAN overhead.
@@ -112,11 +123,22 @@ func UnderlayAddr(name string) (netip.Prefix, error) {
 }
 
 // Setup creates or repairs the host's bridge and VXLAN device and the policy
-// chains. It is idempotent: on an intact host it changes nothing, so an agent
-// restart does not disturb traffic.
+// chains, and loads the containers' source check. It is idempotent: on an
+// intact host it changes nothing, so an agent restart does not disturb
+// traffic.
 func (o *Overlay) Setup() error {
 	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
 		return err
+	}
+	if o.src == nil {
+		if o.cfg.PinDir == "" {
+			return errors.New("overlay: no bpffs directory for the source check")
+		}
+		src, err := loadSourceCheck(o.cfg.PinDir, o.log)
+		if err != nil {
+			return err
+		}
+		o.src = src
 	}
 	if err := o.setupBridge(); err != nil {
 		return err

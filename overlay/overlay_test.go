@@ -92,7 +92,8 @@ func dump(t *testing.T) string {
 func TestSetupIsIdempotentAndPrunes(t *testing.T) {
 	inTestNetns(t, func() {
 		me := host("h1", "192.0.2.1", "10.244.1.0/24")
-		o, err := New(Config{Cluster: testCluster, Host: me, Underlay: "ul0"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		pins := testPinDir(t)
+		o, err := New(Config{Cluster: testCluster, Host: me, Underlay: "ul0", PinDir: pins}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +157,7 @@ func TestSetupIsIdempotentAndPrunes(t *testing.T) {
 		// A VXLAN device with the wrong VNI is replaced.
 		c := testCluster
 		c.VNI = 43
-		o2, _ := New(Config{Cluster: c, Host: me, Underlay: "ul0"}, o.log)
+		o2, _ := New(Config{Cluster: c, Host: me, Underlay: "ul0", PinDir: pins}, o.log)
 		if err := o2.Setup(); err != nil {
 			t.Fatal(err)
 		}

@@ -54,7 +54,7 @@ func run(args []string) error {
 	vni := fs.Int("vni", 1, "VXLAN network identifier")
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
 	mode := fs.String("mode", "overlay", "data-plane mode: "+strings.Join(agent.Modes, ", "))
-	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (cache and sockets modes)")
+	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (the source check; cache and sockets modes)")
 	secure := fs.Bool("sockets-secure", true, "sockets mode: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
 	broker := fs.String("broker", "", "sockets mode: the skiff-broker binary (default: next to skiffd)")
 	cgroupRoot := fs.String("cgroup-root", "", "sockets mode: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
