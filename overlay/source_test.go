@@ -295,3 +295,42 @@ func entries(t *testing.T, s *sourceCheck) int {
 	}
 	return n
 }
+
+// BenchmarkSourceCheck times skv_from_container (BPF_PROG_RUN, hot caches)
+// on what every container packet costs: one that passes.
+func BenchmarkSourceCheck(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("loading eBPF needs root")
+	}
+	if err := bpffs.Mount(); err != nil {
+		b.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(bpffs.Root, "skiff-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	s, err := loadSourceCheck(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.objs.Close()
+	if err := s.objs.SkvSources.Put(uint32(1), sourceEntry(srcIP, srcMAC)); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		pkt  []byte
+	}{
+		{"own UDP", udpFrom(srcMAC, srcIP)},
+		{"own TCP 1400 bytes", tctest.Eth(gwMAC, srcMAC, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, srcIP, remoteIP, tctest.TCP(40000, 80, tctest.ACK, make([]byte, 1400))))},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			ret, per, err := s.objs.SkvFromContainer.Benchmark(c.pkt, b.N, nil)
+			if err != nil || ret != tcxNext {
+				b.Fatalf("ret %d: %v", ret, err)
+			}
+			b.ReportMetric(float64(per.Nanoseconds()), "ns/run")
+		})
+	}
+}
