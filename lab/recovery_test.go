@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 )
@@ -98,6 +100,34 @@ func TestStoreDamage(t *testing.T) {
 			t.Errorf("%s: h2 logged %d lines since the damage, want a few", tc.name, logged)
 		}
 		t.Logf("%s: then %d store writes in 10 s; h2 logged %d lines", tc.name, writes, logged)
+	}
+
+	// h2's record and lease gone, and another host registered with its
+	// subnet in the meantime: h2 says so, is not ready, and writes nothing.
+	h3, _ := json.Marshal(cluster.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("10.99.0.77"), Subnet: subnet, VTEPMAC: "0e:00:00:00:00:77"})
+	lines := lineCount(h2Log)
+	if _, err := admin.Txn(ctx).Then(clientv3.OpDelete(hostKey), clientv3.OpPut(leaseKey, "h3"),
+		clientv3.OpPut(store.HostKey("h3"), string(h3))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var st2 api.Status
+	if _, err := eventually(10*time.Second, func() (err error) {
+		if st2, err = agentOf(t, l, "h2").Status(ctx); err == nil && (st2.Ready || !strings.Contains(st2.SyncError, "h3")) {
+			err = errors.New("h2 still ready, or not naming h3")
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("subnet given to h3: %v; %+v", err, st2)
+	}
+	t.Logf("subnet given to h3: h2 says %q", st2.SyncError)
+	if !strings.Contains(st2.SyncError, "restart skiffd") {
+		t.Errorf("h2's error does not say what to do: %q", st2.SyncError)
+	}
+	if writes := writesIn(t, admin, 10*time.Second); writes > 0 {
+		t.Errorf("subnet given to h3: %d store writes in 10 s, want none", writes)
+	}
+	if logged := lineCount(h2Log) - lines; logged > 20 {
+		t.Errorf("subnet given to h3: h2 logged %d lines, want a few", logged)
 	}
 }
 
