@@ -403,7 +403,7 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 				resync()
 			} else {
 				a.log.Warn("lost the connection to the cluster store; not ready until it is back")
-				a.syncFailed(fmt.Errorf("connection lost: %w", store.ErrUnavailable))
+				a.setSyncErr(fmt.Errorf("connection lost: %w", store.ErrUnavailable))
 			}
 		}
 	}
@@ -419,12 +419,12 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	} else if ok, held := a.failures.pass(err.Error(), time.Now()); ok {
 		a.log.Warn("reconcile failed", "err", err, "repeats", held)
 	}
-	a.syncFailed(err)
+	a.setSyncErr(err)
 	return err
 }
 
-// syncFailed records the outcome of a sync (nil: it succeeded).
-func (a *Agent) syncFailed(err error) {
+// setSyncErr records the outcome of a sync (nil: success).
+func (a *Agent) setSyncErr(err error) {
 	a.stateMu.Lock()
 	defer a.stateMu.Unlock()
 	a.syncErr = err
