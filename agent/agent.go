@@ -244,9 +244,9 @@ func (a *Agent) join(ctx context.Context) error {
 }
 
 // tryJoin registers the host at start: with the subnet its data plane
-// served before (subnet, from the cached identity) when the host's record
-// or lease still name it or it is free, else with the subnet the store
-// holds for it or a new one.
+// served before (subnet, from the cached identity) unless another host
+// holds it (ipam.Reclaim), else with the subnet the store holds for it or
+// a new one (ipam.Join).
 func (a *Agent) tryJoin(ctx context.Context, subnet netip.Prefix) error {
 	c, err := a.store.EnsureCluster(ctx, a.cfg.Cluster)
 	if err != nil {
@@ -337,8 +337,9 @@ func (a *Agent) converge(ctx context.Context) {
 func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// The lease too: a host whose lease is gone could lose its subnet.
-	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetKey(a.host.Subnet)}
+	// The claims too: a host whose claim is gone could lose its subnet,
+	// and which host a record stands for depends on them (store.Hosts).
+	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetsPrefix}
 	// Every host's caches name every endpoint: in cache mode a watch
 	// keeps them all, and each change reconciles.
 	var endpoints <-chan struct{}

@@ -11,7 +11,7 @@ import (
 )
 
 // How the agent recovers from a damaged or lost store: it keeps its host
-// record and subnet lease as its data plane has them (register), writing
+// record and subnet claim as its data plane has them (register), writing
 // only what is missing or wrong; what fails is retried after a growing
 // delay (backoff) and logged once per period while it keeps failing
 // (quiet); a lost connection to the store makes the host not ready until a
@@ -50,9 +50,10 @@ func (q *quiet) pass(msg string, now time.Time) (ok bool, held int) {
 	return true, held
 }
 
-// register makes the store hold this host's record and subnet lease as the
-// data plane serves them: a record or lease deleted or garbled is written
-// again, with the same subnet; when both are right nothing is written.
+// register makes the store hold this host's record and subnet claim as the
+// data plane serves them: a record or claim deleted or garbled is written
+// again, with the same subnet, unless another host holds it meanwhile
+// (ipam.Reclaim); when both are right nothing is written.
 // After a failure other than an unreachable store it returns that failure
 // without trying again until a growing delay has passed. Only the converge
 // loop calls it.
