@@ -3,12 +3,9 @@ package lab
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,24 +14,29 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/store"
 )
 
-// TestStoreDamage: the store loses or garbles a host's record, its subnet
-// lease or both (an operator's slip, a bad restore): the host's agent
-// writes them again with its subnet within 30 s, its containers stay
-// reachable, and then it leaves the store and its log alone. (Before, a
-// deleted record made the agent lease a second subnet and loop at about
-// 400 store writes and log lines a second.)
+// TestStoreDamage: the administrator's credential deletes or garbles a
+// host's record, its subnet claim or both (an operator's slip, a bad
+// restore): the host's agent writes them again with its subnet within
+// 30 s, its containers stay reachable, and then it leaves the store and
+// its log alone. (Before, a deleted record made the agent take a second
+// subnet and loop at about 400 store writes and log lines a second.) A
+// younger claim of another host on the subnet changes nothing; once the
+// host's own claim is deleted that claim is the oldest, and the host says
+// so, is not ready and writes nothing.
 func TestStoreDamage(t *testing.T) {
 	l := newLab(t, Config{Name: "tdamage", Hosts: 2, ContainersPerHost: 1})
 	ctx := context.Background()
-	admin := storeAdmin(t, l, "h1")
+	admin, err := l.OpenStore("h1", store.AdminName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
 	st, err := agentOf(t, l, "h2").Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -43,35 +45,38 @@ func TestStoreDamage(t *testing.T) {
 	for _, c := range []string{"h1/c1", "h2/c1"} {
 		echoServer(t, l, c, echoPort)
 	}
-	h2Log := filepath.Join(l.hostDir("h2"), "skiffd.log")
-	t.Logf("store writes in 10 s before any damage: %d", writesIn(t, admin, 10*time.Second))
-
-	hostKey, leaseKey := store.HostKey("h2"), store.SubnetKey(subnet)
-	del := func(keys ...string) func() error {
-		return func() error {
-			for _, k := range keys {
-				if _, err := admin.Delete(ctx, k); err != nil {
-					return err
-				}
+	reachable := func(what string) {
+		for _, p := range [][2]string{{"h1/c1", "h2/c1"}, {"h2/c1", "h1/c1"}} {
+			dst, _ := l.IP(p[1])
+			if err := exchange(l, p[0], "tcp4", netip.AddrPortFrom(dst, echoPort)); err != nil {
+				t.Errorf("%s: tcp %s -> %s: %v", what, p[0], p[1], err)
 			}
-			return nil
+			if err := ping(ctx, l, p[0], dst); err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
 		}
 	}
-	put := func(key, val string) func() error {
-		return func() error { _, err := admin.Put(ctx, key, val); return err }
+	h2Log := filepath.Join(l.hostDir("h2"), "skiffd.log")
+	t.Logf("store writes in 10 s before any damage: %d", writesIn(t, admin.Client, 10*time.Second))
+
+	hostKey, claimKey := store.HostKey("h2"), store.ClaimKey("h2", subnet)
+	write := func(ops ...clientv3.Op) error {
+		_, err := admin.Txn(ctx, nil, ops)
+		return err
 	}
+	del, put := clientv3.OpDelete, func(k, v string) clientv3.Op { return clientv3.OpPut(k, v) }
 	for _, tc := range []struct {
 		name   string
-		damage func() error
+		damage []clientv3.Op
 	}{
-		{"host record deleted", del(hostKey)},
-		{"subnet lease deleted", del(leaseKey)},
-		{"record and lease deleted", del(hostKey, leaseKey)},
-		{"garbage in the record", put(hostKey, `{"name": "h2", "subn`)},
-		{"garbage in the lease", put(leaseKey, `{"name": `)},
+		{"host record deleted", []clientv3.Op{del(hostKey)}},
+		{"subnet claim deleted", []clientv3.Op{del(claimKey)}},
+		{"record and claim deleted", []clientv3.Op{del(hostKey), del(claimKey)}},
+		{"garbage in the record", []clientv3.Op{put(hostKey, `{"name": "h2", "subn`)}},
+		{"garbage in the claim", []clientv3.Op{put(claimKey, `{"name": `)}},
 	} {
 		lines := lineCount(h2Log)
-		if err := tc.damage(); err != nil {
+		if err := write(tc.damage...); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		took, err := eventually(30*time.Second, func() error { return registered(ctx, t, l, admin, "h2", subnet) })
@@ -80,18 +85,10 @@ func TestStoreDamage(t *testing.T) {
 		} else {
 			t.Logf("%s: repaired in %v", tc.name, took.Round(time.Millisecond))
 		}
-		for _, p := range [][2]string{{"h1/c1", "h2/c1"}, {"h2/c1", "h1/c1"}} {
-			dst, _ := l.IP(p[1])
-			if err := exchange(l, p[0], "tcp4", netip.AddrPortFrom(dst, echoPort)); err != nil {
-				t.Errorf("%s: tcp %s -> %s: %v", tc.name, p[0], p[1], err)
-			}
-			if err := ping(ctx, l, p[0], dst); err != nil {
-				t.Errorf("%s: %v", tc.name, err)
-			}
-		}
+		reachable(tc.name)
 		// Back to idle: no writes (the resync every 30 s writes nothing
 		// either); a loose bound that a write loop still breaks.
-		writes := writesIn(t, admin, 10*time.Second)
+		writes := writesIn(t, admin.Client, 10*time.Second)
 		if writes > 3 {
 			t.Errorf("%s: %d store writes in 10 s after the repair, want none", tc.name, writes)
 		}
@@ -102,12 +99,29 @@ func TestStoreDamage(t *testing.T) {
 		t.Logf("%s: then %d store writes in 10 s; h2 logged %d lines", tc.name, writes, logged)
 	}
 
-	// h2's record and lease gone, and another host registered with its
-	// subnet in the meantime: h2 says so, is not ready, and writes nothing.
+	// h3 (no agent: the administrator writes its keys) claims h2's subnet
+	// and writes a record naming it. Its claim is younger: h2 keeps the
+	// subnet, nobody routes it to h3, and h2 writes nothing.
 	h3, _ := json.Marshal(cluster.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("10.99.0.77"), Subnet: subnet, VTEPMAC: "0e:00:00:00:00:77"})
+	if err := write(put(store.ClaimKey("h3", subnet), "h3"), put(store.HostKey("h3"), string(h3))); err != nil {
+		t.Fatal(err)
+	}
+	if hosts, err := admin.Hosts(ctx); err != nil || len(hosts) != 2 {
+		t.Errorf("hosts %v, %v: want h1 and h2", hosts, err)
+	}
+	if writes := writesIn(t, admin.Client, 5*time.Second); writes > 0 {
+		t.Errorf("h3's younger claim: %d store writes in 5 s, want none", writes)
+	}
+	if err := registered(ctx, t, l, admin, "h2", subnet); err != nil {
+		t.Errorf("h3's younger claim: %v", err)
+	}
+	reachable("h3's younger claim")
+
+	// h2's record and claim deleted: h3's claim is the oldest, and a claim
+	// h2 wrote now would be younger. h2 says so, is not ready, and writes
+	// nothing.
 	lines := lineCount(h2Log)
-	if _, err := admin.Txn(ctx).Then(clientv3.OpDelete(hostKey), clientv3.OpPut(leaseKey, "h3"),
-		clientv3.OpPut(store.HostKey("h3"), string(h3))).Commit(); err != nil {
+	if err := write(del(hostKey), del(claimKey)); err != nil {
 		t.Fatal(err)
 	}
 	var st2 api.Status
@@ -117,17 +131,20 @@ func TestStoreDamage(t *testing.T) {
 		}
 		return err
 	}); err != nil {
-		t.Fatalf("subnet given to h3: %v; %+v", err, st2)
+		t.Fatalf("subnet held by h3: %v; %+v", err, st2)
 	}
-	t.Logf("subnet given to h3: h2 says %q", st2.SyncError)
+	t.Logf("subnet held by h3: h2 says %q", st2.SyncError)
 	if !strings.Contains(st2.SyncError, "restart skiffd") {
 		t.Errorf("h2's error does not say what to do: %q", st2.SyncError)
 	}
-	if writes := writesIn(t, admin, 10*time.Second); writes > 0 {
-		t.Errorf("subnet given to h3: %d store writes in 10 s, want none", writes)
+	if writes := writesIn(t, admin.Client, 10*time.Second); writes > 0 {
+		t.Errorf("subnet held by h3: %d store writes in 10 s, want none", writes)
 	}
 	if logged := lineCount(h2Log) - lines; logged > 20 {
-		t.Errorf("subnet given to h3: h2 logged %d lines, want a few", logged)
+		t.Errorf("subnet held by h3: h2 logged %d lines, want a few", logged)
+	}
+	if claims, _, err := admin.Claims(ctx); err != nil || len(claims) != 2 || store.Holders(claims)[subnet].Host != "h3" {
+		t.Errorf("claims %v, %v: want h1's and h3's, h3 holding %s", claims, err, subnet)
 	}
 }
 
@@ -182,10 +199,11 @@ func TestReadyFollowsStore(t *testing.T) {
 	}
 }
 
-// registered checks that host's record and lease name subnet, that its
-// agent is ready with it, and that another host routes to it.
-func registered(ctx context.Context, t *testing.T, l *Lab, admin *clientv3.Client, host string, subnet netip.Prefix) error {
-	resp, err := admin.Txn(ctx).Then(clientv3.OpGet(store.HostKey(host)), clientv3.OpGet(store.SubnetKey(subnet))).Commit()
+// registered checks that host's record names subnet and its claim holds
+// it, that its agent is ready with it, and that every other host routes
+// to it.
+func registered(ctx context.Context, t *testing.T, l *Lab, admin *store.Store, host string, subnet netip.Prefix) error {
+	resp, err := admin.Txn(ctx, nil, []clientv3.Op{clientv3.OpGet(store.HostKey(host)), clientv3.OpGet(store.SubnetsPrefix, clientv3.WithPrefix())})
 	if err != nil {
 		return err
 	}
@@ -193,8 +211,17 @@ func registered(ctx context.Context, t *testing.T, l *Lab, admin *clientv3.Clien
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) != 1 || json.Unmarshal(kvs[0].Value, &h) != nil || h.Subnet != subnet {
 		return fmt.Errorf("record of %s: %v, want subnet %s", host, kvs, subnet)
 	}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) != 1 || string(kvs[0].Value) != host {
-		return fmt.Errorf("lease of %s: %v, want %s", subnet, kvs, host)
+	var claims []store.Claim
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if c, ok := store.ParseClaim(kv); ok {
+			claims = append(claims, c)
+			if c.Host == host && string(kv.Value) != host {
+				return fmt.Errorf("claim %s = %q, want %s", kv.Key, kv.Value, host)
+			}
+		}
+	}
+	if holder := store.Holders(claims)[subnet].Host; holder != host {
+		return fmt.Errorf("%s is held by %q, want %s; claims %v", subnet, holder, host, claims)
 	}
 	for _, h := range l.Hosts {
 		st, err := agentOf(t, l, h.Name).Status(ctx)
@@ -209,45 +236,6 @@ func registered(ctx context.Context, t *testing.T, l *Lab, admin *clientv3.Clien
 		}
 	}
 	return nil
-}
-
-// storeAdmin is a client of the lab's store with the administrator's
-// certificate. It connects from inside host: the store is on the lab's
-// underlay, which the test's own namespace does not reach.
-func storeAdmin(t *testing.T, l *Lab, host string) *clientv3.Client {
-	t.Helper()
-	creds, err := l.EtcdTLS(store.AdminName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg *tls.Config
-	if !creds.Insecure {
-		cert, err := tls.LoadX509KeyPair(creds.CertFile, creds.KeyFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ca, err := os.ReadFile(creds.CAFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(ca)
-		cfg = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
-	}
-	dial := func(ctx context.Context, addr string) (c net.Conn, err error) {
-		err = l.Do(host, func() error {
-			c, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: l.EtcdEndpoints(), TLS: cfg, DialTimeout: 5 * time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithContextDialer(dial)}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
 }
 
 // writesIn counts the store's writes (revisions) during d.
