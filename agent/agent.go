@@ -81,6 +81,12 @@ type Agent struct {
 	// alone syncs against its hosts and policy. Guarded by mu.
 	synced *clusterView
 
+	// Registration and resync failures, touched by the converge loop only.
+	joinErr     error     // the last registration failure (nil: none)
+	joinAt      time.Time // when to try registering again after joinErr
+	joinBackoff backoff
+	failures    quiet // "reconcile failed" warnings
+
 	stateMu      sync.Mutex
 	isRegistered bool // the store has confirmed this host since start
 	storeErr     error
@@ -150,7 +156,8 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, store: s, control: control}
+	a := &Agent{cfg: cfg, log: log, store: s, control: control,
+		joinBackoff: backoff{min: time.Second, max: 30 * time.Second}, failures: quiet{period: 30 * time.Second}}
 	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served}
 	return a, nil
 }
@@ -207,8 +214,13 @@ func (a *Agent) join(ctx context.Context) error {
 	if haveCache && cached.Cluster != a.cfg.Cluster {
 		return fmt.Errorf("this host was set up for cluster %+v (state in %s), not %+v", cached.Cluster, a.cfg.StateDir, a.cfg.Cluster)
 	}
-	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
-		err := a.tryJoin(ctx)
+	var subnet netip.Prefix
+	if haveCache {
+		subnet = cached.Host.Subnet
+	}
+	wait := backoff{min: 250 * time.Millisecond, max: 10 * time.Second}
+	for {
+		err := a.tryJoin(ctx, subnet)
 		if err == nil {
 			return nil
 		}
@@ -221,6 +233,7 @@ func (a *Agent) join(ctx context.Context) error {
 			a.cluster, a.host.Subnet = cached.Cluster, cached.Host.Subnet
 			return nil
 		}
+		delay := wait.next()
 		a.log.Warn("cluster store unreachable; retrying", "err", err, "in", delay)
 		select {
 		case <-ctx.Done():
@@ -230,20 +243,33 @@ func (a *Agent) join(ctx context.Context) error {
 	}
 }
 
-func (a *Agent) tryJoin(ctx context.Context) error {
+// tryJoin registers the host at start: with the subnet its data plane
+// served before (subnet, from the cached identity) unless another host
+// holds it (ipam.Reclaim), else with the subnet the store holds for it or
+// a new one (ipam.Join).
+func (a *Agent) tryJoin(ctx context.Context, subnet netip.Prefix) error {
 	c, err := a.store.EnsureCluster(ctx, a.cfg.Cluster)
 	if err != nil {
 		return err
 	}
-	h, err := ipam.Join(ctx, a.store, c, a.host)
-	if err != nil {
-		return fmt.Errorf("join cluster as %s: %w", a.host.Name, err)
+	h := a.host
+	if subnet.IsValid() {
+		h.Subnet = subnet
+		repaired, err := ipam.Reclaim(ctx, a.store, c, h)
+		switch {
+		case errors.Is(err, ipam.ErrTaken):
+			a.log.Warn("this host's subnet went to another host while it was away; taking a new one", "err", err)
+			h.Subnet = netip.Prefix{}
+		case err != nil:
+			return fmt.Errorf("join cluster as %s: %w", h.Name, err)
+		case repaired != "":
+			a.log.Warn("repaired this host's registration in the cluster store", "repaired", repaired, "subnet", h.Subnet)
+		}
 	}
-	if a.host.Subnet.IsValid() && h.Subnet != a.host.Subnet {
-		// Only possible when the host was removed and its subnet taken by
-		// another host meanwhile: the data plane built for the old subnet
-		// must not serve the new one.
-		return fmt.Errorf("host %s was removed and its subnet %s given away; restart skiffd to take %s", h.Name, a.host.Subnet, h.Subnet)
+	if !h.Subnet.IsValid() {
+		if h, err = ipam.Join(ctx, a.store, c, a.host); err != nil {
+			return fmt.Errorf("join cluster as %s: %w", a.host.Name, err)
+		}
 	}
 	a.cluster, a.host = c, h
 	a.setStoreErr(nil)
@@ -275,33 +301,45 @@ func (a *Agent) saveIdentity() error {
 }
 
 // converge reconciles on every store change and periodically, re-watching
-// with backoff when the store goes away.
+// with backoff when the store goes away, and at once when it is back.
 func (a *Agent) converge(ctx context.Context) {
-	delay := 250 * time.Millisecond
+	up := a.store.Connectivity(ctx, time.Second)
+	wait := backoff{min: 250 * time.Millisecond, max: 10 * time.Second}
 	for ctx.Err() == nil {
-		if a.follow(ctx) {
-			delay = 250 * time.Millisecond
+		if a.follow(ctx, up) {
+			wait.reset()
 		}
 		if ctx.Err() != nil {
 			return
 		}
+		delay := wait.next()
 		a.log.Warn("store watch ended; retrying", "in", delay)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
+		timer := time.NewTimer(delay)
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+				waiting = false
+			case back := <-up:
+				waiting = !back
+			}
 		}
-		delay = min(2*delay, 10*time.Second)
+		timer.Stop()
 	}
 }
 
-// follow reconciles, then again on every change and periodically, until
-// one of its watches ends (it ends the others) or ctx does. It reports
-// whether the first reconcile succeeded.
-func (a *Agent) follow(ctx context.Context) bool {
+// follow reconciles, then again on every change, periodically, after a
+// failure (with backoff) and when the connection to the store is back
+// (up), until one of its watches ends (it ends the others) or ctx does. It
+// reports whether the first reconcile succeeded.
+func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	prefixes := []string{store.HostsPrefix, store.PolicyPrefix}
+	// The claims too: a host whose claim is gone could lose its subnet,
+	// and which host a record stands for depends on them (store.Hosts).
+	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetsPrefix}
 	// Every host's caches name every endpoint: in cache mode a watch
 	// keeps them all, and each change reconciles.
 	var endpoints <-chan struct{}
@@ -318,9 +356,21 @@ func (a *Agent) follow(ctx context.Context) bool {
 	if a.sockets != nil {
 		listeners = watchCache(ctx, a, "listeners", &a.listeners, a.store.WatchListeners)
 	}
-	ok := a.reconcile(ctx) == nil
 	ticker := time.NewTicker(a.cfg.ResyncEvery)
 	defer ticker.Stop()
+	retry := backoff{min: 250 * time.Millisecond, max: 10 * time.Second}
+	var again <-chan time.Time // after a failed reconcile
+	resync := func() bool {
+		err := a.reconcile(ctx)
+		if err == nil {
+			retry.reset()
+			again = nil
+		} else {
+			again = time.After(retry.next())
+		}
+		return err == nil
+	}
+	ok := resync()
 	for {
 		select {
 		case <-ctx.Done():
@@ -329,12 +379,12 @@ func (a *Agent) follow(ctx context.Context) bool {
 			if !open {
 				return ok
 			}
-			a.reconcile(ctx)
+			resync()
 		case _, open := <-endpoints:
 			if !open {
 				return ok
 			}
-			a.reconcile(ctx)
+			resync()
 		case _, open := <-listeners:
 			if !open {
 				return ok
@@ -343,7 +393,20 @@ func (a *Agent) follow(ctx context.Context) bool {
 				a.log.Warn("sync sockets routes", "err", err)
 			}
 		case <-ticker.C:
-			a.reconcile(ctx)
+			resync()
+		case <-again:
+			resync()
+		case back, open := <-up:
+			if !open {
+				return ok
+			}
+			if back {
+				a.log.Info("connection to the cluster store is back; resyncing")
+				resync()
+			} else {
+				a.log.Warn("lost the connection to the cluster store; not ready until it is back")
+				a.setSyncErr(fmt.Errorf("connection lost: %w", store.ErrUnavailable))
+			}
 		}
 	}
 }
@@ -353,6 +416,17 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	start := time.Now()
 	err := a.reconcileOnce(ctx)
 	a.log.Debug("reconciled", "took", time.Since(start), "err", err)
+	if err == nil {
+		a.failures = quiet{period: a.failures.period}
+	} else if ok, held := a.failures.pass(err.Error(), time.Now()); ok {
+		a.log.Warn("reconcile failed", "err", err, "repeats", held)
+	}
+	a.setSyncErr(err)
+	return err
+}
+
+// setSyncErr records the outcome of a sync (nil: success).
+func (a *Agent) setSyncErr(err error) {
 	a.stateMu.Lock()
 	defer a.stateMu.Unlock()
 	a.syncErr = err
@@ -363,17 +437,12 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	if err == nil {
 		a.lastSync = time.Now()
-	} else {
-		a.log.Warn("reconcile failed", "err", err)
 	}
-	return err
 }
 
 func (a *Agent) reconcileOnce(ctx context.Context) error {
-	if !a.registered() {
-		if err := a.tryJoin(ctx); err != nil {
-			return err
-		}
+	if err := a.register(ctx); err != nil {
+		return err
 	}
 	// Read the store under the data-plane lock: a listing taken before an
 	// ADD that completes in between would make the new endpoint look stale.
@@ -382,14 +451,6 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	hosts, err := a.store.Hosts(ctx)
 	if err != nil {
 		return err
-	}
-	if !containsHost(hosts, a.host.Name) {
-		// Removed from the cluster while running (skiff hosts remove): register
-		// again, asking for the same subnet, rather than serve a subnet nobody
-		// routes to.
-		a.log.Warn("this host is no longer registered; rejoining")
-		a.setRegistered(false)
-		return a.tryJoin(ctx)
 	}
 	rules, err := a.store.Policies(ctx)
 	if err != nil {
@@ -500,15 +561,6 @@ func watchCache[T any](ctx context.Context, a *Agent, what string, into **store.
 		return closed
 	}
 	return changed
-}
-
-func containsHost(hosts []cluster.Host, name string) bool {
-	for _, h := range hosts {
-		if h.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 func (a *Agent) registered() bool {

@@ -119,7 +119,7 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	defer a.stateMu.Unlock()
 	s := api.Status{
 		Host: a.host, Cluster: a.cluster, Mode: a.cfg.Mode, StoreReachable: pingErr == nil,
-		Ready: a.isRegistered && a.syncErr == nil && !a.lastSync.IsZero(), Endpoints: a.endpoints,
+		Ready: pingErr == nil && a.isRegistered && a.syncErr == nil && !a.lastSync.IsZero(), Endpoints: a.endpoints,
 		RemoteHosts: a.remotes, LastSync: a.lastSync, Version: api.Version,
 	}
 	if pingErr != nil {

@@ -52,12 +52,14 @@ type Status struct {
 	Mode           string         `json:"mode"`
 	StoreReachable bool           `json:"storeReachable"`
 	StoreError     string         `json:"storeError,omitempty"`
-	Ready          bool           `json:"ready"`
-	Endpoints      int            `json:"endpoints"`
-	RemoteHosts    int            `json:"remoteHosts"`
-	LastSync       time.Time      `json:"lastSync"`
-	SyncError      string         `json:"syncError,omitempty"`
-	Version        string         `json:"version"`
+	// Ready: the store answers, holds this host, and the last sync with
+	// it (since the connection to it was last lost) succeeded.
+	Ready       bool      `json:"ready"`
+	Endpoints   int       `json:"endpoints"`
+	RemoteHosts int       `json:"remoteHosts"`
+	LastSync    time.Time `json:"lastSync"`
+	SyncError   string    `json:"syncError,omitempty"`
+	Version     string    `json:"version"`
 	// Cache holds the fast path's counters (program/outcome → packets) in
 	// cache mode.
 	Cache map[string]uint64 `json:"cache,omitempty"`

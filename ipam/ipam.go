@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/skiffnet/skiff/cluster"
@@ -70,48 +71,94 @@ func hostAddrs(subnet netip.Prefix) []netip.Addr {
 // (store.Holders), so two hosts racing for a subnet both see which won.
 // Claims it does not use are withdrawn.
 func Join(ctx context.Context, s *store.Store, c cluster.Config, h cluster.Host) (cluster.Host, error) {
+	h, _, err := settle(ctx, s, c, h, false)
+	return h, err
+}
+
+// settle makes the store hold h: a claim of h's that holds its subnet, its
+// record naming that subnet, and no other claims of h's. It writes only
+// what is missing or wrong, and says what that was. The subnet is h.Subnet
+// when keep is set (ErrTaken when another host holds it), else as Join
+// says. The one place that decides which subnet a host holds.
+func settle(ctx context.Context, s *store.Store, c cluster.Config, h cluster.Host, keep bool) (cluster.Host, []string, error) {
 	if err := store.ValidateHostName(h.Name); err != nil {
-		return cluster.Host{}, err
+		return cluster.Host{}, nil, err
 	}
+	hostKey := store.HostKey(h.Name)
+	var repaired []string
 	for attempt := 0; attempt < 2*len(Subnets(c))+8; attempt++ {
-		existing, err := s.Host(ctx, h.Name)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return cluster.Host{}, err
-		}
-		claims, _, err := s.Claims(ctx)
+		resp, err := s.Txn(ctx, nil, []clientv3.Op{clientv3.OpGet(hostKey), clientv3.OpGet(store.SubnetsPrefix, clientv3.WithPrefix())})
 		if err != nil {
-			return cluster.Host{}, err
+			return cluster.Host{}, nil, err
+		}
+		record := only(resp, 0)
+		var have cluster.Host
+		garbled := record != nil && json.Unmarshal(record.Value, &have) != nil
+		var claims []store.Claim
+		own := map[netip.Prefix]*mvccpb.KeyValue{} // h's claims
+		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+			if cl, ok := store.ParseClaim(kv); ok {
+				claims = append(claims, cl)
+				if cl.Host == h.Name {
+					own[cl.Subnet] = kv
+				}
+			}
 		}
 		holders := store.Holders(claims)
-		subnet, ok := held(c, holders, h.Name, existing.Subnet, h.Subnet)
-		if !ok {
+		subnet, ok := h.Subnet, holders[h.Subnet].Host == h.Name
+		if keep {
+			if other := holders[subnet].Host; !ok && other != "" {
+				return cluster.Host{}, nil, fmt.Errorf("subnet %s of %s: %w %s", subnet, h.Name, ErrTaken, other)
+			}
+		} else if subnet, ok = held(c, holders, h.Name, have.Subnet, h.Subnet); !ok {
 			if subnet, err = freeSubnet(c, holders, h.Subnet); err != nil {
-				return cluster.Host{}, err
+				return cluster.Host{}, nil, err
 			}
+		}
+		if !ok {
 			if err := claim(ctx, s, h.Name, subnet); err != nil {
-				return cluster.Host{}, err
+				return cluster.Host{}, nil, err
 			}
+			repaired = append(repaired, "subnet claim (missing)")
 			continue // see whose claim is the oldest
 		}
 		h.Subnet = subnet
-		val, _ := json.Marshal(h)
-		ops := []clientv3.Op{clientv3.OpPut(store.HostKey(h.Name), string(val))}
-		for _, cl := range claims {
-			if cl.Host == h.Name && cl.Subnet != subnet {
-				ops = append(ops, clientv3.OpDelete(store.ClaimKey(h.Name, cl.Subnet)))
+		claimKey := store.ClaimKey(h.Name, subnet)
+		var ops []clientv3.Op
+		var fixed []string
+		if record == nil || garbled || !have.Equal(h) {
+			val, _ := json.Marshal(h)
+			ops = append(ops, clientv3.OpPut(hostKey, string(val)))
+			fixed = append(fixed, "host record "+damage(record))
+		}
+		if string(own[subnet].Value) != h.Name {
+			// A put keeps the claim's create revision: it still holds.
+			ops = append(ops, clientv3.OpPut(claimKey, h.Name))
+			fixed = append(fixed, "subnet claim (wrong)")
+		}
+		for p := range own {
+			if p != subnet {
+				ops = append(ops, clientv3.OpDelete(store.ClaimKey(h.Name, p)))
+				fixed = append(fixed, "claim on "+p.String()+" withdrawn")
 			}
 		}
-		// The claim still stands (nobody but this host and the
-		// administrator can delete it), so it still holds.
-		resp, err := s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.ClaimKey(h.Name, subnet)), ">", 0)}, ops)
+		if len(ops) == 0 {
+			return h, repaired, nil
+		}
+		// The claim stands as read, so it still holds (a later claim is
+		// younger), and the record is as read.
+		resp, err = s.Txn(ctx, []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(claimKey), "=", own[subnet].CreateRevision),
+			unchanged(hostKey, record),
+		}, ops)
 		if err != nil {
-			return cluster.Host{}, err
+			return cluster.Host{}, nil, err
 		}
 		if resp.Succeeded {
-			return h, nil
+			return h, append(repaired, fixed...), nil
 		}
 	}
-	return cluster.Host{}, fmt.Errorf("join %s: too much contention for subnets", h.Name)
+	return cluster.Host{}, nil, fmt.Errorf("join %s: too much contention for subnets", h.Name)
 }
 
 // held returns the first of the subnets in the cluster that name holds.

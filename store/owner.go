@@ -103,9 +103,10 @@ func Holders(claims []Claim) map[netip.Prefix]Claim {
 	return out
 }
 
-// parseClaim reads a claim key; ok is false for keys that are not one.
-func parseClaim(key string, rev int64) (Claim, bool) {
-	rest, ok := strings.CutPrefix(key, SubnetsPrefix)
+// ParseClaim reads a claim from its key and create revision; ok is false
+// for keys that are not one.
+func ParseClaim(kv *mvccpb.KeyValue) (Claim, bool) {
+	rest, ok := strings.CutPrefix(string(kv.Key), SubnetsPrefix)
 	if !ok {
 		return Claim{}, false
 	}
@@ -117,7 +118,7 @@ func parseClaim(key string, rev int64) (Claim, bool) {
 	if err != nil || p != p.Masked() {
 		return Claim{}, false
 	}
-	return Claim{Host: host, Subnet: p, Rev: rev}, true
+	return Claim{Host: host, Subnet: p, Rev: kv.CreateRevision}, true
 }
 
 // Claims returns every subnet claim, and the revision it was read at.
@@ -132,7 +133,7 @@ func (s *Store) Claims(ctx context.Context) ([]Claim, int64, error) {
 func claimsOf(kvs []*mvccpb.KeyValue) []Claim {
 	var out []Claim
 	for _, kv := range kvs {
-		if c, ok := parseClaim(string(kv.Key), kv.CreateRevision); ok {
+		if c, ok := ParseClaim(kv); ok {
 			out = append(out, c)
 		}
 	}
