@@ -3,8 +3,6 @@ package store
 import (
 	"cmp"
 	"context"
-	"encoding/json"
-	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -38,14 +36,14 @@ func (c *Cache[T]) List() []T {
 }
 
 func (c *Cache[T]) put(key, val []byte) error {
-	var v T
-	if err := json.Unmarshal(val, &v); err != nil {
-		return fmt.Errorf("decode %s: %w", key, err)
+	v, ok, err := decode[T](key, val)
+	if err != nil {
+		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if keyOf(v) != string(key) {
-		delete(c.byKey, string(key)) // not believed (see keyOf)
+	if !ok {
+		delete(c.byKey, string(key)) // not believed (see decode)
 		return nil
 	}
 	c.byKey[string(key)] = v

@@ -265,20 +265,35 @@ func list[T any](ctx context.Context, s *Store, prefix string) ([]T, error) {
 	return decodeAll[T](resp.Kvs)
 }
 
-// decodeAll decodes values, leaving out those not at their own key (see
-// keyOf).
+// decodeAll decodes values, leaving out those not believed (see decode).
 func decodeAll[T any](kvs []*mvccpb.KeyValue) ([]T, error) {
 	out := make([]T, 0, len(kvs))
 	for _, kv := range kvs {
-		var v T
-		if err := json.Unmarshal(kv.Value, &v); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
+		v, ok, err := decode[T](kv.Key, kv.Value)
+		if err != nil {
+			return nil, err
 		}
-		if keyOf(v) == string(kv.Key) {
+		if ok {
 			out = append(out, v)
 		}
 	}
 	return out, nil
+}
+
+// decode decodes the value at key. A record not at its own key (see keyOf)
+// is not believed (ok false), nor is one that does not decode at a key a
+// host owns: a host can write what it likes into its own keys, and one
+// garbled record must not stop every agent's reads (its own agent repairs
+// its record). A value of the administrator's (a policy) that does not
+// decode is an error: half a policy is not applied.
+func decode[T any](key, val []byte) (v T, ok bool, err error) {
+	if err := json.Unmarshal(val, &v); err != nil {
+		if OwnerOf(string(key)) != "" {
+			return v, false, nil
+		}
+		return v, false, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return v, keyOf(v) == string(key), nil
 }
 
 // Host returns one host.

@@ -325,19 +325,21 @@ func TestWatchEndpoints(t *testing.T) {
 			t.Fatalf("the store lists %v (%v), the cache %v", all, err, cache.List())
 		}
 	}
-	// A value that does not decode ends the watch: the agent reads again
-	// and reports it.
-	s.Client.Put(ctx, store.EndpointKey("h3", "c1", "eth0"), "{")
-	deadline := time.After(5 * time.Second)
-	for {
-		select {
-		case _, ok := <-changed:
-			if !ok {
-				return
-			}
-		case <-deadline:
-			t.Fatal("the watch goes on past a value that does not decode")
-		}
+	// A value at a host's key that does not decode is not believed: a host
+	// writes what it likes into its own keys, and must not stop every
+	// agent's watch. It leaves the cache, and the watch goes on.
+	s.Client.Put(ctx, store.KeyOf(a), "{")
+	awaitList(t, cache, changed, []cluster.Endpoint{withMAC})
+	if all, err := s.Endpoints(ctx, ""); err != nil || !slices.Equal(all, cache.List()) {
+		t.Fatalf("after a garbled record the store lists %v (%v), the cache %v", all, err, cache.List())
+	}
+	putEndpoint(t, s, a)
+	awaitList(t, cache, changed, []cluster.Endpoint{a, withMAC})
+	// A policy that does not decode is an error: half a policy is not
+	// applied.
+	s.Client.Put(ctx, store.PolicyPrefix+"broken", "{")
+	if _, err := s.Policies(ctx); err == nil {
+		t.Error("a policy that does not decode was read without an error")
 	}
 }
 
