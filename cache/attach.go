@@ -15,6 +15,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/tc"
 )
 
@@ -149,7 +150,7 @@ func Pinned(dir string) bool {
 // a container only clears the two reserved DSCP bits, which nothing sets any
 // more; it goes with the container's interface.
 func Teardown(cfg Config) error {
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
 )
@@ -227,7 +228,9 @@ const loopbackIndex = 1
 // except the one for keep.
 func removeHostStackRoutes(keep netip.Prefix) {
 	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, Tos: HostStackTOS}
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TOS)
+	routes, err := netlinksafe.Dump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(unix.AF_INET, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TOS)
+	})
 	if err != nil {
 		return
 	}
@@ -490,7 +493,7 @@ func cgroupLinks(id uint64) string { return "cg-" + strconv.FormatUint(id, 10) }
 // connections already on host sockets keep running until they close.
 func Teardown(pinDir, stateDir string) error {
 	var errs []error
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
