@@ -98,27 +98,6 @@ func (o *Overlay) setupChains() error {
 // match would copy each packet's interface name).
 func inputRule(mark uint32) []string { return markedTo(mark, chainForward) }
 
-// earlierChain is the chain earlier versions sent marked packets to: they
-// marked the host's own packets too, and it returned those arriving on lo.
-const earlierChain = "SKIFF-INPUT"
-
-// earlierInputRules are what earlier versions put in INPUT.
-func earlierInputRules(mark uint32) [][]string {
-	return [][]string{append([]string{"!", "-i", "lo"}, inputRule(mark)...), markedTo(mark, earlierChain)}
-}
-
-// RemoveEarlierInput removes earlier versions' INPUT rules and chain: once
-// a layer's first JudgeInput or UnjudgeInput is done (then no marked packet
-// passes unjudged meanwhile), and at teardown.
-func RemoveEarlierInput(mark uint32) {
-	for _, r := range earlierInputRules(mark) {
-		removeRules("INPUT", r)
-	}
-	if iptables("-t", "filter", "-F", earlierChain) == nil {
-		iptables("-t", "filter", "-X", earlierChain)
-	}
-}
-
 func markedTo(mark uint32, chain string) []string {
 	return append(markMatch(mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chain)
 }

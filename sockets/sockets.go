@@ -53,8 +53,6 @@ type Layer struct {
 	// current one holds (nil: unknown, rewritten at the next Sync).
 	rulesSpec *ebpf.MapSpec
 	policy    *sksSksRules
-	// earlierInputGone: JudgeInput removed earlier versions' INPUT rules.
-	earlierInputGone bool
 }
 
 // Load loads the programs with this host's configuration. Maps pinned by an
