@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -198,9 +199,9 @@ func TestJudgeInput(t *testing.T) {
 			return strings.TrimSpace(string(out))
 		}
 		for _, err := range []error{
-			iptables("-N", chainForward),
-			iptables("-N", chainDeny),
-			ensureLast("filter", chainDeny, denyRule...),
+			iptables.NewChain("filter", chainForward),
+			iptables.NewChain("filter", chainDeny),
+			iptables.Append("filter", chainDeny, denyRule...),
 		} {
 			if err != nil {
 				t.Error(err)
