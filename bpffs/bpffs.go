@@ -70,23 +70,14 @@ func Unpin(dir, prefix string) error {
 	return nil
 }
 
-// Load sets spec's configuration constants (volatile const globals) to
-// vars and loads it into objs (a bpf2go objects struct) with its maps
+// Load loads spec (its configuration constants set through the bpf2go
+// variable specs) into objs (a bpf2go objects struct) with its maps
 // pinned in dir, reusing maps an earlier run pinned there. A pinned map
 // whose definition changed (a new skiff version) is unpinned and replaced
 // by an empty one; the other maps keep what they hold, and pinned links
 // stay attached until the caller updates them, so the hooks never go
 // without a program.
-func Load(spec *ebpf.CollectionSpec, vars map[string]any, objs any, dir string, log *slog.Logger) error {
-	for name, v := range vars {
-		vs, ok := spec.Variables[name]
-		if !ok {
-			return fmt.Errorf("programs lack %s", name)
-		}
-		if err := vs.Set(v); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
-	}
+func Load(spec *ebpf.CollectionSpec, objs any, dir string, log *slog.Logger) error {
 	if err := Ensure(dir); err != nil {
 		return err
 	}

@@ -67,7 +67,7 @@ func TestLoadKeepsCompatibleMaps(t *testing.T) {
 	load := func(spec *ebpf.CollectionSpec) *testObjs {
 		t.Helper()
 		var o testObjs
-		if err := Load(spec, nil, &o, dir, log); err != nil {
+		if err := Load(spec, &o, dir, log); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(o.close)

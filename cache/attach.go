@@ -1,13 +1,10 @@
 package cache
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -15,6 +12,8 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/iptables"
+	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/tc"
 )
 
@@ -41,39 +40,27 @@ func (c *Cache) Setup() error {
 	if err := os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal", []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("conntrack liberal TCP tracking: %w", err)
 	}
-	return c.installMarkRule()
+	return markRules(c.cfg).Install()
 }
 
 const markChain = "SKIFF-CACHE"
 
-// installMarkRule is the rules the fast path needs from the overlay: every
+// markRules are the rules the fast path needs from the overlay: every
 // overlay packet forwarded between containers gets LearnMark (so
 // to_underlay tells the VXLAN device's packets from look-alikes), and
 // packets the fast path missed (miss mark) that belong to an established
 // flow get the established mark, which tells the init programs the overlay
 // let the flow through. Only overlay-to-overlay traffic is matched, so no
 // mark is ever set on a packet leaving the overlay.
-func (c *Cache) installMarkRule() error {
-	cidr := c.cfg.Cluster.CIDR.String()
-	rules := fmt.Sprintf("*mangle\n:%s - [0:0]\n-A %s -j MARK --or-mark %#x\n"+
-		"-A %s -m conntrack --ctstate ESTABLISHED -m tos --tos 0x%02x/0x%02x -j TOS --or-tos 0x%02x\nCOMMIT\n",
-		markChain, markChain, LearnMark, markChain, markMiss, markMiss, markEst)
-	cmd := exec.Command("iptables-restore", "-w", "5", "--noflush")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore mark rule: %w: %s", err, bytes.TrimSpace(out))
+func markRules(cfg Config) iptables.Chain {
+	cidr := cfg.Cluster.CIDR.String()
+	return iptables.Chain{Table: "mangle", Name: markChain,
+		Rules: []string{
+			fmt.Sprintf("-j MARK --or-mark %#x", LearnMark),
+			fmt.Sprintf("-m conntrack --ctstate ESTABLISHED -m tos --tos 0x%02x/0x%02x -j TOS --or-tos 0x%02x", markMiss, markMiss, markEst),
+		},
+		Jumps: []iptables.Jump{{From: "FORWARD", Rule: []string{"-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain}}},
 	}
-	jump := []string{"-t", "mangle", "FORWARD", "-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain}
-	check := append([]string{"-w", "5", "-C"}, jump[2:]...)
-	check = append([]string{"-t", "mangle"}, check...)
-	if exec.Command("iptables", check...).Run() == nil {
-		return nil
-	}
-	insert := append([]string{"-w", "5", "-t", "mangle", "-I"}, jump[2:]...)
-	if out, err := exec.Command("iptables", insert...).CombinedOutput(); err != nil {
-		return fmt.Errorf("hook %s into mangle FORWARD: %w: %s", markChain, err, bytes.TrimSpace(out))
-	}
-	return nil
 }
 
 // Marks as in cache.h.
@@ -149,7 +136,7 @@ func Pinned(dir string) bool {
 // a container only clears the two reserved DSCP bits, which nothing sets any
 // more; it goes with the container's interface.
 func Teardown(cfg Config) error {
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
@@ -158,10 +145,7 @@ func Teardown(cfg Config) error {
 	for _, l := range links {
 		errs = append(errs, tc.Detach(h, l, tc.Ingress, filterName), tc.Detach(h, l, tc.Egress, filterName))
 	}
-	cidr := cfg.Cluster.CIDR.String()
-	exec.Command("iptables", "-w", "5", "-t", "mangle", "-D", "FORWARD", "-s", cidr, "-d", cidr, "-m", "comment", "--comment", "skiff cache", "-j", markChain).Run()
-	exec.Command("iptables", "-w", "5", "-t", "mangle", "-F", markChain).Run()
-	exec.Command("iptables", "-w", "5", "-t", "mangle", "-X", markChain).Run()
+	markRules(cfg).Remove()
 	errs = append(errs, bpffs.Unpin(cfg.PinDir, "skc_"))
 	return errors.Join(errs...)
 }

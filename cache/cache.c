@@ -125,6 +125,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skc_control SEC(".maps");
 
+// Keeps the reason enum in BTF: Go names the counters by its constants.
+const enum reason *unused_reason __attribute__((unused));
+
 static __always_inline void count(enum reason r)
 {
 	__u32 key = r;

@@ -71,20 +71,23 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read cache programs: %w", err)
 	}
-	vars, err := configure(spec, cfg, under)
-	if err != nil {
+	if err := configure(spec, cfg, under); err != nil {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, underlay: under, log: log}
-	if err := bpffs.Load(spec, vars, &c.objs, cfg.PinDir, log); err != nil {
+	if err := bpffs.Load(spec, &c.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load cache programs: %w", err)
 	}
 	return c, nil
 }
 
-// configure sizes spec's caches and returns the programs' configuration
+// configure sizes spec's caches and sets the programs' configuration
 // constants for this host.
-func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) (map[string]any, error) {
+func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) error {
+	var s skcSpecs
+	if err := spec.Assign(&s); err != nil {
+		return fmt.Errorf("cache programs: %w", err)
+	}
 	be32 := func(a netip.Addr) [4]byte { return a.As4() }
 	mask := func(p netip.Prefix) [4]byte {
 		m := net.CIDRMask(p.Bits(), 32)
@@ -94,31 +97,33 @@ func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) (map[s
 	copy(mac[:], under.Attrs().HardwareAddr)
 	lo, hi, err := localPortRange()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	port := uint16(cfg.Cluster.VXLANPort)
-	vars := map[string]any{
-		"cfg_cluster_net":  be32(cfg.Cluster.CIDR.Masked().Addr()),
-		"cfg_cluster_mask": mask(cfg.Cluster.CIDR),
-		"cfg_local_net":    be32(cfg.Host.Subnet.Masked().Addr()),
-		"cfg_local_mask":   mask(cfg.Host.Subnet),
-		"cfg_underlay_ip":  be32(cfg.Host.UnderlayIP),
-		"cfg_underlay_mac": mac,
-		"cfg_vxlan_port":   [2]byte{byte(port >> 8), byte(port)},
-		"cfg_vni":          uint32(cfg.Cluster.VNI),
-		"cfg_port_min":     lo,
-		"cfg_port_max":     hi,
-	}
-	for name, n := range map[string]uint32{
-		"skc_egress_ip": cfg.Capacity.EgressIPs, "skc_egress_host": cfg.Capacity.EgressHosts,
-		"skc_ingress": cfg.Capacity.Ingress, "skc_filter": cfg.Capacity.Filter,
+	for _, m := range []struct {
+		spec *ebpf.MapSpec
+		n    uint32
+	}{
+		{s.SkcEgressIp, cfg.Capacity.EgressIPs}, {s.SkcEgressHost, cfg.Capacity.EgressHosts},
+		{s.SkcIngress, cfg.Capacity.Ingress}, {s.SkcFilter, cfg.Capacity.Filter},
 	} {
-		if n == 0 {
-			return nil, fmt.Errorf("capacity of %s is 0", name)
+		if m.n == 0 {
+			return fmt.Errorf("capacity of %s is 0", m.spec.Name)
 		}
-		spec.Maps[name].MaxEntries = n
+		m.spec.MaxEntries = m.n
 	}
-	return vars, nil
+	return errors.Join(
+		s.CfgClusterNet.Set(be32(cfg.Cluster.CIDR.Masked().Addr())),
+		s.CfgClusterMask.Set(mask(cfg.Cluster.CIDR)),
+		s.CfgLocalNet.Set(be32(cfg.Host.Subnet.Masked().Addr())),
+		s.CfgLocalMask.Set(mask(cfg.Host.Subnet)),
+		s.CfgUnderlayIp.Set(be32(cfg.Host.UnderlayIP)),
+		s.CfgUnderlayMac.Set(mac),
+		s.CfgVxlanPort.Set([2]byte{byte(port >> 8), byte(port)}),
+		s.CfgVni.Set(uint32(cfg.Cluster.VNI)),
+		s.CfgPortMin.Set(lo),
+		s.CfgPortMax.Set(hi),
+	)
 }
 
 // localPortRange is the UDP source port range the overlay's VXLAN device

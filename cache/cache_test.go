@@ -137,6 +137,16 @@ func TestReasonsMatchProgram(t *testing.T) {
 	if n := spec.Maps["skc_stats"].MaxEntries; int(n) != len(Reasons) {
 		t.Fatalf("cache.h has %d reasons, stats.go names %d", n, len(Reasons))
 	}
+	seen := map[string]bool{}
+	for i, r := range Reasons {
+		if r.Program == "" || r.Outcome == "" || r.Name != r.Program+"/"+r.Outcome {
+			t.Errorf("reason %d of enum reason has no name in stats.go: %+v", i, r)
+		}
+		if seen[r.Name] {
+			t.Errorf("reason %d: %s named twice", i, r.Name)
+		}
+		seen[r.Name] = true
+	}
 }
 
 func TestFromContainerPassesUntouched(t *testing.T) {

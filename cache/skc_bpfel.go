@@ -51,6 +51,43 @@ type skcIngressEp struct {
 	Pad     [3]uint8
 }
 
+type skcReason uint32
+
+const (
+	skcReasonEG_HIT              skcReason = 0
+	skcReasonEG_PASS_NOT_IP      skcReason = 1
+	skcReasonEG_PASS_UNSUPPORTED skcReason = 2
+	skcReasonEG_PASS_NOT_REMOTE  skcReason = 3
+	skcReasonEG_PASS_CONTROL     skcReason = 4
+	skcReasonEG_PASS_TTL         skcReason = 5
+	skcReasonEG_PASS_REVERSE     skcReason = 6
+	skcReasonEG_MISS_FILTER      skcReason = 7
+	skcReasonEG_MISS_EGRESS_IP   skcReason = 8
+	skcReasonEG_MISS_EGRESS_HOST skcReason = 9
+	skcReasonEG_ERR_ENCAP        skcReason = 10
+	skcReasonEG_FORGED_MARKS     skcReason = 11
+	skcReasonIN_HIT              skcReason = 12
+	skcReasonIN_PASS_NOT_VXLAN   skcReason = 13
+	skcReasonIN_PASS_NOT_MINE    skcReason = 14
+	skcReasonIN_PASS_UNSUPPORTED skcReason = 15
+	skcReasonIN_PASS_CONTROL     skcReason = 16
+	skcReasonIN_PASS_TTL         skcReason = 17
+	skcReasonIN_PASS_REVERSE     skcReason = 18
+	skcReasonIN_MISS_FILTER      skcReason = 19
+	skcReasonIN_MISS_INGRESS     skcReason = 20
+	skcReasonIN_ERR_DECAP        skcReason = 21
+	skcReasonEI_LEARN            skcReason = 22
+	skcReasonEI_PAUSED           skcReason = 23
+	skcReasonEI_CLEARED          skcReason = 24
+	skcReasonEI_PASS             skcReason = 25
+	skcReasonEI_PASS_NOT_OVERLAY skcReason = 26
+	skcReasonII_LEARN            skcReason = 27
+	skcReasonII_PAUSED           skcReason = 28
+	skcReasonII_CLEARED          skcReason = 29
+	skcReasonII_PASS             skcReason = 30
+	skcReasonNR_REASONS          skcReason = 31
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -75,6 +112,7 @@ const (
 	skcVarCfgUnderlayMac = "cfg_underlay_mac"
 	skcVarCfgVni         = "cfg_vni"
 	skcVarCfgVxlanPort   = "cfg_vxlan_port"
+	skcVarUnusedReason   = "unused_reason"
 )
 
 // loadSkc returns the embedded CollectionSpec for skc.
@@ -151,6 +189,7 @@ type skcVariableSpecs struct {
 	CfgUnderlayMac *ebpf.VariableSpec `ebpf:"cfg_underlay_mac"`
 	CfgVni         *ebpf.VariableSpec `ebpf:"cfg_vni"`
 	CfgVxlanPort   *ebpf.VariableSpec `ebpf:"cfg_vxlan_port"`
+	UnusedReason   *ebpf.VariableSpec `ebpf:"unused_reason"`
 }
 
 // skcObjects contains all objects after they have been loaded into the kernel.
@@ -206,6 +245,7 @@ type skcVariables struct {
 	CfgUnderlayMac *ebpf.Variable `ebpf:"cfg_underlay_mac"`
 	CfgVni         *ebpf.Variable `ebpf:"cfg_vni"`
 	CfgVxlanPort   *ebpf.Variable `ebpf:"cfg_vxlan_port"`
+	UnusedReason   *ebpf.Variable `ebpf:"unused_reason"`
 }
 
 // skcPrograms contains all programs after they have been loaded into the kernel.

@@ -22,39 +22,43 @@ func r(program, outcome string) Reason {
 	return Reason{Name: program + "/" + outcome, Program: program, Outcome: outcome}
 }
 
-// Reasons is indexed by enum reason.
-var Reasons = []Reason{
-	r("from_container", "hit"),
-	r("from_container", "pass_not_ipv4"),
-	r("from_container", "pass_unsupported"),
-	r("from_container", "pass_not_remote"),
-	r("from_container", "pass_syn_fin_rst"),
-	r("from_container", "pass_ttl"),
-	r("from_container", "pass_reverse_check"),
-	r("from_container", "miss_filter"),
-	r("from_container", "miss_egress_ip"),
-	r("from_container", "miss_egress_host"),
-	r("from_container", "error_encap"),
-	r("from_container", "forged_marks_cleared"),
-	r("from_underlay", "hit"),
-	r("from_underlay", "pass_not_vxlan"),
-	r("from_underlay", "pass_not_mine"),
-	r("from_underlay", "pass_unsupported"),
-	r("from_underlay", "pass_syn_fin_rst"),
-	r("from_underlay", "pass_ttl"),
-	r("from_underlay", "pass_reverse_check"),
-	r("from_underlay", "miss_filter"),
-	r("from_underlay", "miss_ingress"),
-	r("from_underlay", "error_decap"),
-	r("to_underlay", "learn"),
-	r("to_underlay", "paused"),
-	r("to_underlay", "marks_cleared"),
-	r("to_underlay", "pass"),
-	r("to_underlay", "pass_not_overlay"),
-	r("to_container", "learn"),
-	r("to_container", "paused"),
-	r("to_container", "marks_cleared"),
-	r("to_container", "pass"),
+// Reasons is indexed by enum reason (cache.h): each name is keyed by the
+// constant bpf2go generates from the enum, so a renamed or removed reason
+// does not compile and a new one without a name fails TestReasonsMatchProgram.
+var Reasons = reasons[:]
+
+var reasons = [skcReasonNR_REASONS]Reason{
+	skcReasonEG_HIT:              r("from_container", "hit"),
+	skcReasonEG_PASS_NOT_IP:      r("from_container", "pass_not_ipv4"),
+	skcReasonEG_PASS_UNSUPPORTED: r("from_container", "pass_unsupported"),
+	skcReasonEG_PASS_NOT_REMOTE:  r("from_container", "pass_not_remote"),
+	skcReasonEG_PASS_CONTROL:     r("from_container", "pass_syn_fin_rst"),
+	skcReasonEG_PASS_TTL:         r("from_container", "pass_ttl"),
+	skcReasonEG_PASS_REVERSE:     r("from_container", "pass_reverse_check"),
+	skcReasonEG_MISS_FILTER:      r("from_container", "miss_filter"),
+	skcReasonEG_MISS_EGRESS_IP:   r("from_container", "miss_egress_ip"),
+	skcReasonEG_MISS_EGRESS_HOST: r("from_container", "miss_egress_host"),
+	skcReasonEG_ERR_ENCAP:        r("from_container", "error_encap"),
+	skcReasonEG_FORGED_MARKS:     r("from_container", "forged_marks_cleared"),
+	skcReasonIN_HIT:              r("from_underlay", "hit"),
+	skcReasonIN_PASS_NOT_VXLAN:   r("from_underlay", "pass_not_vxlan"),
+	skcReasonIN_PASS_NOT_MINE:    r("from_underlay", "pass_not_mine"),
+	skcReasonIN_PASS_UNSUPPORTED: r("from_underlay", "pass_unsupported"),
+	skcReasonIN_PASS_CONTROL:     r("from_underlay", "pass_syn_fin_rst"),
+	skcReasonIN_PASS_TTL:         r("from_underlay", "pass_ttl"),
+	skcReasonIN_PASS_REVERSE:     r("from_underlay", "pass_reverse_check"),
+	skcReasonIN_MISS_FILTER:      r("from_underlay", "miss_filter"),
+	skcReasonIN_MISS_INGRESS:     r("from_underlay", "miss_ingress"),
+	skcReasonIN_ERR_DECAP:        r("from_underlay", "error_decap"),
+	skcReasonEI_LEARN:            r("to_underlay", "learn"),
+	skcReasonEI_PAUSED:           r("to_underlay", "paused"),
+	skcReasonEI_CLEARED:          r("to_underlay", "marks_cleared"),
+	skcReasonEI_PASS:             r("to_underlay", "pass"),
+	skcReasonEI_PASS_NOT_OVERLAY: r("to_underlay", "pass_not_overlay"),
+	skcReasonII_LEARN:            r("to_container", "learn"),
+	skcReasonII_PAUSED:           r("to_container", "paused"),
+	skcReasonII_CLEARED:          r("to_container", "marks_cleared"),
+	skcReasonII_PASS:             r("to_container", "pass"),
 }
 
 // Entries lists every cache entry.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/netlinksafe"
 )
 
 // Attachment is what AddEndpoint built.
@@ -253,7 +254,7 @@ func (o *Overlay) PruneEndpoints(keep []cluster.Endpoint) error {
 	for _, e := range keep {
 		owned[e.Veth] = true
 	}
-	links, err := netlinkRetry(netlink.LinkList)
+	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}

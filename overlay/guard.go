@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/iptables"
 )
 
 // The guard: what no container may reach, whatever the policy says. Its
@@ -44,22 +45,16 @@ type ControlPlane struct {
 // decapsulated or readdressed to the host stack by a layer); FORWARD takes
 // this host's containers' (the bridge): beyond the overlay, other hosts'
 // containers are their hosts' to judge.
-func (o *Overlay) guardHooks() []hook {
+func (o *Overlay) guardHooks() []iptables.Jump {
 	cidr := o.cfg.Cluster.CIDR.String()
 	port := fmt.Sprint(o.cfg.Cluster.VXLANPort)
 	comment := []string{"-m", "comment", "--comment", "skiff guard"}
-	return []hook{
-		{"INPUT", slices.Concat([]string{"-i", BridgeName}, comment, []string{"-j", chainGuardIn})},
-		{"INPUT", slices.Concat([]string{"!", "-i", "lo", "-s", cidr}, comment, []string{"-j", chainGuardIn})},
-		{"INPUT", slices.Concat([]string{"-p", "udp", "--dport", port}, comment, []string{"-j", chainVXLAN})},
-		{"FORWARD", slices.Concat([]string{"-i", BridgeName}, comment, []string{"-j", chainGuardFwd})},
+	return []iptables.Jump{
+		{From: "INPUT", Rule: slices.Concat([]string{"-i", BridgeName}, comment, []string{"-j", chainGuardIn})},
+		{From: "INPUT", Rule: slices.Concat([]string{"!", "-i", "lo", "-s", cidr}, comment, []string{"-j", chainGuardIn})},
+		{From: "INPUT", Rule: slices.Concat([]string{"-p", "udp", "--dport", port}, comment, []string{"-j", chainVXLAN})},
+		{From: "FORWARD", Rule: slices.Concat([]string{"-i", BridgeName}, comment, []string{"-j", chainGuardFwd})},
 	}
-}
-
-// hook is a rule in a built-in chain of the filter table.
-type hook struct {
-	chain string
-	rule  []string
 }
 
 // setupGuard creates the guard chains if missing — keeping their rules, so
@@ -67,15 +62,13 @@ type hook struct {
 // hooks them in.
 func (o *Overlay) setupGuard() error {
 	for _, c := range []string{chainGuardIn, chainGuardFwd, chainVXLAN} {
-		if iptables("-t", "filter", "-n", "-L", c) != nil {
-			if err := iptables("-t", "filter", "-N", c); err != nil {
-				return err
-			}
+		if err := iptables.NewChain("filter", c); err != nil {
+			return err
 		}
 	}
 	var errs []error
 	for _, h := range o.guardHooks() {
-		errs = append(errs, ensureRule("filter", h.chain, h.rule...))
+		errs = append(errs, iptables.Insert("filter", h.From, h.Rule...))
 	}
 	return errors.Join(errs...)
 }
@@ -87,7 +80,7 @@ func (o *Overlay) SyncGuard(cp ControlPlane, hosts []cluster.Host) error {
 	if rules == o.guard {
 		return nil
 	}
-	if err := restore(rules); err != nil {
+	if err := iptables.Restore(rules); err != nil {
 		return err
 	}
 	o.guard = rules

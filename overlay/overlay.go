@@ -23,6 +23,7 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -336,7 +337,7 @@ func (o *Overlay) SyncHosts(hosts []cluster.Host) error {
 
 func (o *Overlay) pruneRemote(vx netlink.Link, routes, neighs, fdb map[string]bool) error {
 	var errs []error
-	rs, err := netlinkRetry(func() ([]netlink.Route, error) { return netlink.RouteList(vx, netlink.FAMILY_V4) })
+	rs, err := netlinksafe.Dump(func() ([]netlink.Route, error) { return netlink.RouteList(vx, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list routes on %s: %w", VXLANName, err)
 	}
@@ -348,7 +349,7 @@ func (o *Overlay) pruneRemote(vx netlink.Link, routes, neighs, fdb map[string]bo
 			}
 		}
 	}
-	ns, err := netlinkRetry(func() ([]netlink.Neigh, error) { return netlink.NeighList(vx.Attrs().Index, netlink.FAMILY_V4) })
+	ns, err := netlinksafe.Dump(func() ([]netlink.Neigh, error) { return netlink.NeighList(vx.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list neighbours on %s: %w", VXLANName, err)
 	}
@@ -359,7 +360,7 @@ func (o *Overlay) pruneRemote(vx netlink.Link, routes, neighs, fdb map[string]bo
 			}
 		}
 	}
-	fs, err := netlinkRetry(func() ([]netlink.Neigh, error) { return netlink.NeighList(vx.Attrs().Index, unix.AF_BRIDGE) })
+	fs, err := netlinksafe.Dump(func() ([]netlink.Neigh, error) { return netlink.NeighList(vx.Attrs().Index, unix.AF_BRIDGE) })
 	if err != nil {
 		return fmt.Errorf("list FDB of %s: %w", VXLANName, err)
 	}
@@ -374,24 +375,9 @@ func (o *Overlay) pruneRemote(vx netlink.Link, routes, neighs, fdb map[string]bo
 	return errors.Join(errs...)
 }
 
-// netlinkRetry repeats a dump the kernel interrupted because the table
-// changed underneath it (NLM_F_DUMP_INTR), as containernetworking's
-// netlinksafe does.
-func netlinkRetry[T any](dump func() ([]T, error)) ([]T, error) {
-	var err error
-	for range 5 {
-		var out []T
-		out, err = dump()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return out, err
-		}
-	}
-	return nil, err
-}
-
 // DefaultUnderlay returns the interface of the default IPv4 route.
 func DefaultUnderlay() (string, error) {
-	routes, err := netlinkRetry(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
+	routes, err := netlinksafe.Dump(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return "", fmt.Errorf("list routes: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -188,9 +189,8 @@ func TestVethNameFitsIFNAMSIZ(t *testing.T) {
 }
 
 // TestJudgeInput: marked packets are judged by SKIFF-FORWARD; the rule is
-// idempotent, and RemoveEarlierInput removes the earlier forms (and the
-// earlier chain) beside it; denied marked packets get a reset before the
-// deny chain's ICMP error; UnjudgeInput removes the rule and the reset.
+// idempotent; denied marked packets get a reset before the deny chain's
+// ICMP error; UnjudgeInput removes the rule and the reset.
 func TestJudgeInput(t *testing.T) {
 	const mark = 0x5c1ff
 	inTestNetns(t, func() {
@@ -198,27 +198,16 @@ func TestJudgeInput(t *testing.T) {
 			out, _ := exec.Command("iptables", "-S", name).CombinedOutput()
 			return strings.TrimSpace(string(out))
 		}
-		addEarlier := func() {
-			if err := iptables("-N", earlierChain); err != nil {
-				t.Error(err)
-			}
-			for _, r := range earlierInputRules(mark) {
-				if err := iptables(append([]string{"-A", "INPUT"}, r...)...); err != nil {
-					t.Error(err)
-				}
-			}
-		}
 		for _, err := range []error{
-			iptables("-N", chainForward),
-			iptables("-N", chainDeny),
-			ensureLast("filter", chainDeny, denyRule...),
+			iptables.NewChain("filter", chainForward),
+			iptables.NewChain("filter", chainDeny),
+			iptables.Append("filter", chainDeny, denyRule...),
 		} {
 			if err != nil {
 				t.Error(err)
 				return
 			}
 		}
-		addEarlier()
 		wantInput := "-P INPUT ACCEPT\n-A INPUT -m mark --mark 0x5c1ff -m comment --comment \"skiff overlay to host stack\" -j SKIFF-FORWARD"
 		deny := "-A SKIFF-DENY -m comment --comment \"skiff policy deny\" -j REJECT --reject-with icmp-admin-prohibited"
 		wantDeny := "-N SKIFF-DENY\n-A SKIFF-DENY -p tcp -m mark --mark 0x5c1ff -m comment --comment \"skiff deny to host stack\" -j REJECT --reject-with tcp-reset\n" + deny
@@ -226,27 +215,18 @@ func TestJudgeInput(t *testing.T) {
 			if err := JudgeInput(mark); err != nil {
 				t.Error(err)
 			}
-			RemoveEarlierInput(mark)
 			for name, want := range map[string]string{"INPUT": wantInput, chainDeny: wantDeny} {
 				if got := chain(name); got != want {
 					t.Errorf("%s after JudgeInput #%d:\n%s\nwant\n%s", name, i+1, got, want)
 				}
 			}
-			if iptables("-S", earlierChain) == nil {
-				t.Errorf("%s remains after JudgeInput", earlierChain)
-			}
 		}
-		addEarlier()
 		UnjudgeInput(mark)
-		RemoveEarlierInput(mark)
 		if got := chain("INPUT"); got != "-P INPUT ACCEPT" {
 			t.Errorf("INPUT after UnjudgeInput:\n%s", got)
 		}
 		if got := chain(chainDeny); got != "-N SKIFF-DENY\n"+deny {
 			t.Errorf("%s after UnjudgeInput:\n%s", chainDeny, got)
-		}
-		if iptables("-S", earlierChain) == nil {
-			t.Errorf("%s remains after UnjudgeInput", earlierChain)
 		}
 	})
 }

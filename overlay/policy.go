@@ -1,17 +1,16 @@
 package overlay
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -27,64 +26,35 @@ const (
 	chainNAT     = "SKIFF-POSTROUTING"
 )
 
-func iptables(args ...string) error {
-	out, err := exec.Command("iptables", append([]string{"-w", "5"}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("iptables %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-// ensureRule puts rule first in chain unless it is there.
-func ensureRule(table, chain string, rule ...string) error {
-	return ensure(table, chain, rule, "-I", chain, "1")
-}
-
-// ensureLast appends rule to chain unless it is there.
-func ensureLast(table, chain string, rule ...string) error {
-	return ensure(table, chain, rule, "-A", chain)
-}
-
-// ensure adds rule to chain with the add command unless it is there.
-func ensure(table, chain string, rule []string, add ...string) error {
-	if iptables(append([]string{"-t", table, "-C", chain}, rule...)...) == nil {
-		return nil
-	}
-	return iptables(slices.Concat([]string{"-t", table}, add, rule)...)
-}
-
 // denyRule rejects what the policy denies: "no route to host" at once
 // rather than a hanging connect().
 var denyRule = []string{"-m", "comment", "--comment", "skiff policy deny", "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"}
 
-// setupChains creates skiff's chains if missing (keeping their rules, so a
-// restarting agent that cannot reach the store keeps enforcing the last
-// policy), fills the fixed ones and hooks them into the built-in chains.
+// setupChains creates skiff's chains if missing (keeping the policy's
+// rules, so a restarting agent that cannot reach the store keeps enforcing
+// the last policy), fills the fixed ones and hooks them into the built-in
+// chains.
 func (o *Overlay) setupChains() error {
-	for _, c := range [][2]string{{"filter", chainForward}, {"filter", chainPolicy}, {"filter", chainDeny}, {"nat", chainNAT}} {
-		if iptables("-t", c[0], "-n", "-L", c[1]) != nil {
-			if err := iptables("-t", c[0], "-N", c[1]); err != nil {
-				return err
-			}
+	for _, c := range []string{chainPolicy, chainDeny} {
+		if err := iptables.NewChain("filter", c); err != nil {
+			return err
 		}
 	}
-	cidr := o.cfg.Cluster.CIDR.String()
-	var b strings.Builder
-	b.WriteString("*filter\n:" + chainForward + " - [0:0]\n")
-	fmt.Fprintf(&b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chainForward)
-	fmt.Fprintf(&b, "-A %s -j %s\n", chainForward, chainPolicy)
-	fmt.Fprintf(&b, "-A %s -j ACCEPT\nCOMMIT\n", chainForward)
-	b.WriteString("*nat\n:" + chainNAT + " - [0:0]\n")
-	fmt.Fprintf(&b, "-A %s -s %s -d %s -j RETURN\n", chainNAT, cidr, cidr)
-	fmt.Fprintf(&b, "-A %s -s %s ! -d 224.0.0.0/4 -j MASQUERADE\nCOMMIT\n", chainNAT, cidr)
-	if err := restore(b.String()); err != nil {
+	if err := iptables.Append("filter", chainDeny, denyRule...); err != nil {
 		return err
 	}
+	cidr := o.cfg.Cluster.CIDR.String()
+	toForward := []string{"-m", "comment", "--comment", "skiff overlay", "-j", chainForward}
 	return errors.Join(
-		ensureLast("filter", chainDeny, denyRule...),
-		ensureRule("filter", "FORWARD", "-d", cidr, "-m", "comment", "--comment", "skiff overlay", "-j", chainForward),
-		ensureRule("filter", "FORWARD", "-s", cidr, "-m", "comment", "--comment", "skiff overlay", "-j", chainForward),
-		ensureRule("nat", "POSTROUTING", "-m", "comment", "--comment", "skiff masquerade", "-j", chainNAT),
+		iptables.Chain{Table: "filter", Name: chainForward,
+			Rules: []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", "-j " + chainPolicy, "-j ACCEPT"},
+			Jumps: []iptables.Jump{{From: "FORWARD", Rule: append([]string{"-d", cidr}, toForward...)},
+				{From: "FORWARD", Rule: append([]string{"-s", cidr}, toForward...)}},
+		}.Install(),
+		iptables.Chain{Table: "nat", Name: chainNAT,
+			Rules: []string{fmt.Sprintf("-s %s -d %s -j RETURN", cidr, cidr), fmt.Sprintf("-s %s ! -d 224.0.0.0/4 -j MASQUERADE", cidr)},
+			Jumps: []iptables.Jump{{From: "POSTROUTING", Rule: []string{"-m", "comment", "--comment", "skiff masquerade", "-j", chainNAT}}},
+		}.Install(),
 	)
 }
 
@@ -97,27 +67,6 @@ func (o *Overlay) setupChains() error {
 // own traffic, which INPUT sees all of, pays one comparison (an interface
 // match would copy each packet's interface name).
 func inputRule(mark uint32) []string { return markedTo(mark, chainForward) }
-
-// earlierChain is the chain earlier versions sent marked packets to: they
-// marked the host's own packets too, and it returned those arriving on lo.
-const earlierChain = "SKIFF-INPUT"
-
-// earlierInputRules are what earlier versions put in INPUT.
-func earlierInputRules(mark uint32) [][]string {
-	return [][]string{append([]string{"!", "-i", "lo"}, inputRule(mark)...), markedTo(mark, earlierChain)}
-}
-
-// RemoveEarlierInput removes earlier versions' INPUT rules and chain: once
-// a layer's first JudgeInput or UnjudgeInput is done (then no marked packet
-// passes unjudged meanwhile), and at teardown.
-func RemoveEarlierInput(mark uint32) {
-	for _, r := range earlierInputRules(mark) {
-		removeRules("INPUT", r)
-	}
-	if iptables("-t", "filter", "-F", earlierChain) == nil {
-		iptables("-t", "filter", "-X", earlierChain)
-	}
-}
 
 func markedTo(mark uint32, chain string) []string {
 	return append(markMatch(mark), "-m", "comment", "--comment", "skiff overlay to host stack", "-j", chain)
@@ -139,30 +88,13 @@ func markedDeny(mark uint32) []string {
 // JudgeInput applies the overlay's policy to packets carrying mark that
 // reach the host's INPUT chain.
 func JudgeInput(mark uint32) error {
-	return errors.Join(ensureRule("filter", chainDeny, markedDeny(mark)...), ensureRule("filter", "INPUT", inputRule(mark)...))
+	return errors.Join(iptables.Insert("filter", chainDeny, markedDeny(mark)...), iptables.Insert("filter", "INPUT", inputRule(mark)...))
 }
 
 // UnjudgeInput removes what JudgeInput added; none is fine.
 func UnjudgeInput(mark uint32) {
-	removeRules("INPUT", inputRule(mark))
-	removeRules(chainDeny, markedDeny(mark))
-}
-
-// removeRules deletes every copy of rule from the filter table's chain.
-func removeRules(chain string, rule []string) {
-	for iptables(append([]string{"-t", "filter", "-D", chain}, rule...)...) == nil {
-	}
-}
-
-// restore applies rules with iptables-restore --noflush: every chain declared
-// in rules is replaced atomically, nothing else is touched.
-func restore(rules string) error {
-	cmd := exec.Command("iptables-restore", "-w", "5", "--noflush")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore: %w: %s\ninput:\n%s", err, bytes.TrimSpace(out), rules)
-	}
-	return nil
+	iptables.Delete("filter", "INPUT", inputRule(mark)...)
+	iptables.Delete("filter", chainDeny, markedDeny(mark)...)
 }
 
 // PolicyRules renders a rule set as the body of SKIFF-POLICY, in order.
@@ -203,7 +135,7 @@ func (o *Overlay) SyncPolicy(set policy.Set) error {
 	for _, r := range PolicyRules(set) {
 		rules += r + "\n"
 	}
-	if err := restore(rules + "COMMIT\n"); err != nil {
+	if err := iptables.Restore(rules + "COMMIT\n"); err != nil {
 		return err
 	}
 	if !o.PolicyChanged(set) {

@@ -39,7 +39,7 @@ func loadSourceCheck(dir string, log *slog.Logger) (*sourceCheck, error) {
 		return nil, fmt.Errorf("read source check: %w", err)
 	}
 	s := &sourceCheck{dir: dir}
-	if err := bpffs.Load(spec, nil, &s.objs, dir, log); err != nil {
+	if err := bpffs.Load(spec, &s.objs, dir, log); err != nil {
 		return nil, fmt.Errorf("load source check: %w", err)
 	}
 	info, err := s.objs.SkvFromContainer.Info()

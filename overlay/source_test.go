@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -76,6 +77,12 @@ func arp(eth net.HardwareAddr, op uint16, sha net.HardwareAddr, spa, tpa netip.A
 	s, t := spa.As4(), tpa.As4()
 	b = append(append(append(append(b, sha...), s[:]...), make([]byte, 6)...), t[:]...)
 	return tctest.Eth(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, eth, 0x0806, b)
+}
+
+func TestSourceReasonsMatchProgram(t *testing.T) {
+	if names := tctest.EnumNames(t, "source.h", "skv_reason", "SKV_"); !slices.Equal(names, SourceReasons) {
+		t.Fatalf("source.h: %v\nSourceReasons: %v", names, SourceReasons)
+	}
 }
 
 // TestSourceCheckPackets: golden packets through skv_from_container on a

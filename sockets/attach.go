@@ -18,6 +18,7 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
 )
@@ -40,20 +41,10 @@ func (l *Layer) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
 	}
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("lo: %w", err)
-	}
 	if err := l.attachRecorder(); err != nil {
 		return err
 	}
-	// Earlier versions recorded through clsact filters, on lo too.
 	h := &netlink.Handle{}
-	for _, dev := range []netlink.Link{l.underlay, lo} {
-		if err := tc.Detach(h, dev, tc.Ingress, filterName); err != nil {
-			return err
-		}
-	}
 	vx, err := netlink.LinkByName(overlay.VXLANName)
 	if err != nil {
 		return fmt.Errorf("%s: %w", overlay.VXLANName, err)
@@ -160,8 +151,7 @@ func acceptLocal(stateDir string) error {
 }
 
 // restoreAcceptLocal gives acceptLocalLo back the value acceptLocal saved.
-// Without a saved value (the layer never started, or a version that saved
-// none did) it is left as it is.
+// Without a saved value (the layer never started) it is left as it is.
 func restoreAcceptLocal(stateDir string) error {
 	saved := savedAcceptLocal(stateDir)
 	v, err := os.ReadFile(saved)
@@ -182,19 +172,12 @@ func restoreAcceptLocal(stateDir string) error {
 // policy has rules. With none there is nothing to judge, and the host's
 // INPUT chain stays empty: iptables then runs no hook there for any of the
 // host's packets.
-// An earlier version's rules go after the first call (several iptables
-// runs that later policy changes need not repeat).
 func (l *Layer) JudgeInput(policy bool) error {
 	if !policy {
 		overlay.UnjudgeInput(Mark)
-	} else if err := overlay.JudgeInput(Mark); err != nil {
-		return err
+		return nil
 	}
-	if !l.earlierInputGone {
-		overlay.RemoveEarlierInput(Mark)
-		l.earlierInputGone = true
-	}
-	return nil
+	return overlay.JudgeInput(Mark)
 }
 
 // HostStackTOS takes overlay packets for replaced listeners to the host
@@ -207,7 +190,7 @@ func (l *Layer) JudgeInput(policy bool) error {
 const HostStackTOS = 0x1c
 
 // hostStackRoute installs the local route for steered packets and removes
-// the ones for an earlier subnet and an earlier version's rule.
+// the ones for an earlier subnet.
 func hostStackRoute(subnet netip.Prefix) error {
 	dst := &net.IPNet{IP: subnet.Masked().Addr().AsSlice(), Mask: net.CIDRMask(subnet.Bits(), 32)}
 	rt := &netlink.Route{LinkIndex: loopbackIndex, Dst: dst, Table: unix.RT_TABLE_LOCAL,
@@ -216,7 +199,6 @@ func hostStackRoute(subnet netip.Prefix) error {
 		return fmt.Errorf("local route for TOS %#x: %w", HostStackTOS, err)
 	}
 	removeHostStackRoutes(subnet)
-	removeEarlierRule()
 	return nil
 }
 
@@ -227,7 +209,9 @@ const loopbackIndex = 1
 // except the one for keep.
 func removeHostStackRoutes(keep netip.Prefix) {
 	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, Tos: HostStackTOS}
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TOS)
+	routes, err := netlinksafe.Dump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(unix.AF_INET, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TOS)
+	})
 	if err != nil {
 		return
 	}
@@ -242,28 +226,6 @@ func removeHostStackRoutes(keep netip.Prefix) {
 			}
 		}
 		netlink.RouteDel(&r)
-	}
-}
-
-// Earlier versions routed steered packets by their mark, through a rule
-// and a table of their own. The rule's cost on every route lookup stays
-// until the namespace goes (the kernel never clears that a namespace has
-// had rules).
-const earlierTable = 2571
-
-func removeEarlierRule() {
-	mask := uint32(0xfffff)
-	r := netlink.NewRule()
-	r.Family = unix.AF_INET
-	r.Mark, r.Mask = Mark, &mask
-	r.Table = earlierTable
-	r.Priority = 90
-	for netlink.RuleDel(r) == nil {
-	}
-	if routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{Table: earlierTable}, netlink.RT_FILTER_TABLE); err == nil {
-		for _, r := range routes {
-			netlink.RouteDel(&r)
-		}
 	}
 }
 
@@ -490,7 +452,7 @@ func cgroupLinks(id uint64) string { return "cg-" + strconv.FormatUint(id, 10) }
 // connections already on host sockets keep running until they close.
 func Teardown(pinDir, stateDir string) error {
 	var errs []error
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
@@ -500,9 +462,7 @@ func Teardown(pinDir, stateDir string) error {
 	}
 	errs = append(errs, restoreAcceptLocal(stateDir))
 	removeHostStackRoutes(netip.Prefix{})
-	removeEarlierRule()
 	overlay.UnjudgeInput(Mark)
-	overlay.RemoveEarlierInput(Mark)
 	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))
 	return errors.Join(errs...)
 }

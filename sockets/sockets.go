@@ -14,6 +14,7 @@
 package sockets
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -52,8 +53,6 @@ type Layer struct {
 	// current one holds (nil: unknown, rewritten at the next Sync).
 	rulesSpec *ebpf.MapSpec
 	policy    *sksSksRules
-	// earlierInputGone: JudgeInput removed earlier versions' INPUT rules.
-	earlierInputGone bool
 }
 
 // Load loads the programs with this host's configuration. Maps pinned by an
@@ -68,38 +67,41 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read sockets programs: %w", err)
 	}
-	vars, err := configuration(cfg)
-	if err != nil {
+	var s sksSpecs
+	if err := spec.Assign(&s); err != nil {
+		return nil, fmt.Errorf("sockets programs: %w", err)
+	}
+	if err := configure(s.sksVariableSpecs, cfg); err != nil {
 		return nil, err
 	}
-	l := &Layer{cfg: cfg, underlay: under, log: log, rulesSpec: spec.Maps["sks_policy"].InnerMap.Copy()}
-	if err := bpffs.Load(spec, vars, &l.objs, cfg.PinDir, log); err != nil {
+	l := &Layer{cfg: cfg, underlay: under, log: log, rulesSpec: s.SksPolicy.InnerMap.Copy()}
+	if err := bpffs.Load(spec, &l.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
 	l.brokers = newBrokers(cfg, log)
 	return l, nil
 }
 
-// configuration is the programs' configuration constants for this host.
-func configuration(cfg Config) (map[string]any, error) {
+// configure sets the programs' configuration constants for this host.
+func configure(v sksVariableSpecs, cfg Config) error {
 	cookie, err := netnsCookie()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	secure := uint32(0)
 	if cfg.Secure {
 		secure = 1
 	}
-	return map[string]any{
-		"cfg_host_netns":   cookie,
-		"cfg_cluster_net":  cfg.Cluster.CIDR.Masked().Addr().As4(),
-		"cfg_cluster_mask": mask(cfg.Cluster.CIDR),
-		"cfg_local_net":    cfg.Host.Subnet.Masked().Addr().As4(),
-		"cfg_local_mask":   mask(cfg.Host.Subnet),
-		"cfg_secure":       secure,
-		"cfg_mark":         uint32(Mark),
-		"cfg_tos":          uint8(HostStackTOS),
-	}, nil
+	return errors.Join(
+		v.CfgHostNetns.Set(cookie),
+		v.CfgClusterNet.Set(cfg.Cluster.CIDR.Masked().Addr().As4()),
+		v.CfgClusterMask.Set(mask(cfg.Cluster.CIDR)),
+		v.CfgLocalNet.Set(cfg.Host.Subnet.Masked().Addr().As4()),
+		v.CfgLocalMask.Set(mask(cfg.Host.Subnet)),
+		v.CfgSecure.Set(secure),
+		v.CfgMark.Set(uint32(Mark)),
+		v.CfgTos.Set(uint8(HostStackTOS)),
+	)
 }
 
 func mask(p netip.Prefix) [4]byte {

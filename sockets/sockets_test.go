@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/tc/tctest"
 	"golang.org/x/sys/unix"
 )
 
@@ -277,21 +277,7 @@ func TestDenied(t *testing.T) {
 // TestReasonsMatchProgram: Reasons names every counter of enum sks_reason,
 // in order.
 func TestReasonsMatchProgram(t *testing.T) {
-	h, err := os.ReadFile("sockets.h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	enum := regexp.MustCompile(`(?s)enum sks_reason \{(.*?)\};`).FindSubmatch(h)
-	if enum == nil {
-		t.Fatal("no enum sks_reason in sockets.h")
-	}
-	var names []string
-	for _, m := range regexp.MustCompile(`(?m)^\s*SKS_([A-Z_]+),`).FindAllSubmatch(enum[1], -1) {
-		if n := strings.ToLower(string(m[1])); n != "reasons" {
-			names = append(names, n)
-		}
-	}
-	if !slices.Equal(names, Reasons) {
+	if names := tctest.EnumNames(t, "sockets.h", "sks_reason", "SKS_"); !slices.Equal(names, Reasons) {
 		t.Fatalf("sockets.h: %v\nReasons:   %v", names, Reasons)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/netlinksafe"
 )
 
 // Hooks of a device.
@@ -42,7 +44,7 @@ func Attach(h *netlink.Handle, link netlink.Link, hook uint32, prio uint16, name
 
 // Detach removes the filters named name from link's hook; none is fine.
 func Detach(h *netlink.Handle, link netlink.Link, hook uint32, name string) error {
-	filters, err := h.FilterList(link, hook)
+	filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
 	if err != nil {
 		return fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
 	}

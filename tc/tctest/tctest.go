@@ -7,6 +7,9 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -148,4 +151,27 @@ func RunSkb(t *testing.T, prog *ebpf.Program, in []byte, ctx *Skb) (uint32, []by
 	}
 	out := Skb{binary.NativeEndian.Uint32(ctxOut[0:]), binary.NativeEndian.Uint32(ctxOut[4:]), binary.NativeEndian.Uint32(ctxOut[8:])}
 	return ret, opts.DataOut, out
+}
+
+// EnumNames reads the constants of enum name in the C header file, in
+// order, without prefix and the last one (the count) and in lower case:
+// what a Go list naming the program's counters must say.
+func EnumNames(t *testing.T, file, name, prefix string) []string {
+	t.Helper()
+	h, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enum := regexp.MustCompile(`(?s)enum ` + name + ` \{(.*?)\};`).FindSubmatch(h)
+	if enum == nil {
+		t.Fatalf("no enum %s in %s", name, file)
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*`+prefix+`(\w+),`).FindAllSubmatch(enum[1], -1) {
+		names = append(names, strings.ToLower(string(m[1])))
+	}
+	if len(names) == 0 {
+		t.Fatalf("enum %s in %s has no constant %s*", name, file, prefix)
+	}
+	return names[:len(names)-1]
 }
