@@ -535,7 +535,9 @@ func TestSocketsSecurity(t *testing.T) {
 // without a user namespace) could change the host's interfaces through a
 // host socket's ioctls: its broker refuses it host sockets, for good, and
 // its connections take the overlay. A container with a runtime's default
-// capabilities keeps them.
+// capabilities keeps them, also while a runtime's helper passes through its
+// cgroup with every capability (as runc init does, and the lab's own
+// wrapper) on its way to becoming the container's process.
 func TestSocketsPrivilegedContainer(t *testing.T) {
 	l := newLab(t, Config{Name: "tskpriv", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	ctx := context.Background()
@@ -543,49 +545,70 @@ func TestSocketsPrivilegedContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	privileged := func(target string) int {
+		ip, _ := l.IP(target)
+		for _, c := range socketsStatus(t, l, "h1").Containers {
+			if c.IP == ip.String() {
+				return c.Privileged
+			}
+		}
+		t.Fatalf("h1 does not report %s", target)
+		return 0
+	}
+
+	// Helpers privileged for half a second, three times over: each scan
+	// of the cgroup (a second apart) sees one at most.
+	c1, _ := l.Container("h1/c1")
+	for range 3 {
+		out, err := exec.Command("sh", "-c", `echo $$ > "$0/cgroup.procs" && sleep 0.5 && exec "$@"`, c1.Cgroup,
+			"setpriv", "--bounding-set", RuntimeCaps, "--", "true").CombinedOutput()
+		if err != nil {
+			t.Fatalf("helper: %v: %s", err, out)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if pid := privileged("h1/c1"); pid != 0 {
+		t.Fatalf("h1/c1 refused for a passing helper (pid %d)", pid)
+	}
 	// The default container serves on host sockets.
 	srv := replacedServer(t, l, pyEcho, "h2/c1")
 	if out := runPy(t, l, "h2/c1", pyOnce, nil, srv.Addr().String(), "7000"); !strings.HasPrefix(out, "ok") {
 		t.Fatalf("client of the default container: %s", out)
 	}
 
-	privIP, _ := l.IP(priv)
-	cmd, err := l.CommandCaps(ctx, RuntimeCaps+",+net_admin", priv, "python3", "-c", pyEcho, privIP.String(), "7001")
+	// A privileged process of the container that never asks for a socket
+	// is found in its cgroup.
+	cmd, err := l.CommandCaps(ctx, RuntimeCaps+",+net_admin", priv, "sleep", "60")
 	if err != nil {
 		t.Fatal(err)
 	}
-	startProc(t, cmd, true)
-	var pid int
-	if _, err := eventually(5*time.Second, func() error {
-		for _, c := range socketsStatus(t, l, "h1").Containers {
-			if c.IP == privIP.String() && c.Privileged != 0 {
-				pid = c.Privileged
-				return nil
-			}
+	startProc(t, cmd, false)
+	took, err := eventually(5*time.Second, func() error {
+		if pid := privileged(priv); pid != cmd.Process.Pid {
+			return fmt.Errorf("h1 reports privileged pid %d for %s, want %d", pid, priv, cmd.Process.Pid)
 		}
-		return fmt.Errorf("h1 reports no privileged process for %s", priv)
-	}); err != nil {
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if pid != cmd.Process.Pid {
-		t.Errorf("privileged pid %d, want the server's %d", pid, cmd.Process.Pid)
-	}
-	// For good: its unprivileged processes get no host sockets either.
-	unpriv := startPy(t, l, priv, pyEcho, nil, privIP.String(), "7002")
+	t.Logf("privileged process found after %v", took)
+	// For good: its unprivileged processes get no host sockets, and their
+	// connections take the overlay.
+	privIP, _ := l.IP(priv)
 	privNetns, _ := l.Netns(priv)
-	for _, port := range []string{"7001", "7002"} {
-		if _, err := eventually(5*time.Second, func() error {
-			out, err := exec.Command("ip", "netns", "exec", privNetns, "ss", "-Htln", "src", privIP.String()+":"+port).Output()
-			if err != nil || !strings.Contains(string(out), "LISTEN") {
-				return fmt.Errorf("%s has no listener of its own on port %s (%v): %s", priv, port, err, out)
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("%v (server: %v)", err, unpriv.exited())
+	p := startPy(t, l, priv, pyEcho, nil, privIP.String(), "7002")
+	if _, err := eventually(5*time.Second, func() error {
+		out, err := exec.Command("ip", "netns", "exec", privNetns, "ss", "-Htln", "src", privIP.String()+":7002").Output()
+		if err != nil || !strings.Contains(string(out), "LISTEN") {
+			return fmt.Errorf("%s has no listener of its own on port 7002 (%v): %s", priv, err, out)
 		}
-		if out := runPy(t, l, "h2/c1", pyOnce, nil, privIP.String(), port); !strings.HasPrefix(out, "ok") {
-			t.Errorf("client of the privileged container's port %s: %s", port, out)
-		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v (server: %v)", err, p.exited())
+	}
+	if out := runPy(t, l, "h2/c1", pyOnce, nil, privIP.String(), "7002"); !strings.HasPrefix(out, "ok") {
+		t.Errorf("client of the privileged container: %s", out)
 	}
 	for _, s := range socketsStatus(t, l, "h1").Listeners {
 		if strings.HasPrefix(s, privIP.String()+":") {

@@ -145,15 +145,30 @@ static void pool_fill(int target, int limit)
  * in the host's user namespace. A container whose processes may hold
  * CAP_NET_ADMIN there (Kubernetes' "NET_ADMIN" without a user namespace)
  * could change the host's interfaces through one (SIOCSIFMTU, SIOCSIFFLAGS),
- * CAP_SYS_ADMIN likewise. Such a container gets no host sockets, for good:
- * the broker looks at each client (SO_PEERCRED) and, every second and at
- * each client, at every process of the container's cgroup, so that a
- * privileged process cannot have an unprivileged one fetch sockets for it. */
+ * CAP_SYS_ADMIN likewise. Such a container gets no host sockets, for good.
+ * The broker looks at each client (SO_PEERCRED) when it connects, and every
+ * second at every process of the container's cgroup, so that a privileged
+ * process cannot have an unprivileged one fetch sockets for it. A process of
+ * the cgroup counts when it is seen privileged in two scans in a row (at
+ * least a second apart): a
+ * runtime joins its helper to the cgroup before the helper drops its
+ * capabilities and becomes the container's process (runc init, runc exec;
+ * the lab's `sh` and `ip netns exec`), which takes milliseconds. */
 static int g_refuse_privileged;
 static const char *g_cgroup;
 static struct stat g_userns;   /* the broker's (the host's) user namespace */
 static pid_t g_privileged;     /* the privileged process seen; 0: none yet */
-static time_t g_scanned;       /* when the cgroup was last looked at */
+static uint64_t g_scanned;     /* when the cgroup was last looked at (ms, monotonic) */
+#define MAX_SEEN 64
+static pid_t g_seen[MAX_SEEN];  /* privileged in the last scan */
+static int g_nseen;
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
 #define CAP_NET_ADMIN_BIT 12
 #define CAP_SYS_ADMIN_BIT 21
@@ -182,49 +197,64 @@ static int privileged(pid_t pid)
 	return found && (bnd & (1ull << CAP_NET_ADMIN_BIT | 1ull << CAP_SYS_ADMIN_BIT));
 }
 
-/* The first privileged process of cgroup dir or a cgroup below it, or 0. */
-static pid_t privileged_in(const char *dir, int depth)
+/* Adds the privileged processes of cgroup dir and the cgroups below it to
+ * seen (at most MAX_SEEN); returns one that was also in the last scan's
+ * g_seen, or 0. */
+static pid_t privileged_in(const char *dir, int depth, pid_t *seen, int *nseen)
 {
 	char path[4096];
 	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
 	FILE *f = fopen(path, "re");
-	pid_t found = 0;
+	pid_t again = 0;
 	if (f) {
 		int pid;
-		while (!found && fscanf(f, "%d", &pid) == 1)
-			if (privileged(pid))
-				found = pid;
+		while (!again && fscanf(f, "%d", &pid) == 1) {
+			if (!privileged(pid))
+				continue;
+			for (int i = 0; i < g_nseen; i++)
+				if (g_seen[i] == pid)
+					again = pid;
+			if (*nseen < MAX_SEEN)
+				seen[(*nseen)++] = pid;
+		}
 		fclose(f);
 	}
-	DIR *d = found || depth >= 8 ? NULL : opendir(dir);
-	for (struct dirent *e; d && !found && (e = readdir(d));) {
+	DIR *d = again || depth >= 8 ? NULL : opendir(dir);
+	for (struct dirent *e; d && !again && (e = readdir(d));) {
 		if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
 		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		found = privileged_in(path, depth + 1);
+		again = privileged_in(path, depth + 1, seen, nseen);
 	}
 	if (d)
 		closedir(d);
-	return found;
+	return again;
 }
 
 static void drop_client(int i, const char *why);
 
-/* Looks for a privileged process (client: a new client's fd, or -1) and,
- * once one is seen, drops every client: their shims fall back to the
- * container's own sockets. Returns whether the container is refused. */
+/* Looks at a new client (its fd; -1: none) or, once a second, at the
+ * container's cgroup; once a privileged process is found, drops every
+ * client: their shims fall back to the container's own sockets. Returns
+ * whether the container is refused. */
 static int refused(int client)
 {
 	if (!g_refuse_privileged || g_privileged)
 		return g_privileged != 0;
-	struct ucred uc;
-	socklen_t ul = sizeof uc;
 	pid_t p = 0;
-	if (client >= 0 && getsockopt(client, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0)
-		p = privileged(uc.pid) ? uc.pid : 0;
-	if (!p && g_cgroup)
-		p = privileged_in(g_cgroup, 0);
-	g_scanned = time(NULL);
+	if (client >= 0) {
+		struct ucred uc;
+		socklen_t ul = sizeof uc;
+		if (getsockopt(client, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && privileged(uc.pid))
+			p = uc.pid;
+	} else if (g_cgroup) {
+		pid_t seen[MAX_SEEN];
+		int nseen = 0;
+		p = privileged_in(g_cgroup, 0, seen, &nseen);
+		memcpy(g_seen, seen, nseen * sizeof *seen);
+		g_nseen = nseen;
+		g_scanned = mono_ms();
+	}
 	if (!p)
 		return 0;
 	g_privileged = p;
@@ -757,7 +787,9 @@ int main(int argc, char **argv)
 		for (int i = g_nclients; i >= 1; i--)
 			if (g_held[i].n && serve_held(i) < 0)
 				drop_client(i, "eof/error");
-		if (watching && time(NULL) != g_scanned)
+		/* at least a second apart: a process privileged for less
+		 * than that is seen in one scan at most */
+		if (watching && mono_ms() - g_scanned >= 1000)
 			refused(-1);
 		if (g_pfd[0].revents & POLLIN)
 			accept_clients(ls, &hello);
