@@ -33,7 +33,7 @@ bpftool -j prog show 2>/dev/null | python3 -c '
 import json, re, sys
 for p in json.load(sys.stdin):
     name, runs = p.get("name", ""), p.get("run_cnt", 0)
-    if runs and re.match(r"(sks_|(from|to)_(container|underlay))", name):
+    if runs and re.match(r"(sks_|skv_|(from|to)_(container|underlay))", name):
         print("  %-16s %7.0f ns/run  (%d runs)" % (name, p["run_time_ns"] / runs, runs))'
 echo "== perf: top kernel symbols (profile in $out/perf.data)"
 perf report -q -i "$out/perf.data" --no-children --sort symbol --stdio -g none 2>/dev/null | head -25
