@@ -21,7 +21,7 @@ import (
 const filterName = "skiff-cache"
 
 func attach(h *netlink.Handle, link netlink.Link, prog *ebpf.Program, hook uint32) error {
-	return tc.Attach(h, link, hook, 1, filterName, prog)
+	return tc.Attach(h, link, hook, tc.PrioCache, filterName, prog)
 }
 
 // Setup attaches the underlay programs and installs the overlay's

@@ -7,18 +7,17 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/tc"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
@@ -251,7 +250,13 @@ func TestSourceCheck(t *testing.T) {
 			if err := l.StopAgent(ctx, "h1"); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Remove(filepath.Join(l.bpfDir("h1"), "skv_links", attackerVeth)); err != nil {
+			if err := l.Do("h1", func() error {
+				v, err := netlink.LinkByName(attackerVeth)
+				if err != nil {
+					return err
+				}
+				return tc.Detach(&netlink.Handle{}, v, tc.Ingress, "skiff-source")
+			}); err != nil {
 				t.Fatal(err)
 			}
 			waitSourcePrograms(t, l, attackerVeth, 0)
@@ -261,12 +266,13 @@ func TestSourceCheck(t *testing.T) {
 			}
 			waitSourcePrograms(t, l, attackerVeth, 1)
 			expectForged(false)
-			// DEL takes the link with the veth.
+			// DEL takes the filter with the veth, and the entry.
+			entries := sourceEntries(t, l, "h1")
 			if err := l.RemoveContainer(ctx, attacker.Name); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := os.Stat(filepath.Join(l.bpfDir("h1"), "skv_links", attackerVeth)); !os.IsNotExist(err) {
-				t.Errorf("source check link of a deleted endpoint: %v", err)
+			if n := sourceEntries(t, l, "h1"); n != entries-1 {
+				t.Errorf("%d source check entries after DEL, want %d", n, entries-1)
 			}
 		})
 	}
@@ -321,11 +327,16 @@ func waitSourcePrograms(t *testing.T, l *Lab, veth string, n int) {
 			if err != nil {
 				return err
 			}
-			res, err := link.QueryPrograms(link.QueryOptions{Target: v.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+			filters, err := netlink.FilterList(v, tc.Ingress)
 			if err != nil {
 				return err
 			}
-			got = len(res.Programs)
+			got = 0
+			for _, f := range filters {
+				if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == "skiff-source" {
+					got++
+				}
+			}
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -334,8 +345,25 @@ func waitSourcePrograms(t *testing.T, l *Lab, veth string, n int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d programs on %s's TCX ingress, want %d", got, veth, n)
+			t.Fatalf("%d source check filters on %s's ingress, want %d", got, veth, n)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// sourceEntries counts host's source check entries (its pinned skv_sources).
+func sourceEntries(t *testing.T, l *Lab, host string) int {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(l.bpfDir(host), "skv_sources"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	n := 0
+	var k uint32
+	var v [12]byte
+	for it := m.Iterate(); it.Next(&k, &v); {
+		n++
+	}
+	return n
 }

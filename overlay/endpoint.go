@@ -230,7 +230,10 @@ func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	if o.src == nil {
 		return nil
 	}
-	return o.src.unguard(e.Veth, ifindex)
+	if ifindex == 0 {
+		return nil
+	}
+	return o.src.unguard(ifindex)
 }
 
 func deleteLink(byName func(string) (netlink.Link, error), del func(netlink.Link) error, name string) error {

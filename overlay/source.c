@@ -1,11 +1,12 @@
 //go:build ignore
 
 // skiff's source check: what a container sends carries its own addresses, in
-// every mode. skv_from_container is the first program on a container's
-// host-side veth (TCX ingress, at its head): the clsact filters of the cache
-// and sockets layers (from_container, sks_from_container) run after it and
-// only on what it passed (TCX_NEXT), since the kernel runs the TCX
-// programs of a device before its clsact filters (sch_handle_ingress).
+// every mode. skv_from_container is the first filter on a container's
+// host-side veth's clsact ingress (priority 1, tc.PrioSource): the cache's
+// and the sockets layer's filters (from_container, sks_from_container) come
+// after it and see only what it passed (TC_ACT_UNSPEC: on to the next
+// filter). A filter, not a TCX program: attaching one of those waits for an
+// RCU grace period, which CNI ADD would wait for too.
 //
 // It passes, for the veth's entry in skv_sources (keyed by ifindex):
 //   IPv4 from the container's address and MAC;
@@ -30,9 +31,6 @@
 
 char __license[] SEC("license") = "GPL";
 
-// TCX verdict: leave the packet to the device's next program (linux/bpf.h
-// of kernels from 6.6; older headers lack it).
-#define TCX_NEXT -1
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -112,7 +110,7 @@ int skv_from_container(struct __sk_buff *skb)
 			return drop(SKV_MAC_SOURCE);
 		if (ip->saddr != src->ip)
 			return drop(SKV_IP_SOURCE);
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_ARP)) {
 		struct ethhdr *eth = head(skb, ETH_HLEN + sizeof(struct arp4));
@@ -126,7 +124,7 @@ int skv_from_container(struct __sk_buff *skb)
 			return drop(SKV_MALFORMED);
 		if (!same_mac(arp->sha, src->mac) || arp->spa != src->ip)
 			return drop(SKV_ARP_SENDER);
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	}
 	return drop(SKV_OTHER_PROTOCOL);
 }

@@ -49,14 +49,14 @@ func (l *Layer) Setup() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", overlay.VXLANName, err)
 	}
-	if err := tc.Attach(h, vx, tc.Ingress, 2, filterName, l.objs.SksFromOverlay); err != nil {
+	if err := tc.Attach(h, vx, tc.Ingress, tc.PrioSockets, filterName, l.objs.SksFromOverlay); err != nil {
 		return err
 	}
 	br, err := netlink.LinkByName(overlay.BridgeName)
 	if err != nil {
 		return fmt.Errorf("%s: %w", overlay.BridgeName, err)
 	}
-	if err := tc.Attach(h, br, tc.Egress, 2, filterName, l.objs.SksFromHost); err != nil {
+	if err := tc.Attach(h, br, tc.Egress, tc.PrioSockets, filterName, l.objs.SksFromHost); err != nil {
 		return err
 	}
 	// from_host turns the host's packets back into lo; their source is
@@ -290,7 +290,7 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", e.Veth, err)
 	}
-	if err := tc.Attach(&netlink.Handle{}, veth, tc.Ingress, 2, filterName, l.objs.SksFromContainer); err != nil {
+	if err := tc.Attach(&netlink.Handle{}, veth, tc.Ingress, tc.PrioSockets, filterName, l.objs.SksFromContainer); err != nil {
 		return err
 	}
 	if !Replaced(e) {

@@ -20,6 +20,16 @@ const (
 	Egress  = netlink.HANDLE_MIN_EGRESS
 )
 
+// Priorities of skiff's filters on a device's hook: lower runs first. The
+// overlay's source check runs before every layer's programs, which see
+// only what it passed (it returns TC_ACT_UNSPEC for those: on to the next
+// filter).
+const (
+	PrioSource  = 1
+	PrioCache   = 2
+	PrioSockets = 3
+)
+
 // Attach puts prog, named name, on link's hook (clsact, direct action) at
 // priority prio. Replacing the filter is atomic, so re-attaching after an
 // agent restart swaps programs without a gap.
@@ -40,6 +50,21 @@ func Attach(h *netlink.Handle, link netlink.Link, hook uint32, prio uint16, name
 		return fmt.Errorf("attach %s to %s: %w", name, link.Attrs().Name, err)
 	}
 	return nil
+}
+
+// Attached reports whether link's hook has a filter named name at prio
+// that runs the program with id.
+func Attached(h *netlink.Handle, link netlink.Link, hook uint32, prio uint16, name string, id int) (bool, error) {
+	filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
+	if err != nil {
+		return false, fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == name && bf.Priority == prio && bf.Id == id {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Detach removes the filters named name from link's hook; none is fine.
