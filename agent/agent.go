@@ -17,12 +17,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -38,13 +36,13 @@ type Config struct {
 	Socket        string    // API socket path
 	StateDir      string    // local cache of the host's cluster identity
 	Cluster       cluster.Config
-	Mode          string
+	Mode          string // overlay, cache or sockets: the layers to run (layer.ForMode)
 	BPFDir        string // bpffs directory for pinned maps and links
-	CacheCapacity cache.Capacity
-	SocketsSecure bool          // sockets mode: refuse what the fast path does not carry
-	Broker        string        // sockets mode: the skiff-broker binary
-	CgroupRoot    string        // sockets mode: cgroup v2 mount (default: found or mounted)
-	ResyncEvery   time.Duration // full reconcile period besides watch events
+	// LayerOptions are each layer's options, by layer name (nil: the
+	// layer's defaults; the type is the layer package's, e.g.
+	// cache.Capacity, sockets.Options).
+	LayerOptions map[string]any
+	ResyncEvery  time.Duration // full reconcile period besides watch events
 	// Serves is what this host serves to the control plane (its embedded
 	// etcd's client and peer URLs, its metrics address): published in its
 	// host record and refused to every container of the cluster.
@@ -62,24 +60,21 @@ type Agent struct {
 	cluster cluster.Config
 	overlay *overlay.Overlay
 	control overlay.ControlPlane // what the guard keeps containers from
-	cache   *cache.Cache         // nil unless in cache mode
-	// cacheState is the cluster state the caches were last made coherent
-	// with (nil: never); reconciles that find it unchanged leave the caches
-	// alone.
-	cacheState    *clusterView
-	cacheAttached bool // endpoints found at start have the fast path
+	// layers are the optional layers this start runs, in order; unwanted
+	// are the other registered ones, torn down at start.
+	layers   []running
+	unwanted []layer.Registration
+	needs    layer.Needs // what any of the layers needs
 
-	sockets         *sockets.Layer // nil unless in sockets mode
-	socketsAttached bool           // endpoints found at start have host sockets
 	// listeners is the cluster's published listeners, kept by a watch
-	// (sockets mode; nil until the watch runs). Guarded by mu.
+	// (when a layer needs them; nil until the watch runs). Guarded by mu.
 	listeners *store.Cache[cluster.Listener]
-	// everyEndpoint is every host's endpoints, kept by a watch (cache
-	// mode; nil until the watch runs). Guarded by mu.
+	// everyEndpoint is every host's endpoints, kept by a watch (when a
+	// layer needs them; nil until the watch runs). Guarded by mu.
 	everyEndpoint *store.Cache[cluster.Endpoint]
 	// synced is what the last reconcile read: a change of the listeners
 	// alone syncs against its hosts and policy. Guarded by mu.
-	synced *clusterView
+	synced *layer.View
 
 	// Registration and resync failures, touched by the converge loop only.
 	joinErr     error     // the last registration failure (nil: none)
@@ -97,6 +92,13 @@ type Agent struct {
 	local        []cluster.Endpoint
 }
 
+// running is one of the agent's layers.
+type running struct {
+	layer.Layer
+	name  string
+	needs layer.Needs
+}
+
 type identity struct {
 	Cluster cluster.Config `json:"cluster"`
 	Host    cluster.Host   `json:"host"`
@@ -110,20 +112,13 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = "overlay"
 	}
-	if !cluster.ValidMode(cfg.Mode) {
-		return nil, fmt.Errorf("mode %q is not one of %v", cfg.Mode, Modes)
+	names, err := layer.ForMode(cfg.Mode)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Mode == "sockets" {
-		if cfg.Broker == "" {
-			exe, err := os.Executable()
-			if err != nil {
-				return nil, fmt.Errorf("find skiff-broker: %w", err)
-			}
-			cfg.Broker = filepath.Join(filepath.Dir(exe), "skiff-broker")
-		}
-		if _, err := os.Stat(cfg.Broker); err != nil {
-			return nil, fmt.Errorf("sockets mode needs the socket broker: %w (give --broker)", err)
-		}
+	layers, unwanted, err := newLayers(names, cfg.LayerOptions)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.ResyncEvery == 0 {
 		cfg.ResyncEvery = 30 * time.Second
@@ -156,8 +151,12 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, store: s, control: control,
+	a := &Agent{cfg: cfg, log: log, store: s, control: control, layers: layers, unwanted: unwanted,
 		joinBackoff: backoff{min: time.Second, max: 30 * time.Second}, failures: quiet{period: 30 * time.Second}}
+	for _, l := range layers {
+		a.needs.Endpoints = a.needs.Endpoints || l.needs.Endpoints
+		a.needs.Listeners = a.needs.Listeners || l.needs.Listeners
+	}
 	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served}
 	return a, nil
 }
@@ -178,21 +177,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer ov.Close()
 	a.overlay = ov
-	if a.cfg.Mode == "cache" {
-		if a.cache, err = a.startCache(); err != nil {
+	// Layers an earlier run left that this one does not run go first: a
+	// host switched to another mode carries nothing on their stale state.
+	for _, r := range a.unwanted {
+		if removed, err := r.Teardown(a.layerEnv(r.Name)); err != nil {
 			return err
+		} else if removed {
+			a.log.Info("layer removed", "layer", r.Name, "mode", a.cfg.Mode)
 		}
-		defer a.cache.Close()
-	} else if err := a.stopCache(); err != nil {
-		return err
 	}
-	if a.cfg.Mode == "sockets" {
-		if a.sockets, err = a.startSockets(ctx); err != nil {
-			return err
+	for _, l := range a.layers {
+		if err := l.Start(ctx, a.layerEnv(l.name)); err != nil {
+			return fmt.Errorf("start layer %s: %w", l.name, err)
 		}
-		defer a.sockets.Close()
-	} else if err := a.stopSockets(); err != nil {
-		return err
+		defer l.Close()
 	}
 	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.cfg.Mode)
 
@@ -340,20 +338,20 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 	// The claims too: a host whose claim is gone could lose its subnet,
 	// and which host a record stands for depends on them (store.Hosts).
 	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetsPrefix}
-	// Every host's caches name every endpoint: in cache mode a watch
-	// keeps them all, and each change reconciles.
+	// A layer that needs every host's endpoints (the cache's caches name
+	// them all) has a watch keep them, and each change reconciles.
 	var endpoints <-chan struct{}
-	if a.cache != nil {
+	if a.needs.Endpoints {
 		endpoints = watchCache(ctx, a, "endpoints", &a.everyEndpoint, a.store.WatchEndpoints)
 	} else {
 		prefixes = append(prefixes, store.EndpointPrefix+a.host.Name+"/")
 	}
 	changed := a.store.Watch(ctx, prefixes...)
 	// Listeners come and go with every server start: they only change
-	// the sockets layer's routes, not worth a full reconcile, nor a
-	// read of every listener of the cluster per change.
+	// the routes of the layers that need them (sockets), not worth a full
+	// reconcile, nor a read of every listener of the cluster per change.
 	var listeners <-chan struct{}
-	if a.sockets != nil {
+	if a.needs.Listeners {
 		listeners = watchCache(ctx, a, "listeners", &a.listeners, a.store.WatchListeners)
 	}
 	ticker := time.NewTicker(a.cfg.ResyncEvery)
@@ -389,9 +387,7 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 			if !open {
 				return ok
 			}
-			if err := a.syncRoutes(ctx); err != nil {
-				a.log.Warn("sync sockets routes", "err", err)
-			}
+			a.syncListeners(ctx)
 		case <-ticker.C:
 			resync()
 		case <-again:
@@ -457,44 +453,61 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		return err
 	}
 	// This host's endpoints come from the store itself, read under the
-	// lock (see above); the caches also need every other host's.
+	// lock (see above); a layer may also need every other host's.
 	all, err := a.store.Endpoints(ctx, a.host.Name)
 	if err != nil {
 		return err
 	}
 	eps := slices.Clone(all)
-	if a.cache != nil {
+	if a.needs.Endpoints {
 		remote, err := a.remoteEndpoints(ctx)
 		if err != nil {
 			return err
 		}
 		all = append(all, store.Owned(hosts, remote)...) // no host speaks for another's addresses
 	}
-	a.synced = &clusterView{rules: rules, hosts: hosts, endpoints: all}
+	v := &layer.View{Rules: rules, Hosts: hosts, Endpoints: all}
+	var listenErr error // layers that need the listeners sit this round out without them
+	if a.needs.Listeners {
+		v.Listeners, listenErr = a.publishedListeners(ctx, hosts)
+	}
+	a.synced = v
 	eps = a.collectGarbage(ctx, eps)
+	v.Local = eps
 	errs := errors.Join(
+		listenErr,
 		a.overlay.SyncHosts(hosts),
 		a.overlay.SyncGuard(a.control, hosts),
 		a.overlay.PruneEndpoints(eps),
 		a.overlay.SyncSources(eps),
 	)
-	if a.sockets != nil {
-		// Before the overlay applies the rules: that is when they count as
-		// changed.
-		changed := a.overlay.PolicyChanged(rules)
-		errs = errors.Join(errs, a.syncSockets(ctx, rules, hosts, eps, changed))
+	// The order with the layers is layer's package comment's: whether the
+	// policy changed is known before the overlay applies it.
+	v.PolicyChanged = a.overlay.PolicyChanged(rules)
+	hold := false
+	layers := slices.DeleteFunc(slices.Clone(a.layers), func(l running) bool { return l.needs.Listeners && listenErr != nil })
+	for _, l := range layers {
+		err := l.Sync(ctx, v)
+		hold = hold || errors.Is(err, layer.ErrHoldPolicy)
+		errs = errors.Join(errs, layerErr(l.name, err))
 	}
-	if a.cache == nil || a.synced.equal(a.cacheState) {
+	if !hold {
 		errs = errors.Join(errs, a.overlay.SyncPolicy(rules))
-	} else if err := a.syncCache(a.synced, eps); err != nil {
-		errs = errors.Join(errs, err)
-	} else {
-		a.cacheState = a.synced // nothing to purge or attach until it changes
+	}
+	for _, l := range layers {
+		errs = errors.Join(errs, layerErr(l.name, l.Settle(ctx, v)))
 	}
 	a.stateMu.Lock()
 	a.remotes, a.endpoints, a.local = len(hosts)-1, len(eps), eps
 	a.stateMu.Unlock()
 	return errs
+}
+
+func layerErr(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("layer %s: %w", name, err)
 }
 
 // collectGarbage releases endpoints whose container namespace is gone (a
@@ -515,33 +528,6 @@ func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cl
 		keep = append(keep, e)
 	}
 	return keep
-}
-
-// clusterView is the cluster as a reconcile read it.
-type clusterView struct {
-	rules     policy.Set
-	hosts     []cluster.Host
-	endpoints []cluster.Endpoint // every host's in cache mode, this host's otherwise
-}
-
-func (c *clusterView) equal(o *clusterView) bool {
-	return o != nil && slices.Equal(c.rules, o.rules) && slices.EqualFunc(c.hosts, o.hosts, cluster.Host.Equal) &&
-		slices.EqualFunc(c.endpoints, o.endpoints, cluster.Endpoint.Equal)
-}
-
-// remoteEndpoints returns the other hosts' endpoints: from the watch, or
-// from the store while there is none. The caller holds a.mu.
-func (a *Agent) remoteEndpoints(ctx context.Context) ([]cluster.Endpoint, error) {
-	var all []cluster.Endpoint
-	if a.everyEndpoint != nil {
-		all = a.everyEndpoint.List()
-	} else {
-		var err error
-		if all, err = a.store.Endpoints(ctx, ""); err != nil {
-			return nil, err
-		}
-	}
-	return slices.DeleteFunc(all, func(e cluster.Endpoint) bool { return e.Host == a.host.Name }), nil
 }
 
 // watchCache starts a watch-fed cache and keeps it in *into (guarded by

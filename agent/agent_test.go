@@ -12,6 +12,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -28,7 +29,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no name", func(c *Config) { c.Name = "" }, "host name is empty"},
 		{"unknown mode", func(c *Config) { c.Mode = "warp" }, `mode "warp" is not one of`},
 		{"sockets without a broker", func(c *Config) {
-			c.Mode, c.Broker = "sockets", filepath.Join(t.TempDir(), "skiff-broker")
+			c.Mode = "sockets"
+			c.LayerOptions = map[string]any{"sockets": sockets.Options{Broker: filepath.Join(t.TempDir(), "skiff-broker")}}
 		}, "sockets mode needs the socket broker"},
 		{"bad CIDR", func(c *Config) { c.Cluster.CIDR = netip.MustParsePrefix("10.244.1.0/16") }, "cluster CIDR"},
 		{"CIDR overlaps the underlay", func(c *Config) { c.Cluster.CIDR = netip.MustParsePrefix("127.0.0.0/16") }, "overlaps the underlay"},
@@ -48,7 +50,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := base
-	cfg.Mode, cfg.Broker = "sockets", broker
+	cfg.Mode, cfg.LayerOptions = "sockets", map[string]any{"sockets": sockets.Options{Broker: broker}}
 	if _, err := New(cfg, log); err != nil {
 		t.Fatalf("valid sockets config: %v", err)
 	}

@@ -128,11 +128,8 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	if a.overlay != nil {
 		s.SourceDrops, _ = a.overlay.SourceDrops()
 	}
-	if a.cache != nil {
-		s.Cache, _ = a.cache.Stats()
-	}
-	if a.sockets != nil {
-		s.Sockets = a.socketsStatus(a.local)
+	for _, l := range a.layers {
+		l.Status(&s, a.local)
 	}
 	if a.syncErr != nil {
 		s.SyncError = a.syncErr.Error()
@@ -199,19 +196,11 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		}
 		return api.Attachment{}, fmt.Errorf("attach %s: %w", req.ContainerID, err)
 	}
-	if a.cache != nil {
-		// The overlay carries the endpoint either way; without the fast path
-		// it is only slower.
-		if err := a.cache.AddEndpoint(e); err != nil {
-			a.log.Error("cache fast path not attached; endpoint uses the overlay", "container", e.ContainerID, "err", err)
-			a.cacheAttached = false // the next cache sync attaches every endpoint again
-		}
-	}
-	if a.sockets != nil {
-		// Without its host sockets the container uses the overlay.
-		if err := a.sockets.AddEndpoint(e); err != nil {
-			a.log.Error("sockets not replaced; endpoint uses the overlay", "container", e.ContainerID, "err", err)
-			a.socketsAttached = false // the next sync attaches every endpoint again
+	for _, l := range a.layers {
+		// The overlay carries the endpoint either way; without a layer it is
+		// only slower. The layer attaches it again at a later sync.
+		if err := l.AddEndpoint(ctx, e); err != nil {
+			a.log.Error("layer not attached; endpoint uses the overlay", "layer", l.name, "container", e.ContainerID, "err", err)
 		}
 	}
 	if e.MAC != att.ContainerMAC || moved || fresh {
@@ -269,16 +258,11 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	if req.Netns != "" {
 		e.Netns = req.Netns
 	}
-	if a.cache != nil {
+	for _, l := range a.layers {
 		// Before the address is released: nothing may reach a future holder
-		// of the address through entries learned for this one.
-		if err := a.cache.RemoveEndpoint(e); err != nil {
-			return err
-		}
-	}
-	if a.sockets != nil {
-		if err := a.sockets.RemoveEndpoint(e); err != nil {
-			return err
+		// of the address through what a layer learned for this one.
+		if err := l.RemoveEndpoint(ctx, e); err != nil {
+			return layerErr(l.name, err)
 		}
 	}
 	if err := a.overlay.RemoveEndpoint(e); err != nil {
@@ -293,13 +277,10 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 
 // CacheView returns the cache's counters and entries.
 func (a *Agent) CacheView() (api.CacheView, error) {
-	if a.cache == nil {
-		return api.CacheView{}, badRequest(fmt.Errorf("host %s runs mode %s, not cache", a.host.Name, a.cfg.Mode))
+	for _, l := range a.layers {
+		if c, ok := l.Layer.(interface{ CacheView() (api.CacheView, error) }); ok {
+			return c.CacheView()
+		}
 	}
-	stats, err := a.cache.Stats()
-	if err != nil {
-		return api.CacheView{}, err
-	}
-	entries, err := a.cache.Entries()
-	return api.CacheView{Stats: stats, Entries: entries}, err
+	return api.CacheView{}, badRequest(fmt.Errorf("host %s runs mode %s, not cache", a.host.Name, a.cfg.Mode))
 }

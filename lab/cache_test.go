@@ -306,8 +306,10 @@ func TestCacheModeSwitchBack(t *testing.T) {
 		if err != nil || strings.Contains(string(out), "skiff-cache") {
 			t.Errorf("%s still has cache programs attached (%v):\n%s", h, err, out)
 		}
-		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "skc_control")); err == nil {
-			t.Errorf("%s still has pinned cache maps", h)
+		for _, dir := range []string{filepath.Join(l.bpfDir(h), "cache"), l.bpfDir(h)} {
+			if _, err := os.Stat(filepath.Join(dir, "skc_control")); err == nil {
+				t.Errorf("%s still has pinned cache maps in %s", h, dir)
+			}
 		}
 	}
 	st, err := api.NewClient(l.Hosts[0].Socket).Status(ctx)

@@ -125,7 +125,10 @@ func run(args []string) error {
 	}
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode,
-		BPFDir: *bpfDir, CacheCapacity: capacity, SocketsSecure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot,
+		BPFDir: *bpfDir, LayerOptions: map[string]any{
+			"cache":   capacity,
+			"sockets": sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
+		},
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)
 	if err != nil {

@@ -1,0 +1,158 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/layer"
+)
+
+// The cache needs every host's endpoints: its egress caches name them all.
+func init() {
+	layer.Register(layer.Registration{Name: "cache", Needs: layer.Needs{Endpoints: true},
+		New:      newLayer,
+		Teardown: teardownLayer,
+	})
+}
+
+// Layer is the cache as the agent drives it (package layer).
+type Layer struct {
+	capacity Capacity
+	c        *Cache
+	// state is the view the caches were last made coherent with (nil:
+	// never); reconciles that find it unchanged leave the caches alone.
+	state *layer.View
+	// pending: Sync found a new view, Settle makes the caches coherent
+	// with it; pause: Sync paused learning, Settle resumes it.
+	pending, pause bool
+	attached       bool // endpoints found at start have the fast path
+}
+
+// newLayer takes the caches' Capacity (nil: DefaultCapacity).
+func newLayer(options any) (layer.Layer, error) {
+	l := &Layer{capacity: DefaultCapacity}
+	switch o := options.(type) {
+	case nil:
+	case Capacity:
+		l.capacity = o
+	default:
+		return nil, fmt.Errorf("cache layer options are a cache.Capacity, not %T", options)
+	}
+	return l, nil
+}
+
+// Start loads the fast path (reusing pinned maps from an earlier run) and
+// attaches it to the underlay.
+func (l *Layer) Start(ctx context.Context, env layer.Env) error {
+	c, err := Load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
+		PinDir: env.PinDir, Capacity: l.capacity}, env.Log)
+	if err != nil {
+		return err
+	}
+	if err := c.Setup(); err != nil {
+		c.Close()
+		return fmt.Errorf("set up cache: %w", err)
+	}
+	l.c = c
+	env.Log.Info("cache fast path attached", "pins", env.PinDir)
+	return nil
+}
+
+// teardownLayer removes a fast path an earlier run left behind, so a host
+// switched to another mode carries nothing on stale caches.
+func teardownLayer(env layer.Env) (bool, error) {
+	if !Pinned(env.PinDir) {
+		return false, nil
+	}
+	if err := Teardown(Config{Cluster: env.Cluster, PinDir: env.PinDir}); err != nil {
+		return true, fmt.Errorf("remove the cache fast path: %w", err)
+	}
+	return true, nil
+}
+
+func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
+	if err := l.c.AddEndpoint(e); err != nil {
+		l.attached = false // the next sync attaches every endpoint again
+		return err
+	}
+	return nil
+}
+
+// RemoveEndpoint runs before the address is released: nothing may reach a
+// future holder of the address through entries learned for this one.
+func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+	return l.c.RemoveEndpoint(e)
+}
+
+// Sync and Settle apply a cluster change with delete-and-reinitialize
+// (ONCache §3.4). Learning pauses while a policy or host change is applied
+// and stale entries go, so that a packet marked under the old state cannot
+// teach the new one: Sync pauses before the overlay applies the policy (a
+// failure holds the policy back), Settle purges and resumes. Endpoint churn
+// needs no pause (entries of deleted endpoints are purged either way, and
+// nothing marks a packet for a flow to an address the overlay no longer
+// delivers), so frequent container starts and stops never hold learning up.
+func (l *Layer) Sync(_ context.Context, v *layer.View) error {
+	l.pending = !v.Same(l.state)
+	l.pause = l.pending && (v.PolicyChanged || l.state == nil || !slices.EqualFunc(v.Hosts, l.state.Hosts, cluster.Host.Equal))
+	if l.pause {
+		if err := l.c.SetPaused(true); err != nil {
+			l.pending, l.pause = false, false
+			return fmt.Errorf("%w: %w", layer.ErrHoldPolicy, err)
+		}
+	}
+	return nil
+}
+
+func (l *Layer) Settle(_ context.Context, v *layer.View) error {
+	if !l.pending {
+		return nil
+	}
+	var errs []error
+	if v.PolicyChanged {
+		n, err := l.c.PurgeDenied(v.Rules)
+		if n > 0 {
+			l.c.log.Info("purged cached flows the policy denies", "flows", n)
+		}
+		errs = append(errs, err)
+	}
+	errs = append(errs, l.c.Sync(v.Endpoints, v.Hosts))
+	if l.pause {
+		// A packet marked established under the old state and still queued
+		// must not teach the cache after the purge.
+		time.Sleep(5 * time.Millisecond)
+		errs = append(errs, l.c.SetPaused(false))
+	}
+	// Endpoints added while the agent runs are attached by AddEndpoint; the
+	// ones that existed before it started are attached once, here.
+	if !l.attached {
+		for _, e := range v.Local {
+			errs = append(errs, l.c.AddEndpoint(e))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	l.attached = true
+	l.state = v // nothing to purge or attach until it changes
+	return nil
+}
+
+func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) { s.Cache, _ = l.c.Stats() }
+
+// CacheView returns the cache's counters and entries (skiff cache).
+func (l *Layer) CacheView() (api.CacheView, error) {
+	stats, err := l.c.Stats()
+	if err != nil {
+		return api.CacheView{}, err
+	}
+	entries, err := l.c.Entries()
+	return api.CacheView{Stats: stats, Entries: entries}, err
+}
+
+func (l *Layer) Close() error { return l.c.Close() }

@@ -1,0 +1,215 @@
+package sockets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/layer"
+)
+
+// The sockets layer needs the cluster's listeners: its routes lead to them.
+func init() {
+	layer.Register(layer.Registration{Name: "sockets", Needs: layer.Needs{Listeners: true},
+		New:      newAgentLayer,
+		Teardown: teardownLayer,
+	})
+}
+
+// Options are the sockets layer's settings (skiffd's --sockets-secure,
+// --broker, --cgroup-root).
+type Options struct {
+	Secure     bool   // refuse what the fast path does not carry
+	Broker     string // the skiff-broker binary (default: next to the running binary)
+	CgroupRoot string // cgroup v2 mount (default: found or mounted)
+}
+
+// agentLayer is the sockets layer as the agent drives it (package layer).
+type agentLayer struct {
+	opts     Options
+	l        *Layer
+	stateDir string
+	attached bool // endpoints found at start have host sockets
+}
+
+// newAgentLayer takes Options (nil: secure, the broker next to the binary).
+func newAgentLayer(options any) (layer.Layer, error) {
+	o := Options{Secure: true}
+	switch v := options.(type) {
+	case nil:
+	case Options:
+		o = v
+	default:
+		return nil, fmt.Errorf("sockets layer options are a sockets.Options, not %T", options)
+	}
+	if o.Broker == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find skiff-broker: %w", err)
+		}
+		o.Broker = filepath.Join(filepath.Dir(exe), "skiff-broker")
+	}
+	if _, err := os.Stat(o.Broker); err != nil {
+		return nil, fmt.Errorf("sockets mode needs the socket broker: %w (give --broker)", err)
+	}
+	return &agentLayer{opts: o}, nil
+}
+
+// Start loads the layer (reusing pinned state), attaches its host-wide
+// programs and publishes this host's replaced listeners whenever they
+// change.
+func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
+	root := a.opts.CgroupRoot
+	if root == "" {
+		var err error
+		if root, err = CgroupRoot(); err != nil {
+			return err
+		}
+	} else if err := MountCgroup2(root); err != nil {
+		return err
+	}
+	l, err := Load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
+		PinDir: env.PinDir, Secure: a.opts.Secure, CgroupRoot: root, Broker: a.opts.Broker,
+		StateDir: env.StateDir}, env.Log)
+	if err != nil {
+		return err
+	}
+	if err := l.Setup(); err != nil {
+		l.Close()
+		return fmt.Errorf("set up sockets layer: %w", err)
+	}
+	changed, err := l.WatchListeners(ctx)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	a.l, a.stateDir = l, env.StateDir
+	go publishListeners(ctx, env, l, changed)
+	env.Log.Info("sockets layer attached", "pins", env.PinDir, "cgroups", root, "secure", a.opts.Secure)
+	return nil
+}
+
+// teardownLayer removes a sockets layer an earlier run left behind.
+func teardownLayer(env layer.Env) (bool, error) {
+	if !Pinned(env.PinDir) {
+		return false, nil
+	}
+	if err := Teardown(env.PinDir, env.StateDir); err != nil {
+		return true, fmt.Errorf("remove the sockets layer: %w", err)
+	}
+	return true, nil
+}
+
+// publishListeners writes this host's replaced listeners to the store when
+// the kernel reports a change, and every few seconds in case an event was
+// lost or the store was away. Other hosts' agents turn them into fast-path
+// routes.
+func publishListeners(ctx context.Context, env layer.Env, l *Layer, changed <-chan struct{}) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		ls, err := l.LocalListeners()
+		if err == nil {
+			err = env.Store.SetListeners(ctx, env.Host.Name, ls)
+		}
+		if err != nil && ctx.Err() == nil {
+			env.Log.Warn("publish listeners", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-changed:
+			if !ok {
+				return
+			}
+		case <-t.C:
+		}
+	}
+}
+
+// AddEndpoint gives a container host sockets; without them it uses the
+// overlay.
+func (a *agentLayer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
+	if err := a.l.AddEndpoint(e); err != nil {
+		a.attached = false // the next sync attaches every endpoint again
+		return err
+	}
+	return nil
+}
+
+func (a *agentLayer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+	return a.l.RemoveEndpoint(e)
+}
+
+// Sync applies a cluster change: routes to the published listeners and the
+// policy new fast-path connections are judged by, host subnets for
+// anti-spoofing, programs and brokers for new containers; on a policy
+// change it ends the replaced connections the new policy denies, and the
+// overlay's policy judges the overlay packets the layer delivers to the
+// host stack while it has rules. It runs before the overlay applies the
+// rules, so a first rule is judged on INPUT as soon as on FORWARD.
+func (a *agentLayer) Sync(_ context.Context, v *layer.View) error {
+	errs := []error{a.l.Sync(v.Hosts, v.Listeners, v.Rules), a.l.PruneEndpoints(v.Local)}
+	if !a.attached {
+		for _, e := range v.Local {
+			errs = append(errs, a.l.AddEndpoint(e))
+		}
+	}
+	// Walking every TCP socket of the host is for policy changes (and the
+	// first sync, which may follow one made while the agent was down).
+	if v.PolicyChanged || !a.attached {
+		errs = append(errs, a.l.JudgeInput(len(v.Rules) > 0))
+		n, err := a.l.Enforce(v.Rules)
+		if n > 0 {
+			a.l.log.Info("ended replaced connections the policy denies", "connections", n)
+		}
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	a.attached = true
+	return nil
+}
+
+func (a *agentLayer) Settle(context.Context, *layer.View) error { return nil }
+
+// Listeners applies a change of the published listeners: only the routes
+// depend on them.
+func (a *agentLayer) Listeners(_ context.Context, v *layer.View) error {
+	return a.l.Sync(v.Hosts, v.Listeners, v.Rules)
+}
+
+// Status reports the layer's counters, listeners and containers.
+func (a *agentLayer) Status(st *api.Status, local []cluster.Endpoint) {
+	s := &api.SocketsStatus{}
+	s.Counters, _ = a.l.Stats()
+	if p, err := a.l.PolicyInForce(); err == nil && p != nil {
+		s.Policy = &api.SocketsPolicy{Rules: p.Rules, Overflow: p.Overflow}
+	}
+	if ls, err := a.l.LocalListeners(); err == nil {
+		for _, l := range ls {
+			s.Listeners = append(s.Listeners, l.Addr.String())
+		}
+	}
+	for _, e := range local {
+		if !Replaced(e) {
+			continue
+		}
+		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String()}
+		bs := ReadBrokerStats(a.stateDir, e.ContainerID)
+		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = bs.HandedOut, bs.Replaced, bs.Fallback, bs.Privileged
+		c.Broker = a.l.BrokerRunning(e.ContainerID)
+		s.Containers = append(s.Containers, c)
+	}
+	st.Sockets = s
+}
+
+func (a *agentLayer) Close() error { return a.l.Close() }
+
+var _ layer.Listening = (*agentLayer)(nil)
