@@ -511,12 +511,17 @@ func layerErr(name string, err error) error {
 }
 
 // collectGarbage releases endpoints whose container namespace is gone (a
-// runtime that never called DEL) and returns the rest.
+// runtime that never called DEL) — also when the path now names another
+// namespace (a reused /proc/PID/ns/net) — and returns the rest.
 func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cluster.Endpoint {
 	keep := eps[:0]
 	for _, e := range eps {
-		if _, err := os.Stat(e.Netns); errors.Is(err, os.ErrNotExist) {
-			a.log.Info("releasing endpoint whose namespace is gone", "container", e.ContainerID, "ip", e.IP)
+		ns, err := overlay.OpenNetns(e)
+		if err == nil {
+			ns.Close()
+		}
+		if errors.Is(err, overlay.ErrNetnsGone) || errors.Is(err, overlay.ErrNetnsChanged) {
+			a.log.Info("releasing endpoint whose namespace is gone", "container", e.ContainerID, "ip", e.IP, "err", err)
 			if err := a.overlay.RemoveEndpoint(e); err != nil {
 				a.log.Warn("remove endpoint", "err", err)
 			}

@@ -167,8 +167,11 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	if err := validate(req, false); err != nil {
 		return api.Attachment{}, err
 	}
-	if _, err := os.Stat(req.Netns); err != nil {
-		return api.Attachment{}, badRequest(fmt.Errorf("network namespace %s: %w", req.Netns, err))
+	// What the path names now is the namespace this ADD configures; every
+	// later entry checks it is still that one (overlay.OpenNetns).
+	dev, ino, err := overlay.NetnsID(req.Netns)
+	if err != nil {
+		return api.Attachment{}, badRequest(fmt.Errorf("network namespace: %w", err))
 	}
 	if !a.registered() {
 		return api.Attachment{}, fmt.Errorf("host %s is not registered yet: %w", a.host.Name, store.ErrUnavailable)
@@ -185,8 +188,8 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	fresh := e.Created.Equal(want.Created)
 	// The same container and interface in a new namespace means the runtime
 	// recreated the sandbox; the endpoint follows it.
-	moved := e.Netns != req.Netns || e.Cgroup != req.Cgroup
-	e.Netns, e.Cgroup = req.Netns, req.Cgroup
+	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup
+	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup = req.Netns, dev, ino, req.Cgroup
 	att, err := a.overlay.AddEndpoint(e)
 	if err != nil {
 		if fresh {
@@ -255,6 +258,9 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 			Veth: overlay.VethName(req.ContainerID, req.IfName)})
 		return err
 	}
+	// The namespace is entered only if the path (the request's, else the
+	// recorded one) still names the one ADD configured: a reused
+	// /proc/PID/ns/net is somebody else's (overlay.RemoveEndpoint).
 	if req.Netns != "" {
 		e.Netns = req.Netns
 	}

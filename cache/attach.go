@@ -8,12 +8,12 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/netlinksafe"
+	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
 )
 
@@ -93,9 +93,9 @@ func (c *Cache) AddEndpoint(e cluster.Endpoint) error {
 	if err := attach(&netlink.Handle{}, veth, c.objs.FromContainer, netlink.HANDLE_MIN_INGRESS); err != nil {
 		return err
 	}
-	ns, err := netns.GetFromPath(e.Netns)
+	ns, err := overlay.OpenNetns(e)
 	if err != nil {
-		return fmt.Errorf("container namespace %s: %w", e.Netns, err)
+		return fmt.Errorf("container namespace: %w", err)
 	}
 	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)

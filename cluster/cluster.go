@@ -62,8 +62,15 @@ type Endpoint struct {
 	IP          netip.Prefix `json:"ip"` // address with the host subnet's length
 	Veth        string       `json:"veth"`
 	Netns       string       `json:"netns"`
-	MAC         string       `json:"mac,omitempty"`
-	Created     time.Time    `json:"created"`
+	// NetnsDev and NetnsIno identify the namespace ADD configured (its
+	// nsfs device and inode, as stat(2) reports them): skiff enters Netns
+	// only while the path still names that namespace, never one a reused
+	// /proc/PID/ns/net or a new mount put there. Zero: unknown (a record
+	// written by an older build).
+	NetnsDev uint64    `json:"netnsDev,omitempty"`
+	NetnsIno uint64    `json:"netnsIno,omitempty"`
+	MAC      string    `json:"mac,omitempty"`
+	Created  time.Time `json:"created"`
 	// Cgroup is the container's cgroup v2 (CNI cgroupPath): in sockets
 	// mode its sockets are replaced by host sockets. Empty: overlay only.
 	Cgroup string `json:"cgroup,omitempty"`

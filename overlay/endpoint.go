@@ -10,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
@@ -27,22 +28,73 @@ type Attachment struct {
 // ErrNetnsGone means the container's network namespace no longer exists.
 var ErrNetnsGone = errors.New("network namespace does not exist")
 
-// inNetns opens the container namespace at path and returns a netlink handle
-// bound to it, so no OS thread has to switch namespaces.
-func inNetns(path string) (*netlink.Handle, func(), error) {
+// ErrNetnsChanged means an endpoint's namespace path now names another
+// namespace than the one its endpoint was attached in.
+var ErrNetnsChanged = errors.New("names another network namespace than the one the endpoint was attached in")
+
+// NetnsID returns the identity of the namespace at path: the device and
+// inode of its nsfs file.
+func NetnsID(path string) (dev, ino uint64, err error) {
+	ns, err := openNetns(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ns.Close()
+	return nsID(ns)
+}
+
+func nsID(ns netns.NsHandle) (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(ns), &st); err != nil {
+		return 0, 0, fmt.Errorf("stat network namespace: %w", err)
+	}
+	return st.Dev, st.Ino, nil
+}
+
+func openNetns(path string) (netns.NsHandle, error) {
 	ns, err := netns.GetFromPath(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil, fmt.Errorf("%s: %w", path, ErrNetnsGone)
+			return 0, fmt.Errorf("%s: %w", path, ErrNetnsGone)
 		}
-		return nil, nil, fmt.Errorf("open network namespace %s: %w", path, err)
+		return 0, fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	return ns, nil
+}
+
+// OpenNetns opens e's namespace and checks, on the opened handle, that it
+// is the namespace e was attached in (when e records it): whoever enters
+// through the handle enters what was checked. A path that now names
+// another namespace is ErrNetnsChanged.
+func OpenNetns(e cluster.Endpoint) (netns.NsHandle, error) {
+	ns, err := openNetns(e.Netns)
+	if err != nil || e.NetnsIno == 0 {
+		return ns, err
+	}
+	dev, ino, err := nsID(ns)
+	if err == nil && (dev != e.NetnsDev || ino != e.NetnsIno) {
+		err = fmt.Errorf("%s (device %d inode %d, attached in %d/%d) %w", e.Netns, dev, ino, e.NetnsDev, e.NetnsIno, ErrNetnsChanged)
+	}
+	if err != nil {
+		ns.Close()
+		return 0, err
+	}
+	return ns, nil
+}
+
+// inNetns opens e's namespace (OpenNetns) and returns the handle and a
+// netlink handle bound to it, so no OS thread has to switch namespaces.
+func inNetns(e cluster.Endpoint) (*netlink.Handle, netns.NsHandle, func(), error) {
+	ns, err := OpenNetns(e)
+	if err != nil {
+		return nil, 0, nil, err
 	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		ns.Close()
-		return nil, nil, fmt.Errorf("netlink in %s: %w", path, err)
+		return nil, 0, nil, fmt.Errorf("netlink in %s: %w", e.Netns, err)
 	}
-	return h, func() { h.Close(); ns.Close() }, nil
+	return h, ns, func() { h.Close(); ns.Close() }, nil
 }
 
 // AddEndpoint creates the veth pair of endpoint e: the host side on the
@@ -64,7 +116,7 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 		}
 		return a, nil
 	}
-	h, done, err := inNetns(e.Netns)
+	h, ns, done, err := inNetns(e)
 	if err != nil {
 		return Attachment{}, err
 	}
@@ -79,11 +131,6 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 	if err != nil {
 		return Attachment{}, fmt.Errorf("bridge %s: %w", BridgeName, err)
 	}
-	ns, err := netns.GetFromPath(e.Netns)
-	if err != nil {
-		return Attachment{}, fmt.Errorf("open %s: %w", e.Netns, err)
-	}
-	defer ns.Close()
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: e.Veth, MTU: o.mtu, MasterIndex: br.Attrs().Index},
 		PeerName:      e.IfName,
@@ -168,7 +215,7 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 	if host.Attrs().MasterIndex != br.Attrs().Index || host.Attrs().Flags&net.FlagUp == 0 {
 		return Attachment{}, fmt.Errorf("host veth %s is not up on %s", e.Veth, BridgeName)
 	}
-	h, done, err := inNetns(e.Netns)
+	h, _, done, err := inNetns(e)
 	if err != nil {
 		return Attachment{}, err
 	}
@@ -210,19 +257,26 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 }
 
 // RemoveEndpoint deletes e's veth pair, then its source check. A namespace
-// or link that is already gone is success.
+// or link that is already gone is success. The container side is looked for
+// only in the namespace e was attached in: when e does not record it, or
+// its path now names another namespace, only the host side is deleted
+// (which takes its peer with it, wherever it is).
 func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	var ifindex uint32
 	if l, err := netlink.LinkByName(e.Veth); err == nil {
 		ifindex = uint32(l.Attrs().Index)
 	}
-	if h, done, err := inNetns(e.Netns); err == nil {
-		defer done()
-		if err := deleteLink(h.LinkByName, h.LinkDel, e.IfName); err != nil {
+	if e.NetnsIno != 0 {
+		if h, _, done, err := inNetns(e); err == nil {
+			defer done()
+			if err := deleteLink(h.LinkByName, h.LinkDel, e.IfName); err != nil {
+				return err
+			}
+		} else if errors.Is(err, ErrNetnsChanged) {
+			o.log.Warn("not entering the namespace of a deleted endpoint: its path names another namespace now", "container", e.ContainerID, "err", err)
+		} else if !errors.Is(err, ErrNetnsGone) {
 			return err
 		}
-	} else if !errors.Is(err, ErrNetnsGone) {
-		return err
 	}
 	if err := deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth); err != nil {
 		return err

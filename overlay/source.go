@@ -201,7 +201,7 @@ func (o *Overlay) SyncSources(eps []cluster.Endpoint) error {
 
 // containerMAC reads the MAC of e's interface in its namespace.
 func containerMAC(e cluster.Endpoint) (net.HardwareAddr, error) {
-	h, done, err := inNetns(e.Netns)
+	h, _, done, err := inNetns(e)
 	if err != nil {
 		return nil, err
 	}

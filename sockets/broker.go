@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/overlay"
 )
 
 // brokers runs one skiff-broker per replaced container and restarts any
@@ -65,13 +66,14 @@ const brokerListenFD = 3
 // container's netns.
 var errAddressTaken = errors.New("the broker's address @" + brokerName + " is bound by another process of the container")
 
-// listenIn binds the broker's address in the network namespace at path.
-// An abstract AF_UNIX name belongs to the netns of the socket, fixed when
-// the socket is created: only the socket() call needs the namespace.
-func listenIn(path string) (*os.File, error) {
-	ns, err := netns.GetFromPath(path)
+// listenIn binds the broker's address in e's network namespace (only the
+// one it was attached in: overlay.OpenNetns). An abstract AF_UNIX name
+// belongs to the netns of the socket, fixed when the socket is created:
+// only the socket() call needs the namespace.
+func listenIn(e cluster.Endpoint) (*os.File, error) {
+	ns, err := overlay.OpenNetns(e)
 	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", path, err)
+		return nil, fmt.Errorf("open netns: %w", err)
 	}
 	defer ns.Close()
 	type result struct {
@@ -90,7 +92,7 @@ func listenIn(path string) (*os.File, error) {
 		defer host.Close()
 		if err := netns.Set(ns); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{-1, fmt.Errorf("enter netns %s: %w", path, err)}
+			ch <- result{-1, fmt.Errorf("enter netns %s: %w", e.Netns, err)}
 			return
 		}
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -108,18 +110,18 @@ func listenIn(path string) (*os.File, error) {
 	}()
 	r := <-ch
 	if r.err != nil {
-		return nil, fmt.Errorf("broker socket in %s: %w", path, r.err)
+		return nil, fmt.Errorf("broker socket in %s: %w", e.Netns, r.err)
 	}
 	if err := unix.Bind(r.fd, &unix.SockaddrUnix{Name: "@" + brokerName}); err != nil {
 		unix.Close(r.fd)
 		if errors.Is(err, unix.EADDRINUSE) {
 			return nil, errAddressTaken
 		}
-		return nil, fmt.Errorf("bind @%s in %s: %w", brokerName, path, err)
+		return nil, fmt.Errorf("bind @%s in %s: %w", brokerName, e.Netns, err)
 	}
 	if err := unix.Listen(r.fd, 512); err != nil {
 		unix.Close(r.fd)
-		return nil, fmt.Errorf("listen on @%s in %s: %w", brokerName, path, err)
+		return nil, fmt.Errorf("listen on @%s in %s: %w", brokerName, e.Netns, err)
 	}
 	return os.NewFile(uintptr(r.fd), "@"+brokerName), nil
 }
@@ -229,7 +231,7 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 func (b *brokers) start(s *brokerSpec) error {
 	id := s.e.ContainerID
 	if s.ln == nil {
-		ln, err := listenIn(s.e.Netns)
+		ln, err := listenIn(s.e)
 		if errors.Is(err, errAddressTaken) {
 			if !s.squatted {
 				b.log.Error("socket broker not started: its address is taken; the container's sockets stay on the overlay",
@@ -395,8 +397,10 @@ func (b *brokers) supervise() {
 			if b.running(id) > 0 {
 				continue
 			}
-			if _, err := os.Stat(s.e.Netns); err != nil {
+			if ns, err := overlay.OpenNetns(s.e); err != nil {
 				continue // the container is going; the agent removes it
+			} else {
+				ns.Close()
 			}
 			if !s.squatted {
 				b.log.Warn("socket broker not running; restarting", "container", id)
