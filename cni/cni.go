@@ -49,8 +49,11 @@ var Funcs = skel.CNIFuncs{Add: Add, Del: Del, Check: Check, Status: Status}
 // agent's socket. Unknown keys are an error, so a typo does not go unnoticed.
 type NetConf struct {
 	types.PluginConf
-	RuntimeConfig map[string]any `json:"runtimeConfig,omitempty"`
-	Args          map[string]any `json:"args,omitempty"`
+	// IPAM shadows PluginConf's, so that any "ipam" section, whatever its
+	// keys, gets the error that says to remove it.
+	IPAM          json.RawMessage `json:"ipam,omitempty"`
+	RuntimeConfig map[string]any  `json:"runtimeConfig,omitempty"`
+	Args          map[string]any  `json:"args,omitempty"`
 	// Socket is skiffd's API socket (default /run/skiff/skiffd.sock).
 	Socket string `json:"socket,omitempty"`
 	// TimeoutSeconds bounds each call to the agent (default 60).
@@ -65,7 +68,8 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if err := dec.Decode(conf); err != nil {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", err.Error())
 	}
-	if conf.IPAM.Type != "" {
+	var ipam map[string]json.RawMessage
+	if len(conf.IPAM) > 0 && (json.Unmarshal(conf.IPAM, &ipam) != nil || len(ipam) > 0) {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration",
 			"skiff allocates addresses itself; remove the \"ipam\" section")
 	}

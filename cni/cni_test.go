@@ -64,7 +64,10 @@ func TestBadConfig(t *testing.T) {
 		{"malformed JSON", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni",`, 6, ""},
 		{"unknown field", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","sockett":"/x"}`, 7, "sockett"},
 		{"wrong type", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","socket":5}`, 7, "socket"},
-		{"ipam section", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"type":"host-local"}}`, 7, "ipam"},
+		{"ipam section", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"type":"host-local"}}`, 7, `remove the "ipam" section`},
+		{"ipam section with keys", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"type":"host-local","subnet":"10.1.0.0/16","routes":[{"dst":"0.0.0.0/0"}]}}`, 7, `remove the "ipam" section`},
+		{"ipam section without type", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"subnet":"10.1.0.0/16"}}`, 7, `remove the "ipam" section`},
+		{"ipam not an object", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":"host-local"}`, 7, `remove the "ipam" section`},
 		{"unsupported version", `{"cniVersion":"0.3.1","name":"skiff","type":"skiff-cni"}`, 1, "0.3.1"},
 		{"garbage version", `{"cniVersion":"banana","name":"skiff","type":"skiff-cni"}`, 0, ""},
 	} {
@@ -119,6 +122,12 @@ func TestParseConfDefaults(t *testing.T) {
 	}
 	if c.Socket != "/run/skiff/skiffd.sock" || c.TimeoutSeconds != 60 {
 		t.Errorf("defaults: %+v", c)
+	}
+	// An empty ipam section says nothing to ignore.
+	for _, ipam := range []string{`{}`, `null`} {
+		if _, err := cni.ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"skiff-cni","ipam":` + ipam + `}`)); err != nil {
+			t.Errorf("ipam %s: %v", ipam, err)
+		}
 	}
 }
 
