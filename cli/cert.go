@@ -15,6 +15,10 @@ const certUsage = "usage: skiff cert issue|allow --ca-dir DIR --name HOST [--out
 // the store's user and role of a host: what another host needs to join the
 // cluster store.
 func cmdCert(ctx context.Context, env Env, args []string) error {
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprintln(env.Stdout, certUsage)
+		return nil
+	}
 	if len(args) == 0 || args[0] != "issue" && args[0] != "allow" {
 		return usagef(certUsage)
 	}

@@ -54,7 +54,7 @@ func init() {
 		"endpoints": {summary: "list container endpoints (--all: of every host)", run: cmdEndpoints},
 		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
 		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
-		"lab":       {summary: "lab up|down|exec|ip|status: an emulated cluster on this machine", run: cmdLab},
+		"lab":       {summary: "lab up|down|exec|ip|status|cni: an emulated cluster on this machine", run: cmdLab},
 		"cache":     {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
 		"cert":      {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":     {summary: "measure every data-plane mode against the host network", run: cmdBench},
@@ -89,8 +89,18 @@ func Run(ctx context.Context, env Env) int {
 	}
 }
 
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "help" || arg == "-h" || arg == "-help" || arg == "--help"
+}
+
 func dispatch(ctx context.Context, env Env) error {
-	if len(env.Args) == 0 || env.Args[0] == "help" || env.Args[0] == "-h" || env.Args[0] == "--help" {
+	if len(env.Args) == 2 && env.Args[0] == "help" {
+		if _, ok := commands[env.Args[1]]; ok { // skiff help COMMAND
+			env.Args = []string{env.Args[1], "--help"}
+		}
+	}
+	if len(env.Args) == 0 || isHelp(env.Args[0]) {
 		usage(env.Stdout)
 		return nil
 	}
@@ -131,7 +141,19 @@ func parse(fs *flag.FlagSet, args []string) error {
 		}
 		return usageError{err}
 	}
+	if fs.NArg() > 0 && isHelp(fs.Arg(0)) { // skiff COMMAND help
+		fs.Usage()
+		return flag.ErrHelp
+	}
 	return nil
+}
+
+// usageLine makes fs's help start with line.
+func usageLine(fs *flag.FlagSet, line string) {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), line)
+		fs.PrintDefaults()
+	}
 }
 
 // socketFlag adds --socket and returns a function giving the client.
@@ -275,11 +297,14 @@ func cmdEndpoints(ctx context.Context, env Env, args []string) error {
 	return table(env.Stdout, "HOST\tCONTAINER\tIF\tIP\tVETH\tMAC", rows)
 }
 
+const hostsUsage = "usage: skiff hosts [--json] [remove NAME]"
+
 func cmdHosts(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "hosts")
 	client := socketFlag(env, fs)
 	admin := adminStore(env, fs)
 	asJSON := fs.Bool("json", false, "print JSON")
+	usageLine(fs, hostsUsage)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -287,7 +312,7 @@ func cmdHosts(ctx context.Context, env Env, args []string) error {
 	case len(rest) == 2 && rest[0] == "remove":
 		return removeHost(ctx, admin, rest[1])
 	case len(rest) != 0:
-		return usagef("usage: skiff hosts [remove NAME]")
+		return usagef(hostsUsage)
 	}
 	hosts, err := client().Hosts(ctx)
 	if err != nil {
@@ -303,16 +328,19 @@ func cmdHosts(ctx context.Context, env Env, args []string) error {
 	return table(env.Stdout, "NAME\tUNDERLAY\tSUBNET\tVTEP MAC", rows)
 }
 
+const policyUsage = "usage: skiff policy add ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N] | del ID | list"
+
 func cmdPolicy(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "policy")
 	client := socketFlag(env, fs)
 	admin := adminStore(env, fs)
+	usageLine(fs, policyUsage)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return usagef("usage: skiff policy add ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N] | del ID | list")
+		return usagef(policyUsage)
 	}
 	switch rest[0] {
 	case "add":

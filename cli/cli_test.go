@@ -8,7 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/libcni"
+
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cni"
+	"github.com/skiffnet/skiff/lab"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -39,6 +43,24 @@ func TestCommands(t *testing.T) {
 		{[]string{"hosts", missing, "remove"}, 2, "", "usage: skiff hosts"},
 		{[]string{"lab"}, 2, "", "usage: skiff lab"},
 		{[]string{"lab", "frob"}, 2, "", "unknown lab command"},
+		{[]string{"lab", "--help"}, 0, "usage: skiff lab COMMAND", ""},
+		{[]string{"lab", "-h"}, 0, "  cni ", ""},
+		{[]string{"lab", "help"}, 0, "usage: skiff lab COMMAND", ""},
+		{[]string{"help", "lab"}, 0, "usage: skiff lab COMMAND", ""},
+		{[]string{"help"}, 0, "usage: skiff", ""},
+		{[]string{"--help"}, 0, "usage: skiff", ""},
+		{[]string{"cert", "--help"}, 0, "usage: skiff cert", ""},
+		{[]string{"cert", "help"}, 0, "usage: skiff cert", ""},
+		{[]string{"policy", "help"}, 0, "", "usage: skiff policy add"},
+		{[]string{"policy", "--help"}, 0, "", "usage: skiff policy add"},
+		{[]string{"hosts", "help"}, 0, "", "usage: skiff hosts"},
+		{[]string{"status", "help"}, 0, "", "-socket"},
+		{[]string{"help", "endpoints"}, 0, "", "-all"},
+		{[]string{"lab", "up", "help"}, 0, "", "-containers-per-host"},
+		{[]string{"lab", "cni", "--help"}, 0, "", "usage: skiff lab cni"},
+		{[]string{"lab", "cni"}, 2, "", "usage: skiff lab cni"},
+		{[]string{"lab", "cni", "h1", "h2"}, 2, "", "usage: skiff lab cni"},
+		{[]string{"lab", "cni", "--name", "nosuchlab", "h1"}, 1, "", `no lab named "nosuchlab" is up`},
 		{[]string{"lab", "ip", "--name", "nosuchlab", "h1"}, 1, "", `no lab named "nosuchlab" is up`},
 		{[]string{"lab", "exec", "h1"}, 2, "", "usage: skiff lab exec"},
 		{[]string{"lab", "up", "--name", "Bad_Name"}, 1, "", "lab name"},
@@ -99,5 +121,33 @@ func TestPrintSocketsPolicy(t *testing.T) {
 		if !strings.Contains(out.String(), tc.want+"\n") {
 			t.Errorf("policy %+v:\n%s\nwant the line %q", tc.policy, out.String(), tc.want)
 		}
+	}
+}
+
+// TestPrintConfList: skiff lab cni prints a conflist libcni reads, whose
+// plugin is skiff-cni on the host's socket, in a configuration skiff-cni
+// accepts.
+func TestPrintConfList(t *testing.T) {
+	l := &lab.Lab{Config: lab.Config{Name: "t"}, Hosts: []lab.Host{{Name: "h1", Socket: "/run/skiff/lab/t/h1.sock"}, {Name: "h2", Socket: "/run/skiff/lab/t/h2.sock"}}}
+	var out bytes.Buffer
+	if err := printConfList(Env{Stdout: &out}, l, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	list, err := libcni.ConfListFromBytes(out.Bytes())
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "skiff-cni" {
+		t.Fatalf("plugins %+v, want skiff-cni alone", list.Plugins)
+	}
+	conf, err := cni.ParseConf(list.Plugins[0].Bytes)
+	if err != nil {
+		t.Fatalf("skiff-cni refuses the conflist's plugin: %v", err)
+	}
+	if conf.Socket != "/run/skiff/lab/t/h2.sock" {
+		t.Errorf("socket %q, want h2's", conf.Socket)
+	}
+	if err := printConfList(Env{Stdout: &out}, l, "h9"); err == nil || !strings.Contains(err.Error(), `no host "h9"`) {
+		t.Errorf("unknown host: err = %v", err)
 	}
 }

@@ -16,17 +16,63 @@ import (
 	"github.com/skiffnet/skiff/store"
 )
 
+const labUsage = `usage: skiff lab COMMAND [flags]   (skiff lab COMMAND --help lists its flags)
+
+commands:
+  up      bring up a lab: an etcd cluster, hosts running skiffd, containers on them
+  down    remove a lab and everything it made, also after a crash
+  exec    run a program in a host or container: exec [--name LAB] TARGET -- COMMAND [ARGS...]
+  ip      print a host's underlay or a container's overlay address: ip [--name LAB] TARGET
+  status  show the lab's hosts, containers, PIDs and health
+  cni     print the CNI conflist a runtime on a lab host would use: cni [--name LAB] HOST
+
+TARGET is a host (h1) or a container (h1/c2). Every command takes --name LAB (default ` + lab.DefaultName + `).`
+
 func cmdLab(ctx context.Context, env Env, args []string) error {
 	if len(args) == 0 {
-		return usagef("usage: skiff lab up|down|exec|ip|status [flags]")
+		fmt.Fprintln(env.Stderr, labUsage)
+		return usagef("usage: skiff lab up|down|exec|ip|status|cni [flags]")
+	}
+	if isHelp(args[0]) {
+		fmt.Fprintln(env.Stdout, labUsage)
+		return nil
 	}
 	sub := map[string]func(context.Context, Env, []string) error{
-		"up": labUp, "down": labDown, "exec": labExec, "ip": labIP, "status": labStatus, "etcd-server": labEtcd,
+		"up": labUp, "down": labDown, "exec": labExec, "ip": labIP, "status": labStatus, "cni": labCNI, "etcd-server": labEtcd,
 	}[args[0]]
 	if sub == nil {
-		return usagef("unknown lab command %q (up, down, exec, ip, status)", args[0])
+		return usagef("unknown lab command %q (up, down, exec, ip, status, cni; skiff lab help)", args[0])
 	}
 	return sub(ctx, env, args[1:])
+}
+
+const labCNIUsage = "usage: skiff lab cni [--name LAB] HOST   (HOST: h1; prints the CNI conflist a runtime on HOST would use)"
+
+// labCNI prints the conflist a runtime on a lab host would use.
+func labCNI(_ context.Context, env Env, args []string) error {
+	fs := flags(env, "lab cni")
+	name := nameFlag(fs)
+	usageLine(fs, labCNIUsage)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usagef("%s", labCNIUsage)
+	}
+	l, err := lab.Open(*name)
+	if err != nil {
+		return err
+	}
+	return printConfList(env, l, fs.Arg(0))
+}
+
+func printConfList(env Env, l *lab.Lab, host string) error {
+	data, err := l.ConfList(host)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(env.Stdout, "%s\n", data)
+	return err
 }
 
 func nameFlag(fs *flag.FlagSet) *string {
