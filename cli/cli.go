@@ -134,14 +134,38 @@ func flags(env Env, name string) *flag.FlagSet {
 	return fs
 }
 
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+// parse parses args with flags anywhere among the positional arguments,
+// up to a "--" (which stays among them when it follows one).
+func parse(fs *flag.FlagSet, args []string) error { return parseArgs(fs, args, true) }
+
+// parseLeading parses the flags before the first positional argument only:
+// for commands whose positional arguments are a command line or a rule.
+func parseLeading(fs *flag.FlagSet, args []string) error { return parseArgs(fs, args, false) }
+
+func parseArgs(fs *flag.FlagSet, args []string, anywhere bool) error {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return usageError{err}
 		}
-		return usageError{err}
+		rest := fs.Args()
+		n := len(args) - len(rest)
+		dashes := n > 0 && args[n-1] == "--"
+		if !anywhere || len(rest) == 0 || dashes {
+			if dashes && len(pos) > 0 {
+				pos = append(pos, "--")
+			}
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
-	if fs.NArg() > 0 && isHelp(fs.Arg(0)) { // skiff COMMAND help
+	fs.Parse(append([]string{"--"}, pos...)) // fs.Args() is pos
+	if fs.NArg() > 0 && isHelp(fs.Arg(0)) {  // skiff COMMAND help
 		fs.Usage()
 		return flag.ErrHelp
 	}
@@ -335,7 +359,7 @@ func cmdPolicy(ctx context.Context, env Env, args []string) error {
 	client := socketFlag(env, fs)
 	admin := adminStore(env, fs)
 	usageLine(fs, policyUsage)
-	if err := parse(fs, args); err != nil {
+	if err := parseLeading(fs, args); err != nil {
 		return err
 	}
 	rest := fs.Args()

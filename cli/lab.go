@@ -135,7 +135,7 @@ func labDown(ctx context.Context, env Env, args []string) error {
 func labExec(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "lab exec")
 	name := nameFlag(fs)
-	if err := parse(fs, args); err != nil {
+	if err := parseLeading(fs, args); err != nil {
 		return err
 	}
 	rest := fs.Args()
