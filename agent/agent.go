@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -109,9 +110,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("host name is empty")
 	}
-	if cfg.Mode == "" {
-		cfg.Mode = "overlay"
-	}
+	cfg.Mode = cmp.Or(cfg.Mode, "overlay")
 	names, err := layer.ForMode(cfg.Mode)
 	if err != nil {
 		return nil, err
