@@ -86,3 +86,19 @@ func deleteEach[K any](m *ebpf.Map, keys []K) (int, error) {
 	}
 	return n, first
 }
+
+// Counters sums the first n entries of a per-CPU array of uint64 counters
+// over CPUs, by index.
+func Counters(m *ebpf.Map, n int) ([]uint64, error) {
+	out := make([]uint64, n)
+	var perCPU []uint64
+	for i := range out {
+		if err := m.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %d of %s: %w", i, m, err)
+		}
+		for _, v := range perCPU {
+			out[i] += v
+		}
+	}
+	return out, nil
+}

@@ -7,14 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
-	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
@@ -33,17 +32,7 @@ const (
 // 10.244.1.0/24) into a private bpffs directory, without attaching them.
 func newTestCache(t testing.TB, capacity Capacity) *Cache {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loading eBPF needs root")
-	}
-	if err := bpffs.Mount(); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(bpffs.Root, "skiff-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := bpffstest.Dir(t)
 	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay}}
 	c, err := load(Config{
 		Cluster: cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: testVNI, VXLANPort: 4789},

@@ -3,7 +3,6 @@ package cache
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -122,17 +121,13 @@ func (c *Cache) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 
 // Stats sums the per-CPU counters by reason.
 func (c *Cache) Stats() (map[string]uint64, error) {
+	sums, err := bpfmap.Counters(c.objs.SkcStats, len(Reasons))
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]uint64, len(Reasons))
 	for i, r := range Reasons {
-		var perCPU []uint64
-		if err := c.objs.SkcStats.Lookup(uint32(i), &perCPU); err != nil {
-			return nil, fmt.Errorf("read counter %s: %w", r.Name, err)
-		}
-		var sum uint64
-		for _, v := range perCPU {
-			sum += v
-		}
-		out[r.Name] = sum
+		out[r.Name] = sums[i]
 	}
 	return out, nil
 }

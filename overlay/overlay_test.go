@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/policy"
@@ -93,7 +94,7 @@ func dump(t *testing.T) string {
 func TestSetupIsIdempotentAndPrunes(t *testing.T) {
 	inTestNetns(t, func() {
 		me := host("h1", "192.0.2.1", "10.244.1.0/24")
-		pins := testPinDir(t)
+		pins := bpffstest.Dir(t)
 		o, err := New(Config{Cluster: testCluster, Host: me, Underlay: "ul0", PinDir: pins}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			t.Fatal(err)

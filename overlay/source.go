@@ -218,17 +218,13 @@ func (o *Overlay) SourceDrops() (map[string]uint64, error) {
 	if o.src == nil {
 		return nil, errNoSourceCheck
 	}
+	sums, err := bpfmap.Counters(o.src.objs.SkvDrops, len(SourceReasons))
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]uint64, len(SourceReasons))
 	for i, name := range SourceReasons {
-		var perCPU []uint64
-		if err := o.src.objs.SkvDrops.Lookup(uint32(i), &perCPU); err != nil {
-			return nil, fmt.Errorf("read source check counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range perCPU {
-			sum += v
-		}
-		out[name] = sum
+		out[name] = sums[i]
 	}
 	return out, nil
 }

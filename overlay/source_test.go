@@ -8,38 +8,20 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
-// testPinDir is a private directory on the bpf filesystem, removed after t.
-func testPinDir(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loading eBPF needs root")
-	}
-	if err := bpffs.Mount(); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(bpffs.Root, "skiff-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 func testSourceCheck(t *testing.T) *sourceCheck {
 	t.Helper()
-	s, err := loadSourceCheck(testPinDir(t), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := loadSourceCheck(bpffstest.Dir(t), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,17 +290,7 @@ func entries(t *testing.T, s *sourceCheck) int {
 // BenchmarkSourceCheck times skv_from_container (BPF_PROG_RUN, hot caches)
 // on what every container packet costs: one that passes.
 func BenchmarkSourceCheck(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("loading eBPF needs root")
-	}
-	if err := bpffs.Mount(); err != nil {
-		b.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(bpffs.Root, "skiff-bench-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := bpffstest.Dir(b)
 	s, err := loadSourceCheck(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 )
 
@@ -160,17 +161,13 @@ var Reasons = []string{
 
 // Stats returns the counters summed over CPUs, by reason.
 func (l *Layer) Stats() (map[string]uint64, error) {
+	sums, err := bpfmap.Counters(l.objs.SksStats, len(Reasons))
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]uint64, len(Reasons))
 	for i, name := range Reasons {
-		var per []uint64
-		if err := l.objs.SksStats.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("read counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+		out[name] = sums[i]
 	}
 	return out, nil
 }

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
@@ -36,17 +36,7 @@ func loadTest(t *testing.T) *Layer { return loadTestTB(t) }
 
 func loadTestTB(t testing.TB) *Layer {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	if err := bpffs.Mount(); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(bpffs.Root, "skiff-sockets-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := bpffstest.Dir(t)
 	l, err := Load(Config{Cluster: testCluster, Host: testHost, Underlay: "lo", PinDir: dir, Secure: true,
 		StateDir: t.TempDir(), Broker: filepath.Join(t.TempDir(), "skiff-broker")},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
