@@ -164,7 +164,8 @@ static __always_inline bool linear(struct __sk_buff *skb, __u32 len)
 
 enum parse {
 	PARSE_OK,
-	PARSE_CONTROL,     // TCP SYN/FIN/RST: conntrack must see it
+	PARSE_START,       // TCP SYN: a flow (re)starts; conntrack must see it
+	PARSE_CONTROL,     // TCP SYN-ACK/FIN/RST: conntrack must see it
 	PARSE_UNSUPPORTED, // options, fragment, protocol, truncated
 };
 
@@ -200,6 +201,8 @@ static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, str
 			return PARSE_UNSUPPORTED;
 		key->lport = th->source;
 		key->rport = th->dest;
+		if (th->syn && !th->ack)
+			return PARSE_START;
 		if (th->syn || th->fin || th->rst)
 			return PARSE_CONTROL;
 		return PARSE_OK;
@@ -265,6 +268,19 @@ static __always_inline void decrease_ttl(struct iphdr *ip)
 	ip->ttl--;
 }
 
+// forget_flow drops what the filter holds for a flow whose SYN is seen: a
+// connection that reuses the 4-tuple of an ended one starts unknown. It may
+// take another path than the overlay's forwarding, which the caches never
+// learn (a host socket's connection, steered to the host stack by the
+// sockets layer): a stale entry would otherwise put its packets into the
+// container. Looked up first: a delete takes the bucket's lock even for
+// nothing.
+static __always_inline void forget_flow(struct flow_key *k, enum reason r)
+{
+	if (bpf_map_lookup_elem(&skc_filter, k) && bpf_map_delete_elem(&skc_filter, k) == 0)
+		count(r);
+}
+
 static __always_inline bool filter_open(struct flow_key *k)
 {
 	struct filter_val *f = bpf_map_lookup_elem(&skc_filter, k);
@@ -302,11 +318,11 @@ int from_container(struct __sk_buff *skb)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP)) {
 		count(EG_PASS_NOT_IP);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	if (!linear(skb, ETH_HLEN + sizeof(struct iphdr))) {
 		count(EG_PASS_UNSUPPORTED);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	clear_forged_marks(skb);
 	struct flow_key key = {};
@@ -314,21 +330,23 @@ int from_container(struct __sk_buff *skb)
 	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl);
 	if (p == PARSE_UNSUPPORTED) {
 		count(EG_PASS_UNSUPPORTED);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	// Same-host, container-to-host and traffic leaving the cluster are the
 	// overlay's. Only traffic to containers on other hosts is cached.
 	if (!in_cluster(key.raddr) || is_local(key.raddr)) {
 		count(EG_PASS_NOT_REMOTE);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
-	if (p == PARSE_CONTROL) {
+	if (p == PARSE_START)
+		forget_flow(&key, EG_FLOW_FORGOTTEN);
+	if (p != PARSE_OK) {
 		count(EG_PASS_CONTROL);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	if (ttl <= 1) {
 		count(EG_PASS_TTL);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	enum reason miss;
 	struct egress_host *eh = NULL;
@@ -351,7 +369,7 @@ int from_container(struct __sk_buff *skb)
 	struct ingress_ep *self = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
 	if (!self || !self->ready) {
 		count(EG_PASS_REVERSE);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	__u32 ifindex = eh->ifindex;
 	__u32 hash = bpf_get_hash_recalc(skb);
@@ -362,7 +380,7 @@ int from_container(struct __sk_buff *skb)
 				BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
 					BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))) {
 		count(EG_ERR_ENCAP);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	// Direct packet writes: adjust_room left the headers linear and writable.
 	void *data = (void *)(long)skb->data;
@@ -392,7 +410,7 @@ mark:
 	count(miss);
 	if (!(tos & MARK_MISS))
 		set_tos(skb, ETH_HLEN, tos, tos | MARK_MISS);
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }
 
 static __always_inline bool is_underlay_mac(const __u8 *mac)
@@ -438,34 +456,36 @@ int from_underlay(struct __sk_buff *skb)
 	struct iphdr outer;
 	if (!vxlan_inner(skb, &outer)) {
 		count(IN_PASS_NOT_VXLAN);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	struct ethhdr *eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	if (outer.daddr != cfg_underlay_ip || !is_underlay_mac(eth->h_dest)) {
 		count(IN_PASS_NOT_MINE);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	struct flow_key key = {};
 	__u8 tos = 0, ttl = 0;
 	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl);
 	if (p == PARSE_UNSUPPORTED) {
 		count(IN_PASS_UNSUPPORTED);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	swap_key(&key); // local side is the destination
 	if (!is_local(key.laddr)) {
 		count(IN_PASS_NOT_MINE);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
-	if (p == PARSE_CONTROL) {
+	if (p == PARSE_START)
+		forget_flow(&key, IN_FLOW_FORGOTTEN);
+	if (p != PARSE_OK) {
 		count(IN_PASS_CONTROL);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	if (ttl <= 1) {
 		count(IN_PASS_TTL);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	enum reason miss;
 	if (!filter_open(&key)) {
@@ -482,7 +502,7 @@ int from_underlay(struct __sk_buff *skb)
 	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
 	if (!host || *host != outer.saddr) {
 		count(IN_PASS_REVERSE);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	__u32 ifindex = ep->ifindex;
 	__u8 mac[2 * ETH_ALEN];
@@ -493,7 +513,7 @@ int from_underlay(struct __sk_buff *skb)
 	// FIXED_GSO: the inner segments' MSS does not change with decapsulation.
 	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO)) {
 		count(IN_ERR_DECAP);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -514,7 +534,7 @@ mark:
 		__be16 zero = 0;
 		bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct iphdr) + offsetof(struct udphdr, check), &zero, 2, 0);
 	}
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }
 
 SEC("tc")
@@ -523,7 +543,7 @@ int to_underlay(struct __sk_buff *skb)
 	struct iphdr outer;
 	if (!vxlan_inner(skb, &outer)) {
 		count(EI_PASS);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	// Only what the overlay forwarded into its VXLAN device is the
 	// overlay's: a VXLAN frame a container (or a host process) sent to some
@@ -531,7 +551,7 @@ int to_underlay(struct __sk_buff *skb)
 	// cached flow to the victim wherever its outer header says.
 	if (!(skb->mark & LEARN_MARK)) {
 		count(EI_PASS_NOT_OVERLAY);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	struct flow_key key = {};
 	__u8 tos = 0, ttl = 0;
@@ -540,11 +560,11 @@ int to_underlay(struct __sk_buff *skb)
 	void *end = (void *)(long)skb->data_end;
 	struct iphdr *iip = data + INNER_IP_OFF;
 	if ((void *)(iip + 1) > end)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	tos = iip->tos;
 	if (!(tos & MARKS)) {
 		count(EI_PASS); // fast-path packets and unmarked overlay traffic
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	if ((tos & MARKS) != MARKS || p != PARSE_OK) {
 		count(EI_CLEARED);
@@ -566,7 +586,7 @@ int to_underlay(struct __sk_buff *skb)
 		}
 	}
 	set_tos(skb, INNER_IP_OFF, tos, tos & ~MARKS);
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }
 
 SEC("tc")
@@ -574,7 +594,7 @@ int to_container(struct __sk_buff *skb)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP) || !linear(skb, ETH_HLEN + sizeof(struct iphdr))) {
 		count(II_PASS);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	struct flow_key key = {};
 	__u8 tos = 0, ttl = 0;
@@ -584,11 +604,11 @@ int to_container(struct __sk_buff *skb)
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	tos = ip->tos;
 	if (!(tos & MARKS)) {
 		count(II_PASS);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	swap_key(&key); // local side is the destination
 	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
@@ -610,5 +630,5 @@ int to_container(struct __sk_buff *skb)
 		count(II_LEARN);
 	}
 	set_tos(skb, ETH_HLEN, tos, tos & ~MARKS);
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }

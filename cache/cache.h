@@ -62,6 +62,7 @@ enum reason {
 	EG_MISS_EGRESS_HOST,
 	EG_ERR_ENCAP,
 	EG_FORGED_MARKS, // counted besides the outcome: a container's own marks, cleared
+	EG_FLOW_FORGOTTEN, // besides the outcome: a SYN's flow had a filter entry, dropped
 	IN_HIT,
 	IN_PASS_NOT_VXLAN,
 	IN_PASS_NOT_MINE,
@@ -72,6 +73,7 @@ enum reason {
 	IN_MISS_FILTER,
 	IN_MISS_INGRESS,
 	IN_ERR_DECAP,
+	IN_FLOW_FORGOTTEN, // besides the outcome: a SYN's flow had a filter entry, dropped
 	EI_LEARN,
 	EI_PAUSED,
 	EI_CLEARED,

@@ -3,9 +3,11 @@ package cache
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -22,7 +24,7 @@ import (
 
 const (
 	testVNI     = 42
-	tcActOK     = 0
+	tcNext      = ^uint32(0) // TC_ACT_UNSPEC: on to the device's next filter
 	tcActShot   = 2
 	tcActRedir  = 7
 	portMinTest = 10000
@@ -159,7 +161,7 @@ func TestFromContainerPassesUntouched(t *testing.T) {
 		{"same host", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ipLocal2, tctest.TCP(40000, 80, tctest.ACK, payload)))},
 		{"to the host's underlay", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ulPeer, tctest.TCP(40000, 80, tctest.ACK, payload)))},
 		{"outside the cluster", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoUDP, ipLocal, netip.MustParseAddr("192.0.2.1"), tctest.UDP(5000, 53, payload)))},
-		{"SYN", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.SYN)},
+		{"SYN-ACK", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK)},
 		{"FIN", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.FIN|tctest.ACK)},
 		{"RST", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.RST)},
 		{"TTL 1", "from_container/pass_ttl", egressTCP(tctest.IPOpts{TTL: 1}, tctest.ACK)},
@@ -168,10 +170,63 @@ func TestFromContainerPassesUntouched(t *testing.T) {
 			var ret uint32
 			var out []byte
 			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, tc.pkt) })
-			if ret != tcActOK || !bytes.Equal(out, tc.pkt) {
+			if ret != tcNext || !bytes.Equal(out, tc.pkt) {
 				t.Errorf("ret %d, packet changed: %v", ret, !bytes.Equal(out, tc.pkt))
 			}
 			expectCount(t, d, tc.reason)
+		})
+	}
+}
+
+// TestSYNForgetsFlow: a SYN starts a flow anew, in either direction: the
+// filter's entry for its 4-tuple goes (counted besides the pass), so a
+// connection that reuses the 4-tuple of one the caches held — one that may
+// take a path they never learn, such as a host socket's — is not put on
+// the fast path until the overlay lets it through again. A SYN-ACK leaves
+// the entry.
+func TestSYNForgetsFlow(t *testing.T) {
+	key := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
+	for _, tc := range []struct {
+		name    string
+		prog    func(c *Cache) *ebpf.Program
+		pkt     []byte
+		reasons []string
+		forgets bool
+	}{
+		{"from_container SYN", func(c *Cache) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN),
+			[]string{"from_container/pass_syn_fin_rst", "from_container/syn_flow_forgotten"}, true},
+		{"from_underlay SYN", func(c *Cache) *ebpf.Program { return c.objs.FromUnderlay }, ingressTCP(tctest.IPOpts{}, tctest.SYN),
+			[]string{"from_underlay/pass_syn_fin_rst", "from_underlay/syn_flow_forgotten"}, true},
+		{"from_container SYN-ACK", func(c *Cache) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK),
+			[]string{"from_container/pass_syn_fin_rst"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			fill(t, c, true, true, true, true)
+			var ret uint32
+			var out []byte
+			d := delta(t, c, func() { ret, out = tctest.Run(t, tc.prog(c), tc.pkt) })
+			if ret != tcNext || !bytes.Equal(out, tc.pkt) {
+				t.Errorf("ret %d, packet changed: %v", ret, !bytes.Equal(out, tc.pkt))
+			}
+			want := map[string]uint64{}
+			for _, r := range tc.reasons {
+				want[r] = 1
+			}
+			if !maps.Equal(d, want) {
+				t.Errorf("counters moved %v, want %v", d, want)
+			}
+			var f skcFilterVal
+			err := c.objs.SkcFilter.Lookup(key, &f)
+			if forgot := errors.Is(err, ebpf.ErrKeyNotExist); forgot != tc.forgets {
+				t.Errorf("filter entry forgotten: %v (lookup: %v), want %v", forgot, err, tc.forgets)
+			}
+			if !tc.forgets {
+				return
+			}
+			// The flow's next segment misses: the overlay carries it.
+			d = delta(t, c, func() { ret, _ = tctest.Run(t, c.objs.FromContainer, egressTCP(tctest.IPOpts{}, tctest.ACK)) })
+			expectCount(t, d, "from_container/miss_filter")
 		})
 	}
 }
@@ -196,7 +251,7 @@ func TestFromContainerMisses(t *testing.T) {
 			var out []byte
 			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, in) })
 			expectCount(t, d, tc.reason)
-			if ret != tcActOK || len(out) != len(in) {
+			if ret != tcNext || len(out) != len(in) {
 				t.Fatalf("ret %d, len %d", ret, len(out))
 			}
 			tos, ttl := ipAt(t, out, 14)
@@ -347,8 +402,8 @@ func TestFromUnderlay(t *testing.T) {
 			var out []byte
 			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, tc.pkt) })
 			expectCount(t, d, tc.reason)
-			if ret != tcActOK {
-				t.Fatalf("ret %d, want TC_ACT_OK", ret)
+			if ret != tcNext {
+				t.Fatalf("ret %d, want TC_ACT_UNSPEC", ret)
 			}
 			if tc.unchanged && !bytes.Equal(out, tc.pkt) {
 				t.Error("packet changed")
@@ -377,7 +432,7 @@ func TestFromUnderlayAntiSpoof(t *testing.T) {
 	var out []byte
 	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, in) })
 	expectCount(t, d, "from_underlay/pass_reverse_check")
-	if ret != tcActOK || !bytes.Equal(out, in) {
+	if ret != tcNext || !bytes.Equal(out, in) {
 		t.Error("a spoofed packet was not left to the overlay untouched")
 	}
 }
@@ -406,7 +461,7 @@ func TestToUnderlayLearns(t *testing.T) {
 	var out []byte
 	d := delta(t, c, func() { ret, out = fromOverlay(t, c.objs.ToUnderlay, in) })
 	expectCount(t, d, "to_underlay/learn")
-	if ret != tcActOK || len(out) != len(in) {
+	if ret != tcNext || len(out) != len(in) {
 		t.Fatalf("ret %d len %d", ret, len(out))
 	}
 	if tos, _ := ipAt(t, out, 64); tos != 0x20 {
@@ -447,7 +502,7 @@ func TestToUnderlayIgnoresLookAlikes(t *testing.T) {
 		var out []byte
 		d := delta(t, c, func() { ret, out, _ = tctest.RunSkb(t, c.objs.ToUnderlay, in, &tctest.Skb{Mark: mark}) })
 		expectCount(t, d, "to_underlay/pass_not_overlay")
-		if ret != tcActOK || !bytes.Equal(out[:len(in)], in) {
+		if ret != tcNext || !bytes.Equal(out[:len(in)], in) {
 			t.Errorf("mark %#x: ret %d, packet changed: %v", mark, ret, !bytes.Equal(out[:len(in)], in))
 		}
 	}
@@ -570,7 +625,7 @@ func TestFullCaches(t *testing.T) {
 		in[64+19] = byte(i) // a new remote container each time
 		binary.BigEndian.PutUint16(in[64+10:], 0)
 		binary.BigEndian.PutUint16(in[64+10:], tctest.Csum(in[64:84]))
-		if ret, _ := fromOverlay(t, c.objs.ToUnderlay, in); ret != tcActOK {
+		if ret, _ := fromOverlay(t, c.objs.ToUnderlay, in); ret != tcNext {
 			t.Fatalf("learning #%d at capacity: ret %d", i, ret)
 		}
 	}

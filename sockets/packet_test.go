@@ -23,6 +23,10 @@ import (
 
 // Golden-packet tests (BPF_PROG_RUN) of the tc and sk_lookup programs.
 
+// next is TC_ACT_UNSPEC: a packet a program does not take goes on to the
+// device's next program (another layer's), which decides.
+const next = ^uint32(0)
+
 var (
 	macA = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0a}
 	macB = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0b}
@@ -81,7 +85,6 @@ func TestFromUnderlay(t *testing.T) {
 	withPeer(t, l)
 	server := netip.AddrPortFrom(ipServer, 8080)
 	good := append(append([]byte{}, linuxSYNOptions...), synOption(server, ipClient)...)
-	const next = ^uint32(0) // TC_ACT_UNSPEC: the next program on the device decides
 	cases := []struct {
 		name    string
 		pkt     []byte
@@ -190,8 +193,8 @@ func TestFromContainerForgedSYN(t *testing.T) {
 	}{
 		{"option SYN to another host", syn(ipServer, ulPeer, tctest.SYN, opt), 2},
 		{"option SYN to a container", syn(ipServer, ipClient, tctest.SYN, opt), 2},
-		{"plain SYN", syn(ipServer, ulPeer, tctest.SYN, linuxSYNOptions), 0},
-		{"SYN-ACK with the option", syn(ipServer, ulPeer, tctest.SYN|tctest.ACK, opt), 0},
+		{"plain SYN", syn(ipServer, ulPeer, tctest.SYN, linuxSYNOptions), next},
+		{"SYN-ACK with the option", syn(ipServer, ulPeer, tctest.SYN|tctest.ACK, opt), next},
 	}
 	for _, c := range cases {
 		before, _ := l.Stats()
@@ -199,7 +202,7 @@ func TestFromContainerForgedSYN(t *testing.T) {
 			t.Errorf("%s: verdict %d, want %d", c.name, verdict, c.verdict)
 		}
 		after, _ := l.Stats()
-		if forged := after["syn_forged"] - before["syn_forged"]; forged != uint64(c.verdict/2) {
+		if forged, dropped := after["syn_forged"]-before["syn_forged"], c.verdict == 2; forged != 0 != dropped {
 			t.Errorf("%s: syn_forged +%d", c.name, forged)
 		}
 	}
@@ -432,7 +435,7 @@ func TestToHostStack(t *testing.T) {
 		verdict uint32           // when steered
 		judge   bool             // steered packets are marked for the policy
 	}{
-		{"from_overlay", l.objs.SksFromOverlay, macB, 0, true},
+		{"from_overlay", l.objs.SksFromOverlay, macB, 0, true}, // TC_ACT_OK: the route takes it
 		{"from_container", l.objs.SksFromContainer, loMAC, redirect, true},
 		// Test runs give the packet a socket, as the host's own packets have.
 		{"from_host", l.objs.SksFromHost, loMAC, redirect, false},
@@ -460,7 +463,7 @@ func TestToHostStack(t *testing.T) {
 			for _, c := range cases {
 				name := fmt.Sprintf("%s (sks_lookup attached: %v): %s", p.name, attached, c.name)
 				verdict, out, skb := tctest.RunSkb(t, p.prog, c.pkt, nil)
-				want, wantVerdict := append([]byte{}, c.pkt...), uint32(0)
+				want, wantVerdict := append([]byte{}, c.pkt...), next
 				if c.steer {
 					copy(want, p.dst)
 					wantVerdict = p.verdict

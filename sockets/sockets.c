@@ -714,10 +714,10 @@ static __always_inline void keep_off_route(struct iphdr *ip)
 // else is treated as a plain SYN (it reaches no replaced listener).
 #define SKS_OPT_FROM_END 16
 
-// The recorder is on the underlay's TCX hook, where it must leave every
-// packet to the programs after it (TC_ACT_UNSPEC): another program's
-// verdict, or none, decides.
-#define TCX_NEXT -1
+// The layers' tc programs share devices with each other's (docs/layers.md):
+// a packet a program does not take goes on to the device's next program
+// (TC_ACT_UNSPEC), whose verdict, or none, decides. The recorder on the
+// underlay's TCX hook never takes one.
 
 // ipv4_of returns a packet's IPv4 header, or NULL for any other packet.
 static __always_inline struct iphdr *ipv4_of(struct __sk_buff *skb)
@@ -790,7 +790,7 @@ static __always_inline bool fragment(struct iphdr *ip) { return ip->frag_off & b
 static __always_inline int underlay_fragment(struct __sk_buff *skb, struct iphdr *ip)
 {
 	if (ip->frag_off & bpf_htons(IP_OFFSET))
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	__u32 ihl = ip->ihl * 4;
 	// By the IP length, not data_end: a tiny fragment's frame is padded.
 	if (bpf_ntohs(ip->tot_len) < ihl + sizeof(struct tcphdr))
@@ -802,7 +802,7 @@ static __always_inline int underlay_fragment(struct __sk_buff *skb, struct iphdr
 		th = &copy;
 	}
 	if (!th->syn || th->ack)
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 drop:
 	count(SKS_TCP_FRAGMENT);
 	return TC_ACT_SHOT;
@@ -813,7 +813,7 @@ int sks_from_underlay(struct __sk_buff *skb)
 {
 	struct iphdr *ip = ipv4_of(skb);
 	if (!ip)
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	// Straight from the underlay to a container (no overlay): as from a
 	// container or the overlay, only steered packets may match the route.
 	if (local_container(ip->daddr))
@@ -825,7 +825,7 @@ int sks_from_underlay(struct __sk_buff *skb)
 		return underlay_fragment(skb, ip);
 	struct tcphdr *th = syn_of(skb, ip);
 	if (!th)
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	struct sks_tuple t = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = th->source, .dport = th->dest};
 	struct sks_opt o;
 	if (!syn_option(skb, ip, th, &o)) {
@@ -835,7 +835,7 @@ int sks_from_underlay(struct __sk_buff *skb)
 		// and every SYN of the host's own connections comes here.
 		if (bpf_map_lookup_elem(&sks_syns, &t))
 			bpf_map_delete_elem(&sks_syns, &t);
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	}
 	__be32 src = o.src_ip, dst = o.dst_ip;
 	__be16 port = o.dst_port;
@@ -854,7 +854,7 @@ int sks_from_underlay(struct __sk_buff *skb)
 	struct sks_pending p = {.dst_ip = dst, .src_ip = src, .dst_port = port};
 	bpf_map_update_elem(&sks_syns, &t, &p, BPF_ANY);
 	count(SKS_SYN_RECORDED);
-	return TCX_NEXT;
+	return TC_ACT_UNSPEC;
 }
 
 SEC("sk_lookup")
@@ -1047,9 +1047,9 @@ SEC("tc")
 int sks_from_overlay(struct __sk_buff *skb)
 {
 	struct iphdr *ip = for_container(skb);
-	if (ip)
-		route_container_packet(skb, ip, true);
-	return TC_ACT_OK;
+	if (ip && route_container_packet(skb, ip, true))
+		return TC_ACT_OK; // the host stack's, by its route
+	return TC_ACT_UNSPEC;
 }
 
 // into_lo turns a packet for the host stack into lo's ingress, where its
@@ -1130,11 +1130,11 @@ int sks_from_container(struct __sk_buff *skb)
 	if (!ip && skb->protocol == bpf_htons(ETH_P_IP) && pull(skb, sizeof(struct ethhdr) + sizeof(struct iphdr)))
 		ip = ipv4_of(skb);
 	if (!ip)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	if (ip->protocol == IPPROTO_TCP && container_tcp_refused(skb, ip))
 		return TC_ACT_SHOT;
 	if (!local_container(ip->daddr) || !route_container_packet(skb, ip, true))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	return into_lo(ip);
 }
 
@@ -1148,10 +1148,10 @@ SEC("tc")
 int sks_from_host(struct __sk_buff *skb)
 {
 	if (!skb->sk)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	struct iphdr *ip = for_container(skb);
 	if (!ip || !route_container_packet(skb, ip, false))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	return into_lo(ip);
 }
 

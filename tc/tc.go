@@ -20,14 +20,19 @@ const (
 	Egress  = netlink.HANDLE_MIN_EGRESS
 )
 
-// Priorities of skiff's filters on a device's hook: lower runs first. The
-// overlay's source check runs before every layer's programs, which see
-// only what it passed (it returns TC_ACT_UNSPEC for those: on to the next
-// filter).
+// Priorities of skiff's filters on a device's hook: lower runs first. A
+// program that does not take a packet returns TC_ACT_UNSPEC, and the next
+// filter sees it; one that takes it (redirect, drop, or "the stack's":
+// TC_ACT_OK) ends the hook. Only a container's host-side veth carries
+// filters of several: the overlay's source check first (every layer sees
+// only what it passed), then the sockets layer (its checks of a
+// container's TCP must see every packet, and packets it turns to the host
+// stack are no other layer's), then the cache (its fast path redirects
+// what it takes). docs/layers.md has the whole map.
 const (
 	PrioSource  = 1
-	PrioCache   = 2
-	PrioSockets = 3
+	PrioSockets = 2
+	PrioCache   = 3
 )
 
 // Attach puts prog, named name, on link's hook (clsact, direct action) at
