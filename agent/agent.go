@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,7 +38,10 @@ type Config struct {
 	Socket        string    // API socket path
 	StateDir      string    // local cache of the host's cluster identity
 	Cluster       cluster.Config
-	Mode          string // overlay, cache or sockets: the layers to run (layer.ForMode)
+	// Mode (cluster.Modes; default auto) or Layers (non-nil) say which
+	// layers run (layer.Choose).
+	Mode          string
+	Layers        []string
 	BPFDir        string // bpffs directory for pinned maps and links
 	// LayerOptions are each layer's options, by layer name (nil: the
 	// layer's defaults; the type is the layer package's, e.g.
@@ -65,7 +69,8 @@ type Agent struct {
 	// are the other registered ones, torn down at start.
 	layers   []running
 	unwanted []layer.Registration
-	needs    layer.Needs // what any of the layers needs
+	choices  []layer.Choice // every registered layer: on, or off and why
+	needs    layer.Needs    // what any of the layers needs
 
 	// listeners is the cluster's published listeners, kept by a watch
 	// (when a layer needs them; nil until the watch runs). Guarded by mu.
@@ -110,12 +115,14 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("host name is empty")
 	}
-	cfg.Mode = cmp.Or(cfg.Mode, "overlay")
-	names, err := layer.ForMode(cfg.Mode)
+	if cfg.Layers == nil {
+		cfg.Mode = cmp.Or(cfg.Mode, layer.Auto)
+	}
+	chosen, choices, err := layer.Choose(cfg.Mode, cfg.Layers, cfg.LayerOptions)
 	if err != nil {
 		return nil, err
 	}
-	layers, unwanted, err := newLayers(names, cfg.LayerOptions)
+	layers, unwanted, err := newLayers(chosen, cfg.LayerOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +157,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, store: s, control: control, layers: layers, unwanted: unwanted,
+	a := &Agent{cfg: cfg, log: log, store: s, control: control, layers: layers, unwanted: unwanted, choices: choices,
 		joinBackoff: backoff{min: time.Second, max: 30 * time.Second}, failures: quiet{period: 30 * time.Second}}
 	for _, l := range layers {
 		a.needs.Endpoints = a.needs.Endpoints || l.needs.Endpoints
@@ -158,6 +165,14 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served}
 	return a, nil
+}
+
+// mode names the layer set: the mode, or the layers asked for.
+func (a *Agent) mode() string {
+	if a.cfg.Layers != nil {
+		return "layers " + strings.Join(a.cfg.Layers, ",")
+	}
+	return a.cfg.Mode
 }
 
 // Run joins the cluster, builds the data plane, serves the API and converges
@@ -182,7 +197,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if removed, err := r.Teardown(a.layerEnv(r.Name)); err != nil {
 			return err
 		} else if removed {
-			a.log.Info("layer removed", "layer", r.Name, "mode", a.cfg.Mode)
+			a.log.Info("layer removed", "layer", r.Name, "mode", a.mode())
 		}
 	}
 	for _, l := range a.layers {
@@ -191,7 +206,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		defer l.Close()
 	}
-	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.cfg.Mode)
+	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.mode())
 
 	srv, err := a.serve(a.cfg.Socket)
 	if err != nil {

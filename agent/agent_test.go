@@ -31,7 +31,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"sockets without a broker", func(c *Config) {
 			c.Mode = "sockets"
 			c.LayerOptions = map[string]any{"sockets": sockets.Options{Broker: filepath.Join(t.TempDir(), "skiff-broker")}}
-		}, "sockets mode needs the socket broker"},
+		}, "the socket broker is missing"},
 		{"bad CIDR", func(c *Config) { c.Cluster.CIDR = netip.MustParsePrefix("10.244.1.0/16") }, "cluster CIDR"},
 		{"CIDR overlaps the underlay", func(c *Config) { c.Cluster.CIDR = netip.MustParsePrefix("127.0.0.0/16") }, "overlaps the underlay"},
 	}

@@ -16,15 +16,11 @@ import (
 	_ "github.com/skiffnet/skiff/sockets"
 )
 
-// newLayers makes the named layers with their options (not started yet),
+// newLayers makes the chosen layers with their options (not started yet),
 // and returns the other registered layers, to be torn down.
-func newLayers(names []string, options map[string]any) ([]running, []layer.Registration, error) {
-	regs, err := layer.Lookup(names)
-	if err != nil {
-		return nil, nil, err
-	}
+func newLayers(chosen []layer.Registration, options map[string]any) ([]running, []layer.Registration, error) {
 	var layers []running
-	for _, r := range regs {
+	for _, r := range chosen {
 		l, err := r.New(options[r.Name])
 		if err != nil {
 			return nil, nil, err
@@ -36,7 +32,7 @@ func newLayers(names []string, options map[string]any) ([]running, []layer.Regis
 	}
 	var unwanted []layer.Registration
 	for _, r := range layer.Registered() {
-		if !slices.Contains(names, r.Name) {
+		if !slices.ContainsFunc(chosen, func(c layer.Registration) bool { return c.Name == r.Name }) {
 			unwanted = append(unwanted, r)
 		}
 	}

@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/sockets"
 )
 
 // TestNewLayers: a mode's layers run, every other registered layer is torn
@@ -15,11 +18,11 @@ func TestNewLayers(t *testing.T) {
 		"overlay": {nil, []string{"cache", "sockets"}},
 		"cache":   {[]string{"cache"}, []string{"sockets"}},
 	} {
-		names, err := layer.ForMode(mode)
+		chosen, _, err := layer.Choose(mode, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		layers, unwanted, err := newLayers(names, map[string]any{"cache": cache.Capacity{EgressIPs: 1, EgressHosts: 1, Ingress: 1, Filter: 1}})
+		layers, unwanted, err := newLayers(chosen, map[string]any{"cache": cache.Capacity{EgressIPs: 1, EgressHosts: 1, Ingress: 1, Filter: 1}})
 		if err != nil {
 			t.Fatalf("mode %s: %v", mode, err)
 		}
@@ -34,7 +37,38 @@ func TestNewLayers(t *testing.T) {
 			t.Errorf("mode %s runs %v and tears down %v, want %v and %v", mode, run, down, want.run, want.down)
 		}
 	}
-	if _, _, err := newLayers([]string{"cache"}, map[string]any{"cache": "big"}); err == nil {
+	chosen, _, _ := layer.Choose("cache", nil, nil)
+	if _, _, err := newLayers(chosen, map[string]any{"cache": "big"}); err == nil {
 		t.Error("cache layer took options of another type")
+	}
+}
+
+// TestAutoLeavesOutWhatCannotRun: in auto mode a layer whose probe fails
+// (here the sockets layer without its broker, and with a cgroup root that
+// cannot be mounted) is off with the probe's reason and is torn down, not
+// started, at start; asked for by name it is an error.
+func TestAutoLeavesOutWhatCannotRun(t *testing.T) {
+	for name, opts := range map[string]sockets.Options{
+		"the socket broker is missing":                  {Broker: "/nonexistent/skiff-broker"},
+		"cgroup v2 is not mounted and cannot be mounted": {Broker: os.Args[0], CgroupRoot: "/proc/version/cgroup"},
+	} {
+		options := map[string]any{"sockets": opts}
+		chosen, choices, err := layer.Choose(layer.Auto, nil, options)
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers, unwanted, err := newLayers(chosen, options)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(layers) != 1 || layers[0].name != "cache" || len(unwanted) != 1 || unwanted[0].Name != "sockets" {
+			t.Errorf("%s: runs %v, tears down %v; want cache, and sockets torn down", name, layers, unwanted)
+		}
+		if len(choices) != 2 || choices[1].On || !strings.Contains(choices[1].Reason, name) {
+			t.Errorf("choices %+v, want sockets off: %s", choices, name)
+		}
+		if _, _, err := layer.Choose("sockets", nil, options); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("mode sockets: %v, want %q", err, name)
+		}
 	}
 }

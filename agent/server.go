@@ -118,7 +118,7 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	a.stateMu.Lock()
 	defer a.stateMu.Unlock()
 	s := api.Status{
-		Host: a.host, Cluster: a.cluster, Mode: a.cfg.Mode, StoreReachable: pingErr == nil,
+		Host: a.host, Cluster: a.cluster, Mode: a.mode(), StoreReachable: pingErr == nil,
 		Ready: pingErr == nil && a.isRegistered && a.syncErr == nil && !a.lastSync.IsZero(), Endpoints: a.endpoints,
 		RemoteHosts: a.remotes, LastSync: a.lastSync, Version: api.Version,
 	}
@@ -127,6 +127,9 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	}
 	if a.overlay != nil {
 		s.SourceDrops, _ = a.overlay.SourceDrops()
+	}
+	for _, c := range a.choices {
+		s.Layers = append(s.Layers, api.Layer{Name: c.Name, On: c.On, Reason: c.Reason})
 	}
 	for _, l := range a.layers {
 		l.Status(&s, a.local)
@@ -288,5 +291,5 @@ func (a *Agent) CacheView() (api.CacheView, error) {
 			return c.CacheView()
 		}
 	}
-	return api.CacheView{}, badRequest(fmt.Errorf("host %s runs mode %s, not cache", a.host.Name, a.cfg.Mode))
+	return api.CacheView{}, badRequest(fmt.Errorf("host %s does not run the cache layer (mode %s)", a.host.Name, a.mode()))
 }

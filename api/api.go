@@ -47,11 +47,13 @@ type Attachment struct {
 
 // Status describes the agent and its host.
 type Status struct {
-	Host           cluster.Host   `json:"host"`
-	Cluster        cluster.Config `json:"cluster"`
-	Mode           string         `json:"mode"`
-	StoreReachable bool           `json:"storeReachable"`
-	StoreError     string         `json:"storeError,omitempty"`
+	Host    cluster.Host   `json:"host"`
+	Cluster cluster.Config `json:"cluster"`
+	Mode    string         `json:"mode"`
+	// Layers is every layer skiffd knows: on, or off and why.
+	Layers         []Layer `json:"layers"`
+	StoreReachable bool    `json:"storeReachable"`
+	StoreError     string  `json:"storeError,omitempty"`
 	// Ready: the store answers, holds this host, and the last sync with
 	// it (since the connection to it was last lost) succeeded.
 	Ready       bool      `json:"ready"`
@@ -60,15 +62,22 @@ type Status struct {
 	LastSync    time.Time `json:"lastSync"`
 	SyncError   string    `json:"syncError,omitempty"`
 	Version     string    `json:"version"`
-	// Cache holds the fast path's counters (program/outcome → packets) in
-	// cache mode.
+	// Cache holds the fast path's counters (program/outcome → packets)
+	// when the cache layer runs.
 	Cache map[string]uint64 `json:"cache,omitempty"`
-	// Sockets holds the sockets layer's counters and its containers in
-	// sockets mode.
+	// Sockets holds the sockets layer's counters and its containers when
+	// it runs.
 	Sockets *SocketsStatus `json:"sockets,omitempty"`
 	// SourceDrops counts, by reason, the packets containers sent that the
 	// source check on their veths dropped (every mode).
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
+}
+
+// Layer is one data-plane layer of a host (docs/layers.md).
+type Layer struct {
+	Name   string `json:"name"`
+	On     bool   `json:"on"`
+	Reason string `json:"reason,omitempty"` // why it is off
 }
 
 // SocketsStatus is the sockets layer of one host.

@@ -92,6 +92,14 @@ var Modes = map[string]Mode{
 		Placement:   ContainerPlacement,
 		Description: "containers on the overlay with the ONCache eBPF fast path",
 	},
+	// Every layer at once: TCP between preloaded processes on host
+	// sockets, the rest on the cache (lab.Command preloads the shim).
+	"auto": {
+		Name:        "auto",
+		LabMode:     "auto",
+		Placement:   ContainerPlacement,
+		Description: "containers with every layer on (--mode auto): host sockets for TCP, the cache for the rest",
+	},
 	// The lab runs a sockets-mode container's commands with the shim
 	// preloaded (lab.Command), so the mode needs no Wrap of its own.
 	"sockets": {

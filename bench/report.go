@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"time"
 )
@@ -48,6 +49,9 @@ type Config struct {
 	CellSeconds  float64  `json:"cell_seconds"`
 	ConnectCount int      `json:"connect_count"`
 	LabMode      string   `json:"lab_mode"`
+	// Commit is the skiff commit measured (the binary's VCS stamp, with
+	// "-dirty" for uncommitted changes; "unknown" without one).
+	Commit string `json:"commit"`
 }
 
 // Result is one (workload, mode, metric) row. Pointer fields are null when
@@ -118,6 +122,27 @@ func (r *Report) find(workload, mode, metric string) (Result, bool) {
 		}
 	}
 	return Result{}, false
+}
+
+// commit returns the VCS revision the running binary was built from.
+func commit() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	rev, dirty := "unknown", false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty && rev != "unknown" {
+		rev += "-dirty"
+	}
+	return rev
 }
 
 // collectMachine describes the machine the benchmark runs on.

@@ -468,6 +468,7 @@ func (r *runner) report(start time.Time) *Report {
 		Config: Config{
 			Repeat: r.repeat, SameHost: r.opts.SameHost, Profile: r.prof.Name,
 			CellSeconds: r.duration.Seconds(), ConnectCount: r.connects, LabMode: r.lab.Mode(),
+			Commit: commit(),
 		},
 		Results:  []Result{},
 		Failures: append([]Failure{}, r.failures...),

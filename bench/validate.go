@@ -116,6 +116,9 @@ func validateConfig(c map[string]any) (Config, error) {
 	if cfg.CellSeconds <= 0 {
 		return cfg, fmt.Errorf("config.cell_seconds is %g, want > 0", cfg.CellSeconds)
 	}
+	if cfg.Commit, err = getString(c, "commit", "config"); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 

@@ -37,13 +37,16 @@ func (c *Cache) Setup() error {
 	// The fast path takes packets conntrack never sees; without liberal
 	// window tracking conntrack would call the flow's FIN or RST invalid
 	// (out of window) and never end the flow.
-	if err := os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal", []byte("1"), 0o644); err != nil {
+	if err := os.WriteFile(liberal, []byte("1"), 0o644); err != nil {
 		return fmt.Errorf("conntrack liberal TCP tracking: %w", err)
 	}
 	return markRules(c.cfg).Install()
 }
 
 const markChain = "SKIFF-CACHE"
+
+// liberal is conntrack's setting for liberal TCP window tracking.
+const liberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 
 // markRules are the rules the fast path needs from the overlay: every
 // overlay packet forwarded between containers gets LearnMark (so

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
@@ -15,6 +19,7 @@ import (
 // The cache needs every host's endpoints: its egress caches name them all.
 func init() {
 	layer.Register(layer.Registration{Name: "cache", Needs: layer.Needs{Endpoints: true},
+		Probe:    probe,
 		New:      newLayer,
 		Teardown: teardownLayer,
 	})
@@ -31,6 +36,25 @@ type Layer struct {
 	// with it; pause: Sync paused learning, Settle resumes it.
 	pending, pause bool
 	attached       bool // endpoints found at start have the fast path
+}
+
+// probe checks what the fast path needs beyond the overlay (whose source
+// check already needs tc eBPF programs): redirecting into a namespace,
+// resizing a packet's headroom, and connection tracking for the mark rule.
+func probe(any) error {
+	return layer.First(
+		layer.Programs(ebpf.SchedCLS, asm.FnRedirectPeer, asm.FnSkbAdjustRoom, asm.FnCsumDiff),
+		layer.Maps(ebpf.LRUHash, ebpf.PerCPUArray),
+		conntrack(),
+	)
+}
+
+// conntrack checks for the connection tracking the mark rule reads.
+func conntrack() error {
+	if _, err := os.Stat(liberal); err != nil {
+		return fmt.Errorf("no connection tracking (nf_conntrack): %w", err)
+	}
+	return nil
 }
 
 // newLayer takes the caches' Capacity (nil: DefaultCapacity).

@@ -235,6 +235,18 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 	fmt.Fprintf(w, "host:       %s (underlay %s, VTEP MAC %s)\n", st.Host.Name, st.Host.UnderlayIP, st.Host.VTEPMAC)
 	fmt.Fprintf(w, "subnet:     %s of cluster %s (VNI %d, UDP port %d)\n", st.Host.Subnet, st.Cluster.CIDR, st.Cluster.VNI, st.Cluster.VXLANPort)
 	fmt.Fprintf(w, "mode:       %s\n", st.Mode)
+	fmt.Fprintf(w, "layers:     overlay on")
+	for _, l := range st.Layers {
+		if l.On {
+			fmt.Fprintf(w, ", %s on", l.Name)
+		}
+	}
+	fmt.Fprintln(w)
+	for _, l := range st.Layers {
+		if !l.On {
+			fmt.Fprintf(w, "            %s off — %s\n", l.Name, l.Reason)
+		}
+	}
 	store := "reachable"
 	if !st.StoreReachable {
 		store = "UNREACHABLE: " + st.StoreError

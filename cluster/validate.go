@@ -7,8 +7,9 @@ import (
 	"strings"
 )
 
-// Modes the data plane can run in.
-var Modes = []string{"overlay", "cache", "sockets"}
+// Modes the data plane can run in: auto (every layer the host can run),
+// overlay (none), or one layer alone (package layer).
+var Modes = []string{"auto", "overlay", "cache", "sockets"}
 
 // ValidMode reports whether m is one of Modes.
 func ValidMode(m string) bool {

@@ -172,7 +172,7 @@ func (l *Lab) startAgent(h *Host) error {
 		"--socket", h.Socket, "--state-dir", filepath.Join(dir, "state"), "--mode", l.Config.Mode,
 		"--cluster-cidr", l.Config.ClusterCIDR, "--bpf-dir", l.bpfDir(h.Name)}, creds...)
 	args = append(args, l.Config.AgentArgs...)
-	if l.Config.Mode == "sockets" {
+	if l.Config.Runs("sockets") {
 		args = append(args, "--broker", filepath.Join(l.Config.BinDir, "skiff-broker"))
 	}
 	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"), args...)

@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -301,16 +299,7 @@ func TestCacheModeSwitchBack(t *testing.T) {
 	}
 	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done")
-		out, err := cmd.CombinedOutput()
-		if err != nil || strings.Contains(string(out), "skiff-cache") {
-			t.Errorf("%s still has cache programs attached (%v):\n%s", h, err, out)
-		}
-		for _, dir := range []string{filepath.Join(l.bpfDir(h), "cache"), l.bpfDir(h)} {
-			if _, err := os.Stat(filepath.Join(dir, "skc_control")); err == nil {
-				t.Errorf("%s still has pinned cache maps in %s", h, dir)
-			}
-		}
+		noCacheLayer(t, l, h)
 	}
 	st, err := api.NewClient(l.Hosts[0].Socket).Status(ctx)
 	if err != nil || st.Mode != "overlay" || st.Cache != nil {

@@ -70,7 +70,7 @@ func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
 	i := l.nextContainerIndex(host)
 	c := Container{Name: fmt.Sprintf("%s/c%d", host, i), Host: host, Netns: fmt.Sprintf("%s%s-c%d", l.prefix(), host, i)}
 	c.ID = c.Netns
-	if l.Config.Mode == "sockets" {
+	if l.Config.Runs("sockets") {
 		// The runtime's job: a cgroup for the container, passed to CNI as
 		// cgroupPath. Its broker creates the container's host sockets in it.
 		dir, err := l.cgroupDir()

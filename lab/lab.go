@@ -61,6 +61,11 @@ type Config struct {
 	EtcdMembers int `json:"etcdMembers,omitempty"`
 }
 
+// Runs reports whether the lab's agents run a layer (auto runs every one
+// this machine can: the lab needs what each asks of it, such as the
+// sockets layer's cgroups and shim).
+func (c *Config) Runs(layer string) bool { return c.Mode == layer || c.Mode == "auto" }
+
 // maxEtcdMembers: etcd's own advice (more make every write slower).
 const maxEtcdMembers = 7
 
@@ -115,7 +120,7 @@ func (c *Config) defaults() error {
 		c.BinDir = filepath.Dir(exe)
 	}
 	bins := []string{"skiff", "skiffd", "skiff-cni"}
-	if c.Mode == "sockets" {
+	if c.Runs("sockets") {
 		bins = append(bins, "skiff-broker", "libskiff.so")
 	}
 	for _, b := range bins {
@@ -511,7 +516,7 @@ func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args .
 	argv = append([]string{"ip", "netns", "exec", ns, "setpriv", "--bounding-set", caps, "--", name}, args...)
 	// The shell joins the cgroup, then becomes the command (same pid).
 	cmd := exec.CommandContext(ctx, "sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, c.Cgroup}, argv...)...)
-	if l.Config.Mode == "sockets" {
+	if l.Config.Runs("sockets") {
 		cmd.Env = append(os.Environ(), "LD_PRELOAD="+l.Shim())
 	}
 	return cmd, nil
@@ -520,7 +525,7 @@ func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args .
 // Listening returns the replaced listeners (sockets mode) of a container:
 // they live in its host's namespace, not the container's.
 func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, error) {
-	if l.Config.Mode != "sockets" || !strings.Contains(target, "/") {
+	if !l.Config.Runs("sockets") || !strings.Contains(target, "/") {
 		return nil, nil
 	}
 	c, err := l.Container(target)

@@ -1140,20 +1140,7 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 
 	restartAgents(t, l, "overlay")
 	for _, h := range []string{"h1", "h2"} {
-		cmd, _ := l.Command(ctx, h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; ip route show table local; iptables -S INPUT; iptables -S SKIFF-DENY; sysctl net.ipv4.conf.lo.accept_local")
-		out, err := cmd.CombinedOutput()
-		if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") ||
-			strings.Contains(string(out), "tos 0x1c") ||
-			strings.Contains(string(out), "skiff overlay to host stack") || strings.Contains(string(out), "skiff deny to host stack") ||
-			!strings.Contains(string(out), "accept_local = 0") {
-			t.Errorf("%s still has the sockets layer (%v):\n%s", h, err, out)
-		}
-		if _, err := os.Stat(filepath.Join(l.bpfDir(h), "sockets", "sks_listen")); err == nil {
-			t.Errorf("%s still has pinned sockets maps", h)
-		}
-		if n := tcxIngress(t, l, h); n != 0 {
-			t.Errorf("%s still has %d programs on eth0's TCX ingress", h, n)
-		}
+		noSocketsLayer(t, l, h)
 	}
 	for _, pid := range brokers {
 		if alive(pid) {
@@ -1172,6 +1159,27 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 	echoServer(t, l, "h1/c1", echoPort+1)
 	if err := exchange(l, "h2/c1", "tcp4", netip.AddrPortFrom(srvIP, echoPort+1)); err != nil {
 		t.Fatalf("overlay after switching back: %v", err)
+	}
+}
+
+// noSocketsLayer checks that host has nothing of the sockets layer: no
+// program attached, no route or rule, lo's accept_local back, no pinned
+// map.
+func noSocketsLayer(t *testing.T, l *Lab, h string) {
+	t.Helper()
+	cmd, _ := l.Command(context.Background(), h, "sh", "-c", "for d in $(ls /sys/class/net); do tc filter show dev $d ingress; tc filter show dev $d egress; done; ip rule; ip route show table local; iptables -S INPUT; iptables -S SKIFF-DENY; sysctl net.ipv4.conf.lo.accept_local")
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.Contains(string(out), "skiff-sockets") || strings.Contains(string(out), "fwmark") ||
+		strings.Contains(string(out), "tos 0x1c") ||
+		strings.Contains(string(out), "skiff overlay to host stack") || strings.Contains(string(out), "skiff deny to host stack") ||
+		!strings.Contains(string(out), "accept_local = 0") {
+		t.Errorf("%s still has the sockets layer (%v):\n%s", h, err, out)
+	}
+	if _, err := os.Stat(filepath.Join(l.bpfDir(h), "sockets", "sks_listen")); err == nil {
+		t.Errorf("%s still has pinned sockets maps", h)
+	}
+	if n := tcxIngress(t, l, h); n != 0 {
+		t.Errorf("%s still has %d programs on eth0's TCX ingress", h, n)
 	}
 }
 

@@ -44,7 +44,6 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/skiffnet/skiff/api"
@@ -138,6 +137,10 @@ func (v *View) Same(o *View) bool {
 type Registration struct {
 	Name  string
 	Needs Needs
+	// Probe says what this host lacks for the layer (a kernel feature, a
+	// file system, a binary), or nil when it can run; options as for New.
+	// It attaches nothing. Nil: the layer runs wherever skiff does.
+	Probe func(options any) error
 	// New checks the layer's options (nil: defaults; else the type the
 	// layer package documents) and returns the layer, not started.
 	New func(options any) (Layer, error)
@@ -176,39 +179,4 @@ func Registered() []Registration {
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
 	return all
-}
-
-// Lookup returns the registrations of names, in order: an unknown or
-// repeated name is an error.
-func Lookup(names []string) ([]Registration, error) {
-	var out []Registration
-	for i, n := range names {
-		mu.Lock()
-		r, ok := registered[n]
-		mu.Unlock()
-		if !ok {
-			var known []string
-			for _, r := range Registered() {
-				known = append(known, r.Name)
-			}
-			return nil, fmt.Errorf("unknown layer %q (layers: %s)", n, strings.Join(known, ", "))
-		}
-		if slices.Contains(names[:i], n) {
-			return nil, fmt.Errorf("layer %q named twice", n)
-		}
-		out = append(out, r)
-	}
-	return out, nil
-}
-
-// ForMode returns the layers a --mode runs: overlay none, cache and
-// sockets their layer.
-func ForMode(mode string) ([]string, error) {
-	switch mode {
-	case "overlay":
-		return nil, nil
-	case "cache", "sockets":
-		return []string{mode}, nil
-	}
-	return nil, fmt.Errorf("mode %q is not one of %v", mode, cluster.Modes)
 }

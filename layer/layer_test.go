@@ -1,6 +1,7 @@
 package layer_test
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -8,65 +9,74 @@ import (
 	_ "github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
-	_ "github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/sockets"
 )
 
-func TestLookup(t *testing.T) {
-	regs, err := layer.Lookup([]string{"sockets", "cache"})
-	if err != nil {
-		t.Fatal(err)
+// TestChooseModes: the registered layers, chosen by mode and by name, on
+// this machine (which has what both need).
+func TestChooseModes(t *testing.T) {
+	// The test binary stands in for the broker.
+	options := map[string]any{"sockets": sockets.Options{Secure: true, Broker: os.Args[0]}}
+	for _, tc := range []struct {
+		mode  string
+		names []string
+		want  []string
+	}{
+		{"auto", nil, []string{"cache", "sockets"}},
+		{"overlay", nil, nil},
+		{"cache", nil, []string{"cache"}},
+		{"sockets", nil, []string{"sockets"}},
+		{"", []string{"sockets", "cache"}, []string{"sockets", "cache"}},
+		{"", []string{}, nil},
+	} {
+		regs, choices, err := layer.Choose(tc.mode, tc.names, options)
+		if err != nil {
+			t.Fatalf("mode %q layers %q: %v", tc.mode, tc.names, err)
+		}
+		var got []string
+		for _, r := range regs {
+			got = append(got, r.Name)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("mode %q layers %q runs %v, want %v", tc.mode, tc.names, got, tc.want)
+		}
+		if len(choices) != 2 || choices[0].Name != "cache" || choices[1].Name != "sockets" {
+			t.Errorf("choices %+v, want one for each registered layer", choices)
+		}
+		for _, c := range choices {
+			if c.On != slices.Contains(tc.want, c.Name) || c.On != (c.Reason == "") {
+				t.Errorf("mode %q layers %q: %+v", tc.mode, tc.names, c)
+			}
+		}
 	}
-	if len(regs) != 2 || regs[0].Name != "sockets" || regs[1].Name != "cache" {
-		t.Fatalf("Lookup(sockets, cache) = %v, want both in that order", regs)
-	}
-	if !regs[0].Needs.Listeners || regs[0].Needs.Endpoints || !regs[1].Needs.Endpoints || regs[1].Needs.Listeners {
-		t.Errorf("needs: sockets %+v, cache %+v; want listeners and every endpoint", regs[0].Needs, regs[1].Needs)
+	for _, m := range cluster.Modes {
+		if _, _, err := layer.Choose(m, nil, options); err != nil {
+			t.Errorf("mode %s: %v", m, err)
+		}
 	}
 	for _, tc := range []struct {
+		mode  string
 		names []string
 		want  string
 	}{
-		{[]string{"warp"}, `unknown layer "warp" (layers: cache, sockets)`},
-		{[]string{"cache", "Cache"}, `unknown layer "Cache"`},
-		{[]string{"cache", "cache"}, `layer "cache" named twice`},
-		{[]string{""}, `unknown layer ""`},
+		{"", nil, `mode "" is not one of auto, overlay, cache, sockets`},
+		{"Cache", nil, `mode "Cache" is not one of`},
+		{"cache,sockets", nil, `mode "cache,sockets" is not one of`},
+		{"auto", []string{"cache"}, "not both"},
+		{"", []string{"warp"}, `unknown layer "warp" (layers: cache, sockets)`},
+		{"", []string{"cache", "Cache"}, `unknown layer "Cache"`},
+		{"", []string{"cache", "cache"}, `layer "cache" named twice`},
+		{"", []string{""}, `unknown layer ""`},
 	} {
-		if _, err := layer.Lookup(tc.names); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("Lookup(%q) = %v, want an error with %q", tc.names, err, tc.want)
-		}
-	}
-}
-
-func TestForMode(t *testing.T) {
-	want := map[string][]string{"overlay": nil, "cache": {"cache"}, "sockets": {"sockets"}}
-	for _, mode := range cluster.Modes {
-		names, err := layer.ForMode(mode)
-		if err != nil {
-			t.Fatalf("mode %s: %v", mode, err)
-		}
-		if !slices.Equal(names, want[mode]) {
-			t.Errorf("mode %s runs %v, want %v", mode, names, want[mode])
-		}
-		if _, err := layer.Lookup(names); err != nil {
-			t.Errorf("mode %s: %v", mode, err)
-		}
-	}
-	if len(want) != len(cluster.Modes) {
-		t.Errorf("modes %v, want %d", cluster.Modes, len(want))
-	}
-	for _, mode := range []string{"", "auto", "Cache", "cache,sockets"} {
-		if _, err := layer.ForMode(mode); err == nil || !strings.Contains(err.Error(), "is not one of [overlay cache sockets]") {
-			t.Errorf("ForMode(%q) = %v, want an error naming the modes", mode, err)
+		if _, _, err := layer.Choose(tc.mode, tc.names, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Choose(%q, %q) = %v, want an error with %q", tc.mode, tc.names, err, tc.want)
 		}
 	}
 }
 
 // TestNewOptions: a layer refuses options of another's type.
 func TestNewOptions(t *testing.T) {
-	regs, err := layer.Lookup([]string{"cache", "sockets"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	regs := layer.Registered()
 	for _, r := range regs {
 		if _, err := r.New(42); err == nil || !strings.Contains(err.Error(), "not int") {
 			t.Errorf("%s layer with options 42: %v, want an error", r.Name, err)
@@ -93,7 +103,7 @@ func TestRegisterRefuses(t *testing.T) {
 			layer.Register(r)
 		}()
 	}
-	if _, err := layer.Lookup([]string{"steering"}); err == nil {
+	if _, _, err := layer.Choose("", []string{"steering"}, nil); err == nil {
 		t.Error("a refused registration is known")
 	}
 }

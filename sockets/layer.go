@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
@@ -16,6 +19,7 @@ import (
 // The sockets layer needs the cluster's listeners: its routes lead to them.
 func init() {
 	layer.Register(layer.Registration{Name: "sockets", Needs: layer.Needs{Listeners: true},
+		Probe:    probe,
 		New:      newAgentLayer,
 		Teardown: teardownLayer,
 	})
@@ -39,25 +43,73 @@ type agentLayer struct {
 
 // newAgentLayer takes Options (nil: secure, the broker next to the binary).
 func newAgentLayer(options any) (layer.Layer, error) {
+	o, err := parseOptions(options)
+	if err != nil {
+		return nil, err
+	}
+	return &agentLayer{opts: o}, nil
+}
+
+// parseOptions checks the layer's options and fills in the defaults.
+func parseOptions(options any) (Options, error) {
 	o := Options{Secure: true}
 	switch v := options.(type) {
 	case nil:
 	case Options:
 		o = v
 	default:
-		return nil, fmt.Errorf("sockets layer options are a sockets.Options, not %T", options)
+		return o, fmt.Errorf("sockets layer options are a sockets.Options, not %T", options)
 	}
 	if o.Broker == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("find skiff-broker: %w", err)
+			return o, fmt.Errorf("find skiff-broker: %w", err)
 		}
 		o.Broker = filepath.Join(filepath.Dir(exe), "skiff-broker")
 	}
 	if _, err := os.Stat(o.Broker); err != nil {
-		return nil, fmt.Errorf("sockets mode needs the socket broker: %w (give --broker)", err)
+		return o, fmt.Errorf("the socket broker is missing: %w (give --broker)", err)
 	}
-	return &agentLayer{opts: o}, nil
+	return o, nil
+}
+
+// probe checks what the layer needs: its program types and the helpers
+// and maps no older kernel has (sk_lookup with bpf_sk_assign, header
+// options from sockops, bpf_set_retval), bpf_sock_destroy to end what the
+// policy denies, TCX for the recorder, cgroup v2 for the hooks (mounted
+// if it is not), and the broker.
+func probe(options any) error {
+	o, err := parseOptions(options)
+	if err != nil {
+		return err
+	}
+	return layer.First(
+		layer.Programs(ebpf.CGroupSock),
+		layer.Programs(ebpf.CGroupSockAddr),
+		layer.Programs(ebpf.CGroupSockopt, asm.FnSetRetval),
+		layer.Programs(ebpf.SockOps, asm.FnReserveHdrOpt, asm.FnStoreHdrOpt),
+		layer.Programs(ebpf.SkLookup, asm.FnSkAssign),
+		layer.Programs(ebpf.SchedCLS, asm.FnTcpCheckSyncookie),
+		layer.Maps(ebpf.SockHash, ebpf.SkStorage, ebpf.RingBuf, ebpf.ArrayOfMaps),
+		layer.KernelHas("bpf_sock_destroy, to end connections the policy denies", "bpf_sock_destroy"),
+		layer.KernelHas("TCX", "tcx_prog_attach"),
+		cgroup(o.CgroupRoot),
+	)
+}
+
+// cgroup checks for a cgroup v2 mount: root, or the system's (mounted
+// at DefaultCgroupRoot when it has none).
+func cgroup(root string) error {
+	var err error
+	if root == "" {
+		_, err = CgroupRoot()
+	} else {
+		err = MountCgroup2(root)
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup v2 is not mounted and cannot be mounted: %w", err)
+	}
+	return nil
 }
 
 // Start loads the layer (reusing pinned state), attaches its host-wide

@@ -53,11 +53,12 @@ func run(args []string) error {
 	hostPrefix := fs.Int("host-prefix", 24, "length of each host's subnet")
 	vni := fs.Int("vni", 1, "VXLAN network identifier")
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
-	mode := fs.String("mode", "overlay", "data-plane mode: "+strings.Join(agent.Modes, ", "))
-	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (the source check; cache and sockets modes)")
-	secure := fs.Bool("sockets-secure", true, "sockets mode: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
-	broker := fs.String("broker", "", "sockets mode: the skiff-broker binary (default: next to skiffd)")
-	cgroupRoot := fs.String("cgroup-root", "", "sockets mode: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
+	mode := fs.String("mode", "auto", "data-plane mode: "+strings.Join(agent.Modes, ", ")+" (auto: every layer this host can run; docs/layers.md)")
+	layers := fs.String("layers", "", "run exactly these layers, comma-separated (e.g. cache,sockets; none: the overlay alone), instead of a --mode")
+	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (the source check; each layer in a directory of its own)")
+	secure := fs.Bool("sockets-secure", true, "sockets layer: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
+	broker := fs.String("broker", "", "sockets layer: the skiff-broker binary (default: next to skiffd)")
+	cgroupRoot := fs.String("cgroup-root", "", "sockets layer: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
 	capacity := cache.DefaultCapacity
 	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
 		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
@@ -71,6 +72,16 @@ func run(args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var layerList []string
+	if set(fs, "layers") {
+		if set(fs, "mode") {
+			return errors.New("give --mode or --layers, not both")
+		}
+		*mode, layerList = "", []string{}
+		if *layers != "none" {
+			layerList = append(layerList, splitList(*layers)...)
+		}
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -124,7 +135,7 @@ func run(args []string) error {
 		return err
 	}
 	a, err := agent.New(agent.Config{
-		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode,
+		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
 		BPFDir: *bpfDir, LayerOptions: map[string]any{
 			"cache":   capacity,
 			"sockets": sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
@@ -232,6 +243,13 @@ func checkCredentials(creds store.TLS, name string, log *slog.Logger) error {
 		log.Warn("the etcd client certificate expires soon: issue a new one with skiff cert issue", "file", creds.CertFile, "notAfter", end)
 	}
 	return nil
+}
+
+// set reports whether the command line gave flag name.
+func set(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
 }
 
 func splitList(s string) []string {

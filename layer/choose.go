@@ -1,0 +1,105 @@
+package layer
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/skiffnet/skiff/cluster"
+)
+
+// Auto is the mode that runs every layer this host can run.
+const Auto = "auto"
+
+// Choice is whether a registered layer runs on this start, and why not.
+type Choice struct {
+	Name   string
+	On     bool
+	Reason string // why it is off
+}
+
+// Choose picks the layers of a start: with names (skiffd --layers),
+// exactly those; otherwise mode's (cluster.Modes): auto every registered
+// layer whose Probe passes, overlay none, a layer's name that layer alone.
+// A layer asked for by name must pass its probe; auto turns off the ones
+// that do not, with the probe's answer as the reason. It returns the
+// layers to run, in order, and a choice for every registered layer.
+func Choose(mode string, names []string, options map[string]any) ([]Registration, []Choice, error) {
+	return choose(Registered(), mode, names, options)
+}
+
+func choose(all []Registration, mode string, names []string, options map[string]any) ([]Registration, []Choice, error) {
+	auto := false
+	switch {
+	case names != nil && mode != "":
+		return nil, nil, fmt.Errorf("give a mode (%s) or a list of layers, not both", mode)
+	case names != nil:
+		mode = "layers " + strings.Join(names, ",")
+	case mode == Auto:
+		auto = true
+	case mode == "overlay":
+		names = []string{}
+	case slices.ContainsFunc(all, func(r Registration) bool { return r.Name == mode }):
+		names = []string{mode}
+	default:
+		return nil, nil, fmt.Errorf("mode %q is not one of %s", mode, strings.Join(cluster.Modes, ", "))
+	}
+	if !auto {
+		if err := known(all, names); err != nil {
+			return nil, nil, err
+		}
+	}
+	var run []Registration
+	var choices []Choice
+	for _, r := range all {
+		c := Choice{Name: r.Name}
+		switch {
+		case !auto && !slices.Contains(names, r.Name):
+			c.Reason = "not in " + mode
+		default:
+			if r.Probe != nil {
+				if err := r.Probe(options[r.Name]); err != nil {
+					if !auto {
+						return nil, nil, fmt.Errorf("layer %s cannot run on this host: %w", r.Name, err)
+					}
+					c.Reason = err.Error()
+					break
+				}
+			}
+			c.On = true
+		}
+		choices = append(choices, c)
+	}
+	// In the order asked for (the order of Sync and Settle).
+	order := names
+	if auto {
+		order = nil
+		for _, c := range choices {
+			order = append(order, c.Name)
+		}
+	}
+	for _, n := range order {
+		i := slices.IndexFunc(choices, func(c Choice) bool { return c.Name == n })
+		if choices[i].On {
+			run = append(run, all[i])
+		}
+	}
+	return run, choices, nil
+}
+
+// known checks that names are registered, once each.
+func known(all []Registration, names []string) error {
+	for i, n := range names {
+		if !slices.ContainsFunc(all, func(r Registration) bool { return r.Name == n }) {
+			var known []string
+			for _, r := range all {
+				known = append(known, r.Name)
+			}
+			return fmt.Errorf("unknown layer %q (layers: %s)", n, strings.Join(known, ", "))
+		}
+		if slices.Contains(names[:i], n) {
+			return fmt.Errorf("layer %q named twice", n)
+		}
+	}
+	return nil
+}
