@@ -40,9 +40,9 @@ type Config struct {
 	Cluster       cluster.Config
 	// Mode (cluster.Modes; default auto) or Layers (non-nil) say which
 	// layers run (layer.Choose).
-	Mode          string
-	Layers        []string
-	BPFDir        string // bpffs directory for pinned maps and links
+	Mode   string
+	Layers []string
+	BPFDir string // bpffs directory for pinned maps and links
 	// LayerOptions are each layer's options, by layer name (nil: the
 	// layer's defaults; the type is the layer package's, e.g.
 	// cache.Capacity, sockets.Options).

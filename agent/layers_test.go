@@ -49,7 +49,7 @@ func TestNewLayers(t *testing.T) {
 // started, at start; asked for by name it is an error.
 func TestAutoLeavesOutWhatCannotRun(t *testing.T) {
 	for name, opts := range map[string]sockets.Options{
-		"the socket broker is missing":                  {Broker: "/nonexistent/skiff-broker"},
+		"the socket broker is missing":                   {Broker: "/nonexistent/skiff-broker"},
 		"cgroup v2 is not mounted and cannot be mounted": {Broker: os.Args[0], CgroupRoot: "/proc/version/cgroup"},
 	} {
 		options := map[string]any{"sockets": opts}

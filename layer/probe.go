@@ -71,4 +71,3 @@ func First(errs ...error) error {
 	}
 	return nil
 }
-
