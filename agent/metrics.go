@@ -68,6 +68,10 @@ func renderMetrics(st api.Status) string {
 	gauge("skiff_remote_hosts", "Other hosts in the cluster.", float64(st.RemoteHosts))
 	gauge("skiff_store_reachable", "Whether the cluster store answers.", boolean(st.StoreReachable))
 	gauge("skiff_ready", "Whether the agent is registered and in sync.", boolean(st.Ready))
+	family("skiff_layer_on", "gauge", "Whether a data-plane layer runs on this host (skiff status says why one is off).")
+	for _, l := range st.Layers {
+		fmt.Fprintf(b, "skiff_layer_on{layer=%q} %g\n", l.Name, boolean(l.On))
+	}
 	if st.SourceDrops != nil {
 		family("skiff_source_check_drops_total", "counter", "Packets of containers the source check on their veths dropped, by reason (docs/security.md).")
 		for _, r := range overlay.SourceReasons {

@@ -44,7 +44,7 @@ metrics:
 }
 
 func TestRenderSocketsMetrics(t *testing.T) {
-	st := api.Status{Ready: true, Endpoints: 2, Sockets: &api.SocketsStatus{
+	st := api.Status{Ready: true, Endpoints: 2, Layers: []api.Layer{{Name: "cache", Reason: "no connection tracking"}, {Name: "sockets", On: true}}, Sockets: &api.SocketsStatus{
 		Counters:  map[string]uint64{"connect_fast": 7, "connect_denied": 0, "syn_spoofed": 2},
 		Listeners: []string{"10.244.1.2:80", "10.244.1.3:11211"},
 		Policy:    &api.SocketsPolicy{Rules: 3},
@@ -61,6 +61,8 @@ func TestRenderSocketsMetrics(t *testing.T) {
 	}{
 		{"skiff_ready", nil, 1},
 		{"skiff_endpoints", nil, 2},
+		{"skiff_layer_on", map[string]string{"layer": "sockets"}, 1},
+		{"skiff_layer_on", map[string]string{"layer": "cache"}, 0},
 		{"skiff_sockets_events_total", map[string]string{"event": "connect_fast"}, 7},
 		{"skiff_sockets_events_total", map[string]string{"event": "syn_spoofed"}, 2},
 		{"skiff_sockets_events_total", map[string]string{"event": "connect_denied"}, 0},
