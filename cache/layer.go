@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"time"
@@ -35,7 +36,8 @@ type Layer struct {
 	// pending: Sync found a new view, Settle makes the caches coherent
 	// with it; pause: Sync paused learning, Settle resumes it.
 	pending, pause bool
-	attached       bool // endpoints found at start have the fast path
+	eps            layer.Attached // local containers on the fast path
+	log            *slog.Logger
 }
 
 // probe checks what the fast path needs beyond the overlay (whose source
@@ -82,7 +84,7 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 		c.Close()
 		return fmt.Errorf("set up cache: %w", err)
 	}
-	l.c = c
+	l.c, l.log = c, env.Log
 	env.Log.Info("cache fast path attached", "pins", env.PinDir)
 	return nil
 }
@@ -99,18 +101,26 @@ func teardownLayer(env layer.Env) (bool, error) {
 	return true, nil
 }
 
+// AddEndpoint attaches the fast path to a container; a failure is the
+// container's (it keeps the overlay), tried again at every Settle.
 func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
-	if err := l.c.AddEndpoint(e); err != nil {
-		l.attached = false // the next sync attaches every endpoint again
-		return err
-	}
-	return nil
+	return l.eps.Add(e, l.c.AddEndpoint)
 }
 
 // RemoveEndpoint runs before the address is released: nothing may reach a
 // future holder of the address through entries learned for this one.
 func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+	l.eps.Remove(e)
 	return l.c.RemoveEndpoint(e)
+}
+
+// Endpoint says whether a local container's cross-host flows can take the
+// fast path.
+func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
+	if err := l.eps.Err(e); err != nil {
+		return false, err.Error()
+	}
+	return true, ""
 }
 
 // Sync and Settle apply a cluster change with delete-and-reinitialize
@@ -134,6 +144,14 @@ func (l *Layer) Sync(_ context.Context, v *layer.View) error {
 }
 
 func (l *Layer) Settle(_ context.Context, v *layer.View) error {
+	err := l.settle(v)
+	// Containers there before the agent started are attached here, once;
+	// later ones by AddEndpoint; failed ones again at every Settle.
+	l.eps.Sync(v.Local, l.c.AddEndpoint, l.log)
+	return err
+}
+
+func (l *Layer) settle(v *layer.View) error {
 	if !l.pending {
 		return nil
 	}
@@ -152,18 +170,10 @@ func (l *Layer) Settle(_ context.Context, v *layer.View) error {
 		time.Sleep(5 * time.Millisecond)
 		errs = append(errs, l.c.SetPaused(false))
 	}
-	// Endpoints added while the agent runs are attached by AddEndpoint; the
-	// ones that existed before it started are attached once, here.
-	if !l.attached {
-		for _, e := range v.Local {
-			errs = append(errs, l.c.AddEndpoint(e))
-		}
-	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	l.attached = true
-	l.state = v // nothing to purge or attach until it changes
+	l.state = v // nothing to purge until it changes
 	return nil
 }
 

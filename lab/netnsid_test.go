@@ -153,7 +153,7 @@ func endpointOf(ctx context.Context, client *api.Client, id string) (cluster.End
 	}
 	for _, e := range eps {
 		if e.ContainerID == id {
-			return e, nil
+			return e.Endpoint, nil
 		}
 	}
 	return cluster.Endpoint{}, fmt.Errorf("no endpoint of %s", id)

@@ -26,7 +26,8 @@
 //
 // AddEndpoint runs after the overlay attached the endpoint; a failure
 // leaves the endpoint on the overlay (the layer attaches it again at a
-// later Sync). RemoveEndpoint runs before the overlay detaches it and
+// later Sync) and is the endpoint's, never the host's: a Sync does not
+// fail for it (Attached). RemoveEndpoint runs before the overlay detaches it and
 // before its address is released: nothing of a layer may reach a later
 // holder of the address. A change of what only the layer watches
 // (Needs.Listeners) calls Listeners with the last reconcile's view and the
@@ -63,6 +64,10 @@ type Layer interface {
 	AddEndpoint(ctx context.Context, e cluster.Endpoint) error
 	// RemoveEndpoint forgets a local container.
 	RemoveEndpoint(ctx context.Context, e cluster.Endpoint) error
+	// Endpoint says whether the layer carries a local container's traffic
+	// (what of it the layer can carry), and why not (Attached keeps what
+	// attaching found).
+	Endpoint(e cluster.Endpoint) (on bool, reason string)
 	// Sync makes the layer coherent with the cluster, before the overlay
 	// applies v's policy (see the package comment for the order).
 	Sync(ctx context.Context, v *View) error

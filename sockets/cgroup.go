@@ -1,10 +1,12 @@
 package sockets
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,18 +67,69 @@ func MountCgroup2(dir string) error {
 	return nil
 }
 
-// cgroupDir resolves a container's cgroup: an absolute path on a cgroup v2
-// mount, or a path relative to the layer's cgroup root (what runtimes pass
-// as CNI cgroupPath).
+// cgroupDir resolves a container's cgroup as runtimes pass it in CNI
+// cgroupPath: an absolute path on a cgroup v2 mount, a path relative to
+// the layer's cgroup root, or what the systemd cgroup driver names
+// (SystemdPath).
 func (l *Layer) cgroupDir(e cluster.Endpoint) (string, error) {
 	dir := e.Cgroup
+	if p, ok := SystemdPath(dir); ok {
+		dir = p
+	}
 	if !filepath.IsAbs(dir) || !isCgroup2(dir) {
 		dir = filepath.Join(l.cfg.CgroupRoot, dir)
 	}
 	if !isCgroup2(dir) {
-		return "", fmt.Errorf("cgroup %s of container %s is not a cgroup v2 directory", e.Cgroup, e.ContainerID)
+		return "", fmt.Errorf("cgroup %s is not a cgroup v2 directory (%s)", e.Cgroup, dir)
 	}
 	return dir, nil
+}
+
+// SystemdPath expands what a runtime with the systemd cgroup driver passes
+// (runc's and containerd's "SLICE:PREFIX:NAME", the unit PREFIX-NAME.scope
+// in SLICE, or a slice's name alone) into a path below the cgroup root,
+// as systemd lays slices out: "a-b-c.slice" is a.slice/a-b.slice/
+// a-b-c.slice. It reports false for anything else (a path).
+func SystemdPath(p string) (string, bool) {
+	parts := strings.Split(p, ":")
+	switch {
+	case len(parts) == 3:
+		slice, err := sliceDir(cmp.Or(parts[0], "system.slice"))
+		if err != nil || parts[2] == "" || strings.Contains(parts[1]+parts[2], "/") {
+			return "", false
+		}
+		unit := parts[2]
+		if !strings.HasSuffix(unit, ".slice") {
+			unit = strings.TrimPrefix(parts[1]+"-"+unit, "-") + ".scope"
+		}
+		return filepath.Join(slice, unit), true
+	case len(parts) == 1 && strings.HasSuffix(p, ".slice") && !strings.Contains(p, "/"):
+		dir, err := sliceDir(p)
+		return dir, err == nil
+	}
+	return "", false
+}
+
+// sliceDir is where systemd puts a slice: each dash-separated prefix is a
+// parent slice ("-.slice" is the root).
+func sliceDir(slice string) (string, error) {
+	name, ok := strings.CutSuffix(slice, ".slice")
+	if !ok || strings.Contains(name, "/") {
+		return "", fmt.Errorf("%q is not a slice", slice)
+	}
+	if name == "-" {
+		return "", nil
+	}
+	if name == "" || strings.HasPrefix(name, "-") || strings.HasSuffix(name, "-") || strings.Contains(name, "--") {
+		return "", fmt.Errorf("%q is not a valid slice name", slice)
+	}
+	var dirs []string
+	for i := range name {
+		if name[i] == '-' {
+			dirs = append(dirs, name[:i]+".slice")
+		}
+	}
+	return filepath.Join(append(dirs, slice)...), nil
 }
 
 // cgroupID is what bpf_get_current_cgroup_id returns for dir: its inode.

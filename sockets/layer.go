@@ -38,7 +38,8 @@ type agentLayer struct {
 	opts     Options
 	l        *Layer
 	stateDir string
-	attached bool // endpoints found at start have host sockets
+	eps      layer.Attached // local containers given the layer
+	enforced bool           // the policy was enforced since start
 }
 
 // newAgentLayer takes Options (nil: secure, the broker next to the binary).
@@ -185,17 +186,32 @@ func publishListeners(ctx context.Context, env layer.Env, l *Layer, changed <-ch
 }
 
 // AddEndpoint gives a container host sockets; without them it uses the
-// overlay.
+// overlay (a failure is the container's, tried again at every Sync).
 func (a *agentLayer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
-	if err := a.l.AddEndpoint(e); err != nil {
-		a.attached = false // the next sync attaches every endpoint again
-		return err
-	}
-	return nil
+	return a.eps.Add(e, a.l.AddEndpoint)
 }
 
 func (a *agentLayer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+	a.eps.Remove(e)
 	return a.l.RemoveEndpoint(e)
+}
+
+// Endpoint says whether a local container's TCP can take host sockets,
+// and why not.
+func (a *agentLayer) Endpoint(e cluster.Endpoint) (bool, string) {
+	if !Replaced(e) {
+		return false, "no cgroupPath from the runtime"
+	}
+	if err := a.eps.Err(e); err != nil {
+		return false, err.Error()
+	}
+	if bs := ReadBrokerStats(a.stateDir, e.ContainerID); bs.Privileged != 0 {
+		return false, fmt.Sprintf("refused: pid %d may hold NET_ADMIN or SYS_ADMIN", bs.Privileged)
+	}
+	if !a.l.BrokerRunning(e.ContainerID) {
+		return false, "its socket broker is down (restarted)"
+	}
+	return true, ""
 }
 
 // Sync applies a cluster change: routes to the published listeners and the
@@ -207,14 +223,10 @@ func (a *agentLayer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error
 // rules, so a first rule is judged on INPUT as soon as on FORWARD.
 func (a *agentLayer) Sync(_ context.Context, v *layer.View) error {
 	errs := []error{a.l.Sync(v.Hosts, v.Listeners, v.Rules), a.l.PruneEndpoints(v.Local)}
-	if !a.attached {
-		for _, e := range v.Local {
-			errs = append(errs, a.l.AddEndpoint(e))
-		}
-	}
+	a.eps.Sync(v.Local, a.l.AddEndpoint, a.l.log)
 	// Walking every TCP socket of the host is for policy changes (and the
 	// first sync, which may follow one made while the agent was down).
-	if v.PolicyChanged || !a.attached {
+	if v.PolicyChanged || !a.enforced {
 		errs = append(errs, a.l.JudgeInput(len(v.Rules) > 0))
 		n, err := a.l.Enforce(v.Rules)
 		if n > 0 {
@@ -225,7 +237,7 @@ func (a *agentLayer) Sync(_ context.Context, v *layer.View) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	a.attached = true
+	a.enforced = true
 	return nil
 }
 

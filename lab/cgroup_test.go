@@ -1,0 +1,105 @@
+package lab
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/sockets"
+)
+
+// TestCgroupPathPerEndpoint: cgroupPath as a CRI runtime with the systemd
+// cgroup driver passes it ("SLICE:PREFIX:NAME") gives the container host
+// sockets; one that names no cgroup keeps that container on the cache and
+// the overlay, says why (skiff endpoints), and never makes the host not
+// ready (before: every reconcile failed until the container went). Both
+// leave their cgroups removable.
+func TestCgroupPathPerEndpoint(t *testing.T) {
+	l := newLab(t, Config{Name: "tcgpath", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
+	ctx := context.Background()
+	root, err := sockets.CgroupRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices := []string{filepath.Join(root, "skifftest.slice"), filepath.Join(root, "skifftest.slice", "skifftest-pod1.slice")}
+	unit := filepath.Join(slices[1], "cri-containerd-good.scope")
+	if err := os.MkdirAll(unit, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	client := agentOf(t, l, "h1")
+	reqs := map[string]api.AddRequest{}
+	for name, cg := range map[string]string{"good": "skifftest-pod1.slice:cri-containerd:good", "bad": "skifftest-nopod.slice:cri-containerd:bad"} {
+		ns := l.prefix() + "cg" + name
+		if err := addNetns(ns); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { run("ip", "netns", "del", ns) })
+		req := api.AddRequest{ContainerID: "tcg-" + name, IfName: "eth0", Netns: NetnsPath(ns), Cgroup: cg}
+		if _, err := client.AddEndpoint(ctx, req); err != nil {
+			t.Fatalf("ADD with cgroupPath %s: %v", cg, err)
+		}
+		reqs[name] = req
+	}
+	t.Cleanup(func() {
+		for _, req := range reqs {
+			client.DeleteEndpoint(context.Background(), req)
+		}
+		for _, dir := range []string{unit, slices[1], slices[0]} {
+			sockets.RemoveCgroup(dir)
+		}
+	})
+	// Each ADD's endpoint record made a reconcile (the agent watches its
+	// endpoints); the host is still ready after them.
+	time.Sleep(time.Second)
+	if st, err := client.Status(ctx); err != nil || !st.Ready || st.SyncError != "" {
+		t.Fatalf("host not ready with a container's unusable cgroupPath: %+v %v", st, err)
+	}
+	eps, err := client.Endpoints(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		path, why := paths(e)
+		switch e.ContainerID {
+		case "tcg-good":
+			if path != "cache,sockets" {
+				t.Errorf("systemd cgroupPath: layers %s (%s), want cache and sockets", path, why)
+			}
+		case "tcg-bad":
+			if path != "cache" || !strings.Contains(why, "sockets: cgroup skifftest-nopod.slice:cri-containerd:bad is not a cgroup v2 directory") {
+				t.Errorf("unusable cgroupPath: layers %s, off: %s", path, why)
+			}
+		}
+	}
+	peer, _ := l.IP("h2/c1")
+	for name := range reqs {
+		if err := run("ip", "netns", "exec", l.prefix()+"cg"+name, "ping", "-c", "1", "-W", "2", peer.String()); err != nil {
+			t.Errorf("%s cgroupPath: no traffic: %v", name, err)
+		}
+	}
+	for name, req := range reqs {
+		if err := client.DeleteEndpoint(ctx, req); err != nil {
+			t.Errorf("DEL %s: %v", name, err)
+		}
+	}
+	if err := sockets.RemoveCgroup(unit); err != nil {
+		t.Errorf("the container's cgroup after DEL: %v", err)
+	}
+}
+
+// paths lists the layers on for an endpoint and why the others are off.
+func paths(e api.EndpointStatus) (on, off string) {
+	var ons, offs []string
+	for _, l := range e.Layers {
+		if l.On {
+			ons = append(ons, l.Name)
+		} else {
+			offs = append(offs, l.Name+": "+l.Reason)
+		}
+	}
+	return strings.Join(ons, ","), strings.Join(offs, "; ")
+}

@@ -1,0 +1,89 @@
+package layer
+
+import (
+	"log/slog"
+	"sync"
+
+	"github.com/skiffnet/skiff/cluster"
+)
+
+// Attached tracks which local containers a layer carries: attached, or
+// not with the reason. A container the layer cannot attach (an unusable
+// cgroup, a veth gone) is that container's problem, never the host's: it
+// keeps the paths below the layer (the overlay at least), is reported
+// (Layer.Endpoint, skiff endpoints) and is tried again at every Sync. The
+// zero value is ready to use.
+type Attached struct {
+	mu     sync.Mutex
+	result map[string]error // by container ID: nil attached
+}
+
+// Add attaches e with attach, records the outcome and returns it.
+func (a *Attached) Add(e cluster.Endpoint, attach func(cluster.Endpoint) error) error {
+	_, err := a.add(e, attach)
+	return err
+}
+
+// add also reports whether a failure is new: none before, or another.
+func (a *Attached) add(e cluster.Endpoint, attach func(cluster.Endpoint) error) (bool, error) {
+	err := attach(e)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.result == nil {
+		a.result = map[string]error{}
+	}
+	old, seen := a.result[e.ContainerID]
+	a.result[e.ContainerID] = err
+	return err != nil && (!seen || old == nil || old.Error() != err.Error()), err
+}
+
+// Sync attaches every container of local not attached yet — all of them
+// the first time (those that were there before the agent started), then
+// the ones that failed — and forgets containers no longer local. A
+// failure is logged when it is new.
+func (a *Attached) Sync(local []cluster.Endpoint, attach func(cluster.Endpoint) error, log *slog.Logger) {
+	keep := map[string]bool{}
+	for _, e := range local {
+		keep[e.ContainerID] = true
+		a.mu.Lock()
+		err, seen := a.result[e.ContainerID]
+		a.mu.Unlock()
+		if !seen || err != nil {
+			if news, err := a.add(e, attach); news {
+				log.Warn("container stays off the layer; tried again at every sync", "container", e.ContainerID, "ip", e.IP, "err", err)
+			}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id := range a.result {
+		if !keep[id] {
+			delete(a.result, id)
+		}
+	}
+}
+
+// Remove forgets a container.
+func (a *Attached) Remove(e cluster.Endpoint) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.result, e.ContainerID)
+}
+
+// Err returns why e is not attached: nil when it is, "not attached yet"
+// before the first attempt.
+func (a *Attached) Err(e cluster.Endpoint) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	err, seen := a.result[e.ContainerID]
+	if !seen {
+		return errNotYet
+	}
+	return err
+}
+
+var errNotYet = notYet{}
+
+type notYet struct{}
+
+func (notYet) Error() string { return "not attached yet" }
