@@ -10,9 +10,11 @@ all: build
 deps:
 	./scripts/deps.sh
 
+# -buildvcs=auto: the binaries carry their commit (skiff bench records it in
+# its JSON) even where GOFLAGS turns VCS stamping off.
 build:
 	@mkdir -p $(BIN)
-	$(foreach c,$(CMDS),$(GO) build -o $(BIN)/$(c) ./cmd/$(c) &&) true
+	$(foreach c,$(CMDS),$(GO) build -buildvcs=auto -o $(BIN)/$(c) ./cmd/$(c) &&) true
 	$(MAKE) -C perf
 	install -m 0755 perf/skiff-perf $(BIN)/skiff-perf
 	$(MAKE) -C sockets/shim

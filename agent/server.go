@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/skiffnet/skiff/api"
@@ -54,7 +56,11 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 		if r.URL.Query().Get("all") != "" {
 			host = ""
 		}
-		return a.store.Endpoints(r.Context(), host)
+		eps, err := a.store.Endpoints(r.Context(), host)
+		if err != nil {
+			return nil, err
+		}
+		return a.endpointPaths(eps), nil
 	}))
 	mux.HandleFunc("GET /v1/cache", a.handle(func(r *http.Request) (any, error) { return a.CacheView() }))
 	mux.HandleFunc("GET /v1/hosts", a.handle(func(r *http.Request) (any, error) { return a.store.Hosts(r.Context()) }))
@@ -100,6 +106,8 @@ func (a *Agent) handle(f func(*http.Request) (any, error)) http.HandlerFunc {
 				status = http.StatusNotFound
 			case errors.Is(err, ipam.ErrExhausted):
 				status = http.StatusInsufficientStorage
+			case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrNotInSubnet):
+				status = http.StatusConflict
 			case errors.Is(err, store.ErrUnavailable):
 				status, e.Retry = http.StatusServiceUnavailable, true
 			}
@@ -140,6 +148,26 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	return s
 }
 
+// endpointPaths adds to this host's endpoints which layers carry them.
+// The layers answer under their own locks, as for Status.
+func (a *Agent) endpointPaths(eps []cluster.Endpoint) []api.EndpointStatus {
+	out := make([]api.EndpointStatus, 0, len(eps))
+	for _, e := range eps {
+		s := api.EndpointStatus{Endpoint: e}
+		if e.Host == a.host.Name {
+			for _, c := range a.choices {
+				l := api.Layer{Name: c.Name, Reason: "layer off on this host"}
+				if i := slices.IndexFunc(a.layers, func(r running) bool { return r.name == c.Name }); i >= 0 {
+					l.On, l.Reason = a.layers[i].Endpoint(e)
+				}
+				s.Layers = append(s.Layers, l)
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
 // validate checks a request's container ID, interface name and network
 // namespace as CNI's own libcni does, before anything is done with them:
 // the ID names files and keys, the interface a link. DEL may come without a
@@ -156,6 +184,14 @@ func validate(req api.AddRequest, del bool) error {
 	}
 	if err := cluster.ValidateNetns(req.Netns); err != nil {
 		return badRequest(err)
+	}
+	if req.MAC != "" {
+		if hw, err := net.ParseMAC(req.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
+			return badRequest(fmt.Errorf("MAC %q: want a unicast Ethernet address", req.MAC))
+		}
+	}
+	if req.IP.IsValid() && !req.IP.Is4() {
+		return badRequest(fmt.Errorf("address %s: containers get IPv4 addresses", req.IP))
 	}
 	return nil
 }
@@ -183,7 +219,10 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	defer a.mu.Unlock()
 	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
-		Cgroup: req.Cgroup}
+		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute}
+	if req.IP.IsValid() {
+		want.IP = netip.PrefixFrom(req.IP, 32)
+	}
 	e, err := ipam.Allocate(ctx, a.store, a.host.Subnet, want)
 	if err != nil {
 		return api.Attachment{}, fmt.Errorf("allocate address: %w", err)
@@ -191,8 +230,8 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	fresh := e.Created.Equal(want.Created)
 	// The same container and interface in a new namespace means the runtime
 	// recreated the sandbox; the endpoint follows it.
-	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup
-	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup = req.Netns, dev, ino, req.Cgroup
+	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup || e.ClusterRoute != req.ClusterRoute
+	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute
 	att, err := a.overlay.AddEndpoint(e)
 	if err != nil {
 		if fresh {

@@ -32,6 +32,14 @@ type AddRequest struct {
 	Netns       string `json:"netns"`
 	// Cgroup is the container's cgroup (CNI cgroupPath), for sockets mode.
 	Cgroup string `json:"cgroup,omitempty"`
+	// IP and MAC are what the runtime asks for (CNI ips and mac, IP= and
+	// MAC=); unset: skiff chooses.
+	IP  netip.Addr `json:"ip,omitzero"`
+	MAC string     `json:"mac,omitempty"`
+	// ClusterRoute leaves the container's default route alone (a
+	// secondary network): it reaches the overlay by a route for the
+	// cluster CIDR.
+	ClusterRoute bool `json:"clusterRoute,omitempty"`
 }
 
 // Attachment is what the agent built for a container: the data a CNI result
@@ -71,6 +79,13 @@ type Status struct {
 	// SourceDrops counts, by reason, the packets containers sent that the
 	// source check on their veths dropped (every mode).
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
+}
+
+// EndpointStatus is an endpoint and, on its own host, which layers carry
+// its traffic (on) and why the others do not.
+type EndpointStatus struct {
+	cluster.Endpoint
+	Layers []Layer `json:"layers,omitempty"`
 }
 
 // Layer is one data-plane layer of a host (docs/layers.md).
@@ -212,8 +227,8 @@ func (c *Client) DeleteEndpoint(ctx context.Context, r AddRequest) error {
 }
 
 // Endpoints lists endpoints of this host, or of every host when all is set.
-func (c *Client) Endpoints(ctx context.Context, all bool) ([]cluster.Endpoint, error) {
-	var eps []cluster.Endpoint
+func (c *Client) Endpoints(ctx context.Context, all bool) ([]EndpointStatus, error) {
+	var eps []EndpointStatus
 	q := "/v1/endpoints"
 	if all {
 		q += "?all=1"

@@ -74,6 +74,10 @@ type Endpoint struct {
 	// Cgroup is the container's cgroup v2 (CNI cgroupPath): in sockets
 	// mode its sockets are replaced by host sockets. Empty: overlay only.
 	Cgroup string `json:"cgroup,omitempty"`
+	// ClusterRoute: the container reaches the overlay by a route for the
+	// cluster CIDR, not its default route (a secondary network, CNI
+	// "defaultRoute": false).
+	ClusterRoute bool `json:"clusterRoute,omitempty"`
 }
 
 // Equal says whether e and o are the same endpoint, their creation times

@@ -6,12 +6,15 @@ package cni
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -37,6 +40,9 @@ const (
 	// ErrCheckFailed: CHECK found the container's address missing from
 	// prevResult.
 	ErrCheckFailed uint = 102
+	// ErrAddressRefused: the address the runtime asked for (ips, IP=) is
+	// another container's, or not one of the host's subnet.
+	ErrAddressRefused uint = 103
 )
 
 // SpecVersions are the CNI spec versions skiff-cni speaks.
@@ -56,6 +62,10 @@ type NetConf struct {
 	Args          map[string]any  `json:"args,omitempty"`
 	// Socket is skiffd's API socket (default /run/skiff/skiffd.sock).
 	Socket string `json:"socket,omitempty"`
+	// DefaultRoute false leaves the container's default route to another
+	// network (skiff as a secondary network): skiff routes the cluster
+	// CIDR only. Default true.
+	DefaultRoute *bool `json:"defaultRoute,omitempty"`
 	// TimeoutSeconds bounds each call to the agent (default 60).
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
 }
@@ -82,13 +92,76 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket
 	}
-	if v, ok := conf.RuntimeConfig["cgroupPath"]; ok {
-		if _, isString := v.(string); !isString {
-			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration",
-				fmt.Sprintf("runtimeConfig.cgroupPath is %T, not a string", v))
+	for _, key := range []string{"cgroupPath", "mac"} {
+		if v, ok := conf.RuntimeConfig[key]; ok {
+			if _, isString := v.(string); !isString {
+				return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration",
+					fmt.Sprintf("runtimeConfig.%s is %T, not a string", key, v))
+			}
 		}
 	}
 	return conf, nil
+}
+
+// Asked is the address and MAC the runtime asks for, from the ips and mac
+// capabilities (runtimeConfig) or CNI_ARGS IP= and MAC= (podman --ip and
+// --mac-address, either way); unset when it asks for none.
+type Asked struct {
+	IP  netip.Addr
+	MAC net.HardwareAddr
+}
+
+// asked reads what the runtime asks for. A malformed value, an IPv6
+// address, or more than one address is an error (invalid network
+// configuration): skiff gives each container one IPv4 address.
+func (c *NetConf) asked(cniArgs string) (Asked, error) {
+	var ips []string
+	var mac string
+	if v, ok := c.RuntimeConfig["ips"]; ok {
+		list, isList := v.([]any)
+		if !isList {
+			return Asked{}, fmt.Errorf("runtimeConfig.ips is %T, not a list", v)
+		}
+		for _, x := range list {
+			s, isString := x.(string)
+			if !isString {
+				return Asked{}, fmt.Errorf("runtimeConfig.ips holds %T, not a string", x)
+			}
+			ips = append(ips, s)
+		}
+	}
+	mac, _ = c.RuntimeConfig["mac"].(string)
+	for _, kv := range strings.Split(cniArgs, ";") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "IP":
+			ips = append(ips, strings.Split(v, ",")...)
+		case "MAC":
+			mac = cmp.Or(mac, v)
+		}
+	}
+	var a Asked
+	for _, s := range ips {
+		s, _, _ = strings.Cut(s, "/") // the length is the subnet's
+		ip, err := netip.ParseAddr(s)
+		switch {
+		case err != nil:
+			return Asked{}, fmt.Errorf("address %q: %w", s, err)
+		case !ip.Is4():
+			return Asked{}, fmt.Errorf("address %s: skiff gives containers IPv4 addresses only", ip)
+		case a.IP.IsValid() && a.IP != ip:
+			return Asked{}, fmt.Errorf("addresses %s and %s: skiff gives a container one address per network", a.IP, ip)
+		}
+		a.IP = ip
+	}
+	if mac != "" {
+		hw, err := net.ParseMAC(mac)
+		if err != nil || len(hw) != 6 || hw[0]&1 != 0 || bytes.Equal(hw, make([]byte, 6)) {
+			return Asked{}, fmt.Errorf("MAC %q: want a unicast Ethernet address such as 02:42:0a:f4:00:07", mac)
+		}
+		a.MAC = hw
+	}
+	return a, nil
 }
 
 // Cgroup is the container's cgroup the runtime passed (CNI cgroupPath
@@ -141,6 +214,8 @@ func cniError(op string, err error) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, op+": the agent rejected the request", apiErr.Message)
 	case errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound:
 		return types.NewError(types.ErrUnknownContainer, op+": the agent has no such container", apiErr.Message)
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusConflict:
+		return types.NewError(ErrAddressRefused, op+": the address asked for cannot be given", apiErr.Message)
 	case errors.As(err, &apiErr) && apiErr.Status == http.StatusInsufficientStorage:
 		return types.NewError(ErrAddressesExhausted, op+": no free address on this host", apiErr.Message)
 	default:
@@ -158,8 +233,16 @@ func Add(args *skel.CmdArgs) error {
 		return err
 	}
 	defer cancel()
-	att, err := client.AddEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
-		Cgroup: conf.Cgroup()})
+	asked, err := conf.asked(args.Args)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid address or MAC asked for", err.Error())
+	}
+	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Cgroup: conf.Cgroup(), IP: asked.IP,
+		ClusterRoute: conf.DefaultRoute != nil && !*conf.DefaultRoute}
+	if asked.MAC != nil {
+		req.MAC = asked.MAC.String()
+	}
+	att, err := client.AddEndpoint(ctx, req)
 	if err != nil {
 		return cniError("attach container", err)
 	}
@@ -179,6 +262,14 @@ func Result(att api.Attachment, netns string) (*current.Result, error) {
 	}
 	ip := att.Endpoint.IP
 	idx := 1
+	dst := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	if att.Endpoint.ClusterRoute {
+		cidr, err := netip.ParsePrefix(att.ClusterCIDR)
+		if err != nil {
+			return nil, fmt.Errorf("agent returned cluster CIDR %q", att.ClusterCIDR)
+		}
+		dst = net.IPNet{IP: cidr.Masked().Addr().AsSlice(), Mask: net.CIDRMask(cidr.Bits(), 32)}
+	}
 	return &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
@@ -190,7 +281,7 @@ func Result(att api.Attachment, netns string) (*current.Result, error) {
 			Address:   net.IPNet{IP: ip.Addr().AsSlice(), Mask: net.CIDRMask(ip.Bits(), 32)},
 			Gateway:   gw,
 		}},
-		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: gw}},
+		Routes: []*types.Route{{Dst: dst, GW: gw}},
 	}, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,6 +23,12 @@ import (
 
 // ErrExhausted means no subnet or address is free.
 var ErrExhausted = errors.New("address space exhausted")
+
+// ErrInUse means an address asked for is another container's.
+var ErrInUse = errors.New("address in use")
+
+// ErrNotInSubnet means an address asked for is not one this host gives.
+var ErrNotInSubnet = errors.New("not an address of this host's subnet")
 
 // Gateway is the bridge address of a host subnet (.1).
 func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
@@ -204,40 +211,54 @@ func freeSubnet(c cluster.Config, holders map[netip.Prefix]store.Claim, prefer n
 }
 
 // Allocate gives endpoint e an address from subnet and records the endpoint,
-// in one transaction. Asking again for an endpoint that exists returns it
-// unchanged. Addresses are handed out round-robin from the last one given.
+// in one transaction: the address e.IP holds when it is set (the runtime's
+// choice: it must be one of the subnet's and free), else the next free one,
+// round-robin from the last one given. Asking again for an endpoint that
+// exists returns it unchanged.
 func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluster.Endpoint) (cluster.Endpoint, error) {
 	epKey := store.KeyOf(e)
+	want := e.IP.Addr()
+	if e.IP.IsValid() && !slices.Contains(hostAddrs(subnet), want) {
+		return cluster.Endpoint{}, fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet,
+			hostAddrs(subnet)[0], hostAddrs(subnet)[len(hostAddrs(subnet))-1])
+	}
 	for attempt := 0; attempt < 16; attempt++ {
 		existing, err := s.Endpoint(ctx, e.Host, e.ContainerID, e.IfName)
 		if err == nil {
+			if want.IsValid() && existing.IP.Addr() != want {
+				return cluster.Endpoint{}, fmt.Errorf("container %s has %s already, not %s: %w", e.ContainerID, existing.IP.Addr(), want, ErrInUse)
+			}
 			return existing, nil
 		}
 		if !errors.Is(err, store.ErrNotFound) {
 			return cluster.Endpoint{}, err
 		}
-		addr, err := nextFree(ctx, s, e.Host, subnet)
-		if err != nil {
-			return cluster.Endpoint{}, err
+		addr := want
+		if !want.IsValid() {
+			if addr, err = nextFree(ctx, s, e.Host, subnet); err != nil {
+				return cluster.Endpoint{}, err
+			}
 		}
 		e.IP = netip.PrefixFrom(addr, subnet.Bits())
 		val, _ := json.Marshal(e)
 		addrKey := store.AddrKey(e.Host, subnet, addr)
+		ops := []clientv3.Op{clientv3.OpPut(addrKey, epKey), clientv3.OpPut(epKey, string(val))}
+		if !want.IsValid() {
+			ops = append(ops, clientv3.OpPut(store.LastAddrKey(e.Host, subnet), addr.String()))
+		}
 		resp, err := s.Txn(ctx,
 			[]clientv3.Cmp{
 				clientv3.Compare(clientv3.CreateRevision(addrKey), "=", 0),
 				clientv3.Compare(clientv3.CreateRevision(epKey), "=", 0),
-			},
-			[]clientv3.Op{
-				clientv3.OpPut(addrKey, epKey),
-				clientv3.OpPut(epKey, string(val)),
-				clientv3.OpPut(store.LastAddrKey(e.Host, subnet), addr.String()),
-			})
+			}, ops, clientv3.OpGet(addrKey))
 		if err != nil {
 			return cluster.Endpoint{}, err
 		}
 		if resp.Succeeded {
 			return e, nil
+		}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; want.IsValid() && len(kvs) == 1 && string(kvs[0].Value) != epKey {
+			return cluster.Endpoint{}, fmt.Errorf("%s: %w (by %s)", want, ErrInUse, kvs[0].Value)
 		}
 	}
 	return cluster.Endpoint{}, fmt.Errorf("allocate address for %s: too much contention", epKey)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 
@@ -163,5 +164,42 @@ func TestAllocationSurvivesReconnect(t *testing.T) {
 	b, err := Allocate(ctx, s2, subnet, cluster.Endpoint{Host: "h1", ContainerID: "b", IfName: "eth0"})
 	if err != nil || b.IP == a.IP {
 		t.Fatalf("after reconnect got %v (%v), a has %v", b.IP, err, a.IP)
+	}
+}
+
+// TestAllocateAsked: an address the runtime asks for (CNI ips, IP=) is
+// given when it is free and the subnet's; another container's, the
+// gateway, the subnet's own or another subnet's address is an error; the
+// container asking again gets it again, and for another address an error.
+func TestAllocateAsked(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	subnet := netip.MustParsePrefix("10.244.7.0/24")
+	ask := func(id, addr string) (cluster.Endpoint, error) {
+		return Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: id, IfName: "eth0",
+			IP: netip.PrefixFrom(netip.MustParseAddr(addr), 32)})
+	}
+	e, err := ask("a", "10.244.7.77")
+	if err != nil || e.IP != netip.MustParsePrefix("10.244.7.77/24") {
+		t.Fatalf("asked for .77: %v %v", e.IP, err)
+	}
+	if again, err := ask("a", "10.244.7.77"); err != nil || again.IP != e.IP {
+		t.Errorf("asked again: %v %v", again.IP, err)
+	}
+	if _, err := ask("a", "10.244.7.78"); !errors.Is(err, ErrInUse) {
+		t.Errorf("a asks for another address: %v, want ErrInUse", err)
+	}
+	if _, err := ask("b", "10.244.7.77"); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "10.244.7.77") {
+		t.Errorf("b asks for a's address: %v, want ErrInUse", err)
+	}
+	for _, addr := range []string{"10.244.7.0", "10.244.7.1", "10.244.7.255", "10.244.8.5"} {
+		if _, err := ask("c", addr); !errors.Is(err, ErrNotInSubnet) {
+			t.Errorf("asked for %s: %v, want ErrNotInSubnet", addr, err)
+		}
+	}
+	// The round-robin is not moved by an asked-for address.
+	n, err := Allocate(ctx, s, subnet, cluster.Endpoint{Host: "h1", ContainerID: "d", IfName: "eth0"})
+	if err != nil || n.IP.Addr() != netip.MustParseAddr("10.244.7.2") {
+		t.Errorf("next free after an asked-for address: %v %v, want 10.244.7.2", n.IP, err)
 	}
 }

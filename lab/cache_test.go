@@ -162,17 +162,34 @@ func TestCacheAgentRestart(t *testing.T) {
 	}
 }
 
-// TestCacheAddressMovesHost: a container's address comes back on another
-// host (its old host left, the subnet went to a new host): traffic reaches
-// the new place, and no cache entry still points at the old one.
-func TestCacheAddressMovesHost(t *testing.T) {
-	l := newLab(t, Config{Name: "tcmove", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+// TestAddressMovesHost: a container's address comes back on another host
+// (its old host left, the subnet went to a new host): traffic reaches the
+// new place, and no cache entry still points at the old one; with every
+// layer (auto), a replaced listener at the address is reached on its new
+// host too.
+func TestAddressMovesHost(t *testing.T) {
+	for _, mode := range []string{"cache", "auto"} {
+		t.Run(mode, func(t *testing.T) { addressMovesHost(t, mode) })
+	}
+}
+
+func addressMovesHost(t *testing.T, mode string) {
+	l := newLab(t, Config{Name: "t" + mode[:2] + "move", Hosts: 2, ContainersPerHost: 1, Mode: mode})
 	ctx := context.Background()
 	old, _ := l.IP("h2/c1")
 	oldHost, _ := l.IP("h2")
 	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "10", "-i", "0.01", old.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	sockets := mode == "auto"
+	if sockets {
+		p := startPy(t, l, "h2/c1", pyEcho, nil, old.String(), "7000")
+		waitListener(t, l, "h2", netip.AddrPortFrom(old, 7000), p.exited)
+		appWaitRoute(t, l, "h1/c1", netip.AddrPortFrom(old, 7000), 10*time.Second)
+		if out := runPy(t, l, "h1/c1", pyOnce, nil, old.String(), "7000"); !strings.HasPrefix(out, "ok") {
+			t.Fatalf("replaced listener before the move: %s", out)
+		}
 	}
 	if err := l.RemoveHost(ctx, "h2"); err != nil {
 		t.Fatal(err)
@@ -206,6 +223,18 @@ func TestCacheAddressMovesHost(t *testing.T) {
 	for _, e := range v.Entries.EgressHosts {
 		if e.Host == oldHost {
 			t.Errorf("headers for departed host %s still cached", oldHost)
+		}
+	}
+	if sockets {
+		p := startPy(t, l, c, pyEcho, nil, old.String(), "7000")
+		waitListener(t, l, name, netip.AddrPortFrom(old, 7000), p.exited)
+		appWaitRoute(t, l, "h1/c1", netip.AddrPortFrom(old, 7000), 10*time.Second)
+		before := counter(t, l, name, "accepted")
+		if out := runPy(t, l, "h1/c1", pyOnce, nil, old.String(), "7000"); !strings.HasPrefix(out, "ok") {
+			t.Fatalf("replaced listener after the move: %s", out)
+		}
+		if counter(t, l, name, "accepted") == before {
+			t.Errorf("the connection to %s did not reach the replaced listener on %s", old, name)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/skiffnet/skiff/sockets"
@@ -23,21 +24,48 @@ import (
 // NetnsPath is where `ip netns` keeps named namespaces.
 func NetnsPath(name string) string { return filepath.Join("/run/netns", name) }
 
-// ConfList is the CNI network configuration list a runtime on host would use.
+// ConfList is the CNI network configuration list a runtime on host would
+// use: skiff-cni, then the reference portmap plugin for port publishing
+// (-p) when it is installed (Debian's containernetworking-plugins).
 func (l *Lab) ConfList(host string) ([]byte, error) {
 	h, err := l.Host(host)
 	if err != nil {
 		return nil, err
 	}
+	plugins := []map[string]any{{"type": "skiff-cni", "socket": h.Socket,
+		"capabilities": map[string]bool{"cgroupPath": true, "ips": true, "mac": true}}}
+	if portmapDir() != "" {
+		plugins = append(plugins, map[string]any{"type": "portmap", "snat": true,
+			"capabilities": map[string]bool{"portMappings": true}})
+	}
 	return json.MarshalIndent(map[string]any{
-		"cniVersion": "1.1.0",
+		"cniVersion": "1.0.0", // what the runtimes of Debian 12 parse (README)
 		"name":       "skiff",
-		"plugins": []map[string]any{{"type": "skiff-cni", "socket": h.Socket,
-			"capabilities": map[string]bool{"cgroupPath": true}}},
+		"plugins":    plugins,
 	}, "", "  ")
 }
 
+// cniDirs are where distributions put the reference CNI plugins.
+var cniDirs = []string{"/usr/lib/cni", "/opt/cni/bin"}
+
+// portmapDir is the directory holding the portmap plugin, or "".
+func portmapDir() string {
+	for _, d := range cniDirs {
+		if _, err := os.Stat(filepath.Join(d, "portmap")); err == nil {
+			return d
+		}
+	}
+	return ""
+}
+
+// cni returns libcni set up as a runtime on host: its plugins run in the
+// host's network namespace (where portmap writes its rules), never the
+// machine's.
 func (l *Lab) cni(host string) (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
+	h, err := l.Host(host)
+	if err != nil {
+		return nil, nil, err
+	}
 	data, err := l.ConfList(host)
 	if err != nil {
 		return nil, nil, err
@@ -46,7 +74,27 @@ func (l *Lab) cni(host string) (*libcni.CNIConfig, *libcni.NetworkConfigList, er
 	if err != nil {
 		return nil, nil, fmt.Errorf("CNI config list: %w", err)
 	}
-	return libcni.NewCNIConfigWithCacheDir([]string{l.Config.BinDir}, filepath.Join(l.dir(), "cni-cache"), nil), list, nil
+	path := []string{l.Config.BinDir}
+	if d := portmapDir(); d != "" {
+		path = append(path, d)
+	}
+	exec := &hostExec{DefaultExec: invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}}, netns: h.Netns}
+	return libcni.NewCNIConfigWithCacheDir(path, filepath.Join(l.dir(), "cni-cache"), exec), list, nil
+}
+
+// hostExec runs CNI plugins inside a lab host's network namespace.
+type hostExec struct {
+	invoke.DefaultExec
+	netns string
+}
+
+func (e *hostExec) ExecPlugin(ctx context.Context, path string, stdin []byte, env []string) ([]byte, error) {
+	var out []byte
+	var err error
+	if nerr := inNetns(e.netns, func() error { out, err = e.DefaultExec.ExecPlugin(ctx, path, stdin, env); return nil }); nerr != nil {
+		return nil, nerr
+	}
+	return out, err
 }
 
 func (l *Lab) nextContainerIndex(host string) int {

@@ -99,7 +99,8 @@ func inNetns(e cluster.Endpoint) (*netlink.Handle, netns.NsHandle, func(), error
 
 // AddEndpoint creates the veth pair of endpoint e: the host side on the
 // bridge, the container side named e.IfName in e.Netns with e.IP, the MTU of
-// the overlay and a default route via the host's gateway. Adding an endpoint
+// the overlay and a route via the host's gateway (the default route, or the
+// cluster CIDR's on a secondary network). Adding an endpoint
 // that is already intact changes nothing; a half-built one is rebuilt.
 func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 	if o.src == nil {
@@ -135,6 +136,10 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 		LinkAttrs:     netlink.LinkAttrs{Name: e.Veth, MTU: o.mtu, MasterIndex: br.Attrs().Index},
 		PeerName:      e.IfName,
 		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	// The container keeps the MAC the runtime asked for, or the one it had.
+	if mac, err := net.ParseMAC(e.MAC); err == nil {
+		veth.PeerHardwareAddr = mac
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return Attachment{}, fmt.Errorf("create veth %s/%s: %w", e.Veth, e.IfName, err)
@@ -176,10 +181,31 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 		}
 	}
 	gw := ipam.Gateway(e.IP)
-	if err := h.RouteReplace(&netlink.Route{LinkIndex: c.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-		return Attachment{}, fmt.Errorf("default route via %s in container: %w", gw, err)
+	dst := o.routeTo(e)
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: c.Attrs().Index, Dst: prefixNet(dst), Gw: gw.AsSlice()}); err != nil {
+		return Attachment{}, fmt.Errorf("route to %s via %s in container: %w", dst, gw, err)
 	}
 	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
+}
+
+// routeTo is what a container's route to the overlay covers: everything
+// (its default route), or the cluster CIDR alone on a secondary network.
+func (o *Overlay) routeTo(e cluster.Endpoint) netip.Prefix {
+	if e.ClusterRoute {
+		return o.cfg.Cluster.CIDR.Masked()
+	}
+	return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+}
+
+// routeDst is a route's destination as a prefix (a default route's is
+// 0.0.0.0/0).
+func routeDst(r netlink.Route) netip.Prefix {
+	if r.Dst == nil {
+		return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	}
+	a, _ := netip.AddrFromSlice(r.Dst.IP.To4())
+	ones, _ := r.Dst.Mask.Size()
+	return netip.PrefixFrom(a, ones)
 }
 
 // CheckEndpoint verifies that e's interfaces, address and route are intact
@@ -247,11 +273,12 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 		return Attachment{}, fmt.Errorf("routes of container %s: %w", e.IfName, err)
 	}
 	found = false
+	dst := o.routeTo(e)
 	for _, r := range routes {
-		found = found || (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw.Equal(gw.AsSlice())
+		found = found || routeDst(r) == dst && r.Gw.Equal(gw.AsSlice())
 	}
 	if !found {
-		return Attachment{}, fmt.Errorf("container has no default route via %s", gw)
+		return Attachment{}, fmt.Errorf("container has no route to %s via %s", dst, gw)
 	}
 	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
 }

@@ -7,6 +7,7 @@ packages=(
 	iproute2 iptables iputils-ping netcat-openbsd psmisc # data plane and lab
 	iperf3 sockperf memcached libmemcached-tools nginx-light wrk apache2-utils # benchmarks
 	python3 curl ca-certificates
+	containernetworking-plugins                          # portmap, chained after skiff-cni
 )
 missing=()
 for p in "${packages[@]}"; do

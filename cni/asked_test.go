@@ -1,0 +1,50 @@
+package cni
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestAsked: the address and MAC a runtime asks for, through the ips and
+// mac capabilities or CNI_ARGS (podman --ip, --mac-address).
+func TestAsked(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf, args string
+		ip, mac, err     string
+	}{
+		{"nothing", `{}`, "", "", "", ""},
+		{"ips capability", `{"runtimeConfig":{"ips":["10.244.0.7/24"]}}`, "", "10.244.0.7", "", ""},
+		{"mac capability", `{"runtimeConfig":{"mac":"02:42:0a:f4:00:07"}}`, "", "", "02:42:0a:f4:00:07", ""},
+		{"CNI_ARGS", `{}`, "IgnoreUnknown=1;K8S_POD_NAME=x;IP=10.244.0.9;MAC=02:00:00:00:00:09", "10.244.0.9", "02:00:00:00:00:09", ""},
+		{"both the same", `{"runtimeConfig":{"ips":["10.244.0.9"]}}`, "IP=10.244.0.9", "10.244.0.9", "", ""},
+		{"two addresses", `{"runtimeConfig":{"ips":["10.244.0.9","10.244.0.10"]}}`, "", "", "", "one address per network"},
+		{"IPv6", `{"runtimeConfig":{"ips":["fd00::7/64"]}}`, "", "", "", "IPv4 addresses only"},
+		{"garbage", `{}`, "IP=ten", "", "", `address "ten"`},
+		{"ips not a list", `{"runtimeConfig":{"ips":"10.244.0.7"}}`, "", "", "", "not a list"},
+		{"multicast MAC", `{"runtimeConfig":{"mac":"01:00:5e:00:00:01"}}`, "", "", "", "unicast"},
+		{"short MAC", `{}`, "MAC=02:00:00:00:00", "", "", "unicast"},
+	} {
+		var c NetConf
+		if err := json.Unmarshal([]byte(tc.conf), &c); err != nil {
+			t.Fatal(err)
+		}
+		a, err := c.asked(tc.args)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		ip := ""
+		if a.IP.IsValid() {
+			ip = a.IP.String()
+		}
+		if err != nil || ip != tc.ip || a.MAC.String() != tc.mac {
+			t.Errorf("%s: %v %v %v, want %q %q", tc.name, ip, a.MAC, err, tc.ip, tc.mac)
+		}
+	}
+	if _, err := ParseConf([]byte(`{"cniVersion":"1.0.0","name":"skiff","type":"skiff-cni","runtimeConfig":{"mac":7}}`)); err == nil {
+		t.Error("a numeric mac was accepted")
+	}
+}

@@ -1,0 +1,191 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// TestAskedAddress: a runtime's --ip and --mac-address (the CNI ips and mac
+// capabilities, and CNI_ARGS IP=/MAC=) are honoured: the container gets
+// them and is reachable; another container asking for the same address, or
+// for one outside its host's subnet, gets a clear error (code 103) and
+// nothing is left behind. Before, they were ignored.
+func TestAskedAddress(t *testing.T) {
+	l := newLab(t, Config{Name: "tasked", Hosts: 2, ContainersPerHost: 1, Mode: "overlay"})
+	ctx := context.Background()
+	cc, list, err := l.cni("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := agentOf(t, l, "h1").Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subnet := st.Host.Subnet
+	ip := subnet.Masked().Addr().Next().Next().Next().Next().Next().Next().Next() // .7
+	mac := "02:42:0a:f4:00:07"
+	add := func(name string, caps map[string]any, args [][2]string) (*current.Result, *libcni.RuntimeConf, error) {
+		t.Helper()
+		ns := l.prefix() + name
+		if err := addNetns(ns); err != nil {
+			t.Fatal(err)
+		}
+		rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "eth0", CapabilityArgs: caps, Args: args}
+		t.Cleanup(func() {
+			cc.DelNetworkList(context.Background(), list, rc)
+			run("ip", "netns", "del", ns)
+		})
+		res, err := cc.AddNetworkList(ctx, list, rc)
+		if err != nil {
+			return nil, rc, err
+		}
+		cur, err := current.NewResultFromResult(res)
+		return cur, rc, err
+	}
+	res, _, err := add("ask1", map[string]any{"ips": []string{ip.String() + "/24"}, "mac": mac}, nil)
+	if err != nil {
+		t.Fatalf("ADD asking for %s and %s: %v", ip, mac, err)
+	}
+	if got := res.IPs[0].Address.IP.String(); got != ip.String() || res.Interfaces[1].Mac != mac {
+		t.Fatalf("got %s %s, want %s %s", got, res.Interfaces[1].Mac, ip, mac)
+	}
+	if err := run("ip", "netns", "exec", l.prefix()+"ask1", "sh", "-c", "ip link show eth0 | grep -q "+mac); err != nil {
+		t.Errorf("the container's interface: %v", err)
+	}
+	peer, _ := l.IP("h2/c1")
+	if err := run("ip", "netns", "exec", l.prefix()+"ask1", "ping", "-c", "1", "-W", "2", peer.String()); err != nil {
+		t.Errorf("from the asked-for address: %v", err)
+	}
+	// podman's CNI_ARGS form.
+	ip2 := ip.Next()
+	res, _, err = add("ask2", nil, [][2]string{{"IgnoreUnknown", "1"}, {"IP", ip2.String()}, {"MAC", "02:42:0a:f4:00:08"}})
+	if err != nil || res.IPs[0].Address.IP.String() != ip2.String() || res.Interfaces[1].Mac != "02:42:0a:f4:00:08" {
+		t.Fatalf("CNI_ARGS IP=%s: %v %v", ip2, res, err)
+	}
+	outside := netip.MustParseAddr("10.244.200.5")
+	for name, asked := range map[string]netip.Addr{"ask3": ip, "ask4": outside} {
+		_, rc, err := add(name, map[string]any{"ips": []string{asked.String()}}, nil)
+		var cniErr *types.Error
+		if !errors.As(err, &cniErr) || cniErr.Code != 103 || !strings.Contains(cniErr.Details, asked.String()) {
+			t.Errorf("ADD asking for %s: %v, want error 103 naming it", asked, err)
+		}
+		if err := run("ip", "netns", "exec", rc.ContainerID, "ip", "link", "show", "eth0"); err == nil {
+			t.Errorf("the refused ADD of %s left an interface", name)
+		}
+	}
+	eps, err := agentOf(t, l, "h1").Endpoints(ctx, false)
+	if err != nil || len(eps) != 3 {
+		t.Errorf("endpoints after the refused ADDs: %d (%v), want 3", len(eps), err)
+	}
+	secondaryNetwork(t, l, cc, peer)
+}
+
+// secondaryNetwork: with "defaultRoute": false skiff routes only the
+// cluster CIDR, leaving the container's default route to another network.
+func secondaryNetwork(t *testing.T, l *Lab, cc *libcni.CNIConfig, peer netip.Addr) {
+	t.Helper()
+	data, err := l.ConfList("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf map[string]any
+	json.Unmarshal(data, &conf)
+	conf["plugins"].([]any)[0].(map[string]any)["defaultRoute"] = false
+	data, _ = json.Marshal(conf)
+	list, err := libcni.ConfListFromBytes(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := l.prefix() + "second"
+	if err := addNetns(ns); err != nil {
+		t.Fatal(err)
+	}
+	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "net1"}
+	t.Cleanup(func() {
+		cc.DelNetworkList(context.Background(), list, rc)
+		run("ip", "netns", "del", ns)
+	})
+	res, err := cc.AddNetworkList(context.Background(), list, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := current.NewResultFromResult(res)
+	if len(cur.Routes) != 1 || cur.Routes[0].Dst.String() != l.Config.ClusterCIDR {
+		t.Errorf("result routes %v, want the cluster CIDR %s only", cur.Routes, l.Config.ClusterCIDR)
+	}
+	out, err := exec.Command("ip", "netns", "exec", ns, "ip", "-4", "route").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "default") || !strings.Contains(string(out), l.Config.ClusterCIDR+" via") {
+		t.Errorf("routes of a secondary network's container (%v):\n%s", err, out)
+	}
+	if err := run("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", peer.String()); err != nil {
+		t.Errorf("secondary network: %v", err)
+	}
+	if err := cc.CheckNetworkList(context.Background(), list, rc); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+}
+
+// TestPortMapping: a runtime's -p (the portMappings capability) publishes a
+// container's port on its host's address through the reference portmap
+// plugin, chained after skiff-cni as the lab's (and README's) conflist
+// does; DEL takes it away. The plugin runs in the lab host's namespace.
+func TestPortMapping(t *testing.T) {
+	if portmapDir() == "" {
+		t.Fatal("the portmap plugin is not installed (make deps installs containernetworking-plugins)")
+	}
+	l := newLab(t, Config{Name: "tportmap", Hosts: 2, ContainersPerHost: 0, Mode: "auto"})
+	ctx := context.Background()
+	cc, list, err := l.cni("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := l.prefix() + "pm"
+	if err := addNetns(ns); err != nil {
+		t.Fatal(err)
+	}
+	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "eth0",
+		CapabilityArgs: map[string]any{"portMappings": []map[string]any{{"hostPort": 8080, "containerPort": 7000, "protocol": "tcp"}}}}
+	t.Cleanup(func() {
+		cc.DelNetworkList(context.Background(), list, rc)
+		run("ip", "netns", "del", ns)
+	})
+	if _, err := cc.AddNetworkList(ctx, list, rc); err != nil {
+		t.Fatalf("ADD with a port mapping: %v", err)
+	}
+	var ln net.Listener
+	if err := inNetns(ns, func() (err error) { ln, err = net.Listen("tcp4", ":7000"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	h1, _ := l.IP("h1")
+	published := netip.AddrPortFrom(h1, 8080)
+	if err := exchange(l, "h2", "tcp4", published); err != nil {
+		t.Fatalf("h2 -> %s (the container's port 7000): %v", published, err)
+	}
+	if err := cc.DelNetworkList(ctx, list, rc); err != nil {
+		t.Fatal(err)
+	}
+	if err := exchange(l, "h2", "tcp4", published); err == nil {
+		t.Error("the port is still published after DEL")
+	}
+}
