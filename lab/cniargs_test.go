@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -168,15 +167,7 @@ func TestPortMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	go echoTCP(ln)
 	h1, _ := l.IP("h1")
 	published := netip.AddrPortFrom(h1, 8080)
 	if err := exchange(l, "h2", "tcp4", published); err != nil {

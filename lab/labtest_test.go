@@ -87,15 +87,7 @@ func echoServer(t *testing.T, l *Lab, target string, port int) {
 		t.Fatalf("echo server in %s: %v", target, err)
 	}
 	t.Cleanup(func() { tl.Close(); ul.Close() })
-	go func() {
-		for {
-			c, err := tl.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	go echoTCP(tl)
 	go func() {
 		buf := make([]byte, 65536)
 		for {
@@ -106,6 +98,17 @@ func echoServer(t *testing.T, l *Lab, target string, port int) {
 			ul.WriteTo(buf[:n], from)
 		}
 	}()
+}
+
+// echoTCP echoes on every connection ln accepts, until ln is closed.
+func echoTCP(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() { defer c.Close(); io.Copy(c, c) }()
+	}
 }
 
 // agentOf returns the API client of host's agent.
