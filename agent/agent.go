@@ -530,6 +530,10 @@ func layerErr(name string, err error) error {
 func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cluster.Endpoint {
 	keep := eps[:0]
 	for _, e := range eps {
+		if e.NetnsHidden {
+			keep = append(keep, e) // nothing here to judge it by: DEL removes it
+			continue
+		}
 		ns, err := overlay.OpenNetns(e)
 		if err == nil {
 			ns.Close()

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
@@ -67,7 +69,7 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 	mux.HandleFunc("GET /v1/policies", a.handle(func(r *http.Request) (any, error) { return a.store.Policies(r.Context()) }))
 	// Policy changes and host removal are the administrator's, with the
 	// credential the agent does not hold: skiff makes them in the store.
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: withPeer}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("API server stopped", "err", err)
@@ -75,6 +77,52 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 	}()
 	a.log.Info("API listening", "socket", socket)
 	return srv, nil
+}
+
+type peerKey struct{}
+
+// withPeer keeps the pid of the process at the other end of an API
+// connection (SO_PEERCRED, in the agent's pid namespace) in its context.
+func withPeer(ctx context.Context, c net.Conn) context.Context {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ctx
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return ctx
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if err != nil || cred == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, peerKey{}, int(cred.Pid))
+}
+
+// netnsPath is the path through which the agent reaches the namespace of
+// a request, and whether the request's own path hides it: a runtime in
+// another mount namespace (under ip netns exec, rootless, in a container)
+// passes a path the agent cannot see, or that names something else here.
+// The plugin's open descriptor (NetnsFD, as /proc/<its pid>/fd/<fd>) says
+// what the namespace is; the path is used when it names the same one.
+func netnsPath(ctx context.Context, req api.AddRequest) (path string, hidden bool, err error) {
+	if req.NetnsFD <= 0 {
+		return req.Netns, false, nil
+	}
+	pid, ok := ctx.Value(peerKey{}).(int)
+	if !ok || pid <= 0 {
+		return req.Netns, false, nil
+	}
+	byFD := fmt.Sprintf("/proc/%d/fd/%d", pid, req.NetnsFD)
+	dev, ino, err := overlay.NetnsID(byFD)
+	if err != nil {
+		return "", false, badRequest(fmt.Errorf("the plugin's descriptor of %s: %w", req.Netns, err))
+	}
+	if d, i, err := overlay.NetnsID(req.Netns); err == nil && d == dev && i == ino {
+		return req.Netns, false, nil
+	}
+	return byFD, true, nil
 }
 
 type requestError struct{ error }
@@ -208,7 +256,11 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	}
 	// What the path names now is the namespace this ADD configures; every
 	// later entry checks it is still that one (overlay.OpenNetns).
-	dev, ino, err := overlay.NetnsID(req.Netns)
+	nsPath, hidden, err := netnsPath(ctx, req)
+	if err != nil {
+		return api.Attachment{}, err
+	}
+	dev, ino, err := overlay.NetnsID(nsPath)
 	if err != nil {
 		return api.Attachment{}, badRequest(fmt.Errorf("network namespace: %w", err))
 	}
@@ -230,9 +282,13 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	fresh := e.Created.Equal(want.Created)
 	// The same container and interface in a new namespace means the runtime
 	// recreated the sandbox; the endpoint follows it.
-	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup || e.ClusterRoute != req.ClusterRoute
-	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute
-	att, err := a.overlay.AddEndpoint(e)
+	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
+		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden
+	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden
+	// This request's way into the namespace; the record keeps the runtime's path.
+	here := e
+	here.Netns, here.NetnsHidden = nsPath, false
+	att, err := a.overlay.AddEndpoint(here)
 	if err != nil {
 		if fresh {
 			if rerr := ipam.Release(ctx, a.store, e); rerr != nil {
@@ -244,7 +300,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	for _, l := range a.layers {
 		// The overlay carries the endpoint either way; without a layer it is
 		// only slower. The layer attaches it again at a later sync.
-		if err := l.AddEndpoint(ctx, e); err != nil {
+		if err := l.AddEndpoint(ctx, here); err != nil {
 			a.log.Error("layer not attached; endpoint uses the overlay", "layer", l.name, "container", e.ContainerID, "err", err)
 		}
 	}
@@ -270,6 +326,11 @@ func (a *Agent) CheckEndpoint(ctx context.Context, req api.AddRequest) (api.Atta
 	if e.Netns != req.Netns {
 		return api.Attachment{}, fmt.Errorf("endpoint is attached in %s, not %s", e.Netns, req.Netns)
 	}
+	nsPath, _, err := netnsPath(ctx, req)
+	if err != nil {
+		return api.Attachment{}, err
+	}
+	e.Netns, e.NetnsHidden = nsPath, false
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	att, err := a.overlay.CheckEndpoint(e)

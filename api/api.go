@@ -36,6 +36,10 @@ type AddRequest struct {
 	// MAC=); unset: skiff chooses.
 	IP  netip.Addr `json:"ip,omitzero"`
 	MAC string     `json:"mac,omitempty"`
+	// NetnsFD is the plugin's open descriptor of Netns: the agent reaches
+	// the namespace through /proc/<plugin pid>/fd/<NetnsFD> when Netns
+	// does not name it in the agent's mount namespace. 0: none.
+	NetnsFD int `json:"netnsFD,omitempty"`
 	// ClusterRoute leaves the container's default route alone (a
 	// secondary network): it reaches the overlay by a route for the
 	// cluster CIDR.

@@ -67,10 +67,15 @@ type Endpoint struct {
 	// only while the path still names that namespace, never one a reused
 	// /proc/PID/ns/net or a new mount put there. Zero: unknown (a record
 	// written by an older build).
-	NetnsDev uint64    `json:"netnsDev,omitempty"`
-	NetnsIno uint64    `json:"netnsIno,omitempty"`
-	MAC      string    `json:"mac,omitempty"`
-	Created  time.Time `json:"created"`
+	NetnsDev uint64 `json:"netnsDev,omitempty"`
+	NetnsIno uint64 `json:"netnsIno,omitempty"`
+	// NetnsHidden: Netns names nothing in skiffd's mount namespace (the
+	// runtime runs in another one); skiffd reached the namespace through
+	// the plugin's open descriptor and cannot enter it afterwards. It does
+	// not judge such an endpoint gone: the runtime's DEL removes it.
+	NetnsHidden bool      `json:"netnsHidden,omitempty"`
+	MAC         string    `json:"mac,omitempty"`
+	Created     time.Time `json:"created"`
 	// Cgroup is the container's cgroup v2 (CNI cgroupPath): in sockets
 	// mode its sockets are replaced by host sockets. Empty: overlay only.
 	Cgroup string `json:"cgroup,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -242,6 +243,8 @@ func Add(args *skel.CmdArgs) error {
 	if asked.MAC != nil {
 		req.MAC = asked.MAC.String()
 	}
+	nsFile := openNetns(args.Netns, &req)
+	defer nsFile.Close()
 	att, err := client.AddEndpoint(ctx, req)
 	if err != nil {
 		return cniError("attach container", err)
@@ -251,6 +254,25 @@ func Add(args *skel.CmdArgs) error {
 		return types.NewError(ErrAgentFailed, "build result", err.Error())
 	}
 	return types.PrintResult(res, conf.CNIVersion)
+}
+
+// openNetns opens the runtime's namespace path and puts the descriptor in
+// req (NetnsFD): skiffd reaches the namespace through it (as
+// /proc/<this pid>/fd/<fd>, the pid from the socket's credentials) when the
+// path means nothing in its own mount namespace — a runtime under
+// ip netns exec, rootless, in a container, with PrivateMounts. The file
+// must stay open until the agent has answered. An unopenable path is left
+// to the agent to judge (nil file; Close on nil is fine).
+func openNetns(path string, req *api.AddRequest) *os.File {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	req.NetnsFD = int(f.Fd())
+	return f
 }
 
 // Result builds the CNI result for an attachment: the host veth, the
@@ -295,7 +317,10 @@ func Del(args *skel.CmdArgs) error {
 		return err
 	}
 	defer cancel()
-	if err := client.DeleteEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns}); err != nil {
+	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns}
+	nsFile := openNetns(args.Netns, &req)
+	defer nsFile.Close()
+	if err := client.DeleteEndpoint(ctx, req); err != nil {
 		return cniError("detach container", err)
 	}
 	return nil
@@ -321,7 +346,10 @@ func Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrDecodingFailure, "convert prevResult", err.Error())
 	}
-	att, err := client.CheckEndpoint(ctx, api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
+	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns}
+	nsFile := openNetns(args.Netns, &req)
+	defer nsFile.Close()
+	att, err := client.CheckEndpoint(ctx, req)
 	if err != nil {
 		return cniError("check container", err)
 	}

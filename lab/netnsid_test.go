@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/lab/labtest"
+	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -157,4 +160,62 @@ func endpointOf(ctx context.Context, client *api.Client, id string) (cluster.End
 		}
 	}
 	return cluster.Endpoint{}, fmt.Errorf("no endpoint of %s", id)
+}
+
+// TestRuntimeInOtherMountNamespace: a runtime in a mount namespace of its
+// own (podman under ip netns exec, rootless, in a container, a service with
+// PrivateMounts) passes a namespace path skiffd cannot see. ADD, CHECK-free
+// traffic and DEL work through the plugin's open descriptor of it; a
+// reconcile does not take the endpoint for gone; DEL is idempotent. Before:
+// ADD failed ("does not exist"), and DEL answered HTTP 500.
+func TestRuntimeInOtherMountNamespace(t *testing.T) {
+	l := newLab(t, Config{Name: "tmntns", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
+	ctx := context.Background()
+	h1, _ := l.Host("h1")
+	bin := labtest.BinDir(t, "skiff-cni")
+	dir := "/run/skiff-" + l.Config.Name + "-hidden"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"skiff","type":"skiff-cni","socket":%q}`, h1.Socket)
+	peer, _ := l.IP("h2/c1")
+	// In a private mount namespace: a tmpfs only it sees, a network
+	// namespace bound to a file on it, and the plugin run as a runtime
+	// would, with that path.
+	script := `set -e
+mount -t tmpfs skiff-hidden "$DIR"
+touch "$DIR/ns"
+unshare --net="$DIR/ns" true
+export CNI_CONTAINERID=hidden1 CNI_NETNS="$DIR/ns" CNI_IFNAME=eth0 CNI_PATH="$BIN"
+CNI_COMMAND=ADD "$BIN/skiff-cni" <<<"$CONF"
+nsenter --net="$DIR/ns" ping -c 1 -W 2 "$PEER" >/dev/null
+sleep 1.5 # the endpoint's record made a reconcile: it must not take the endpoint for gone
+nsenter --net="$DIR/ns" ping -c 1 -W 2 "$PEER" >/dev/null
+echo reachable
+CNI_COMMAND=DEL "$BIN/skiff-cni" <<<"$CONF"
+CNI_COMMAND=DEL "$BIN/skiff-cni" <<<"$CONF"
+echo deleted
+`
+	cmd := exec.CommandContext(ctx, "unshare", "--mount", "--propagation", "private", "bash", "-c", script)
+	cmd.Env = append(os.Environ(), "DIR="+dir, "BIN="+bin, "CONF="+conf, "PEER="+peer.String())
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reachable") || !strings.Contains(string(out), "deleted") {
+		t.Fatalf("runtime in another mount namespace: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `"ips"`) {
+		t.Errorf("ADD printed no result:\n%s", out)
+	}
+	eps, err := agentOf(t, l, "h1").Endpoints(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		if e.ContainerID == "hidden1" {
+			t.Errorf("endpoint left after DEL: %+v", e.Endpoint)
+		}
+	}
+	if err := run("ip", "netns", "exec", l.prefix()+"h1", "ip", "link", "show", overlay.VethName("hidden1", "eth0")); err == nil {
+		t.Error("the host veth is left after DEL")
+	}
 }

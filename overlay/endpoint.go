@@ -32,6 +32,10 @@ var ErrNetnsGone = errors.New("network namespace does not exist")
 // namespace than the one its endpoint was attached in.
 var ErrNetnsChanged = errors.New("names another network namespace than the one the endpoint was attached in")
 
+// ErrNetnsHidden means an endpoint's namespace path is the runtime's, in a
+// mount namespace the agent does not share (cluster.Endpoint.NetnsHidden).
+var ErrNetnsHidden = errors.New("names the namespace in the runtime's mount namespace only, not in skiffd's")
+
 // NetnsID returns the identity of the namespace at path: the device and
 // inode of its nsfs file.
 func NetnsID(path string) (dev, ino uint64, err error) {
@@ -67,6 +71,9 @@ func openNetns(path string) (netns.NsHandle, error) {
 // through the handle enters what was checked. A path that now names
 // another namespace is ErrNetnsChanged.
 func OpenNetns(e cluster.Endpoint) (netns.NsHandle, error) {
+	if e.NetnsHidden {
+		return 0, fmt.Errorf("%s: %w", e.Netns, ErrNetnsHidden)
+	}
 	ns, err := openNetns(e.Netns)
 	if err != nil || e.NetnsIno == 0 {
 		return ns, err
@@ -301,7 +308,7 @@ func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 			}
 		} else if errors.Is(err, ErrNetnsChanged) {
 			o.log.Warn("not entering the namespace of a deleted endpoint: its path names another namespace now", "container", e.ContainerID, "err", err)
-		} else if !errors.Is(err, ErrNetnsGone) {
+		} else if !errors.Is(err, ErrNetnsGone) && !errors.Is(err, ErrNetnsHidden) {
 			return err
 		}
 	}
