@@ -8,6 +8,7 @@ packages=(
 	iperf3 sockperf memcached libmemcached-tools nginx-light wrk apache2-utils # benchmarks
 	python3 curl ca-certificates
 	containernetworking-plugins                          # portmap, chained after skiff-cni
+	podman runc busybox-static                           # a real runtime in the lab tests
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -21,7 +22,7 @@ if ((${#missing[@]})); then
 fi
 # Debian's nginx and memcached start as system services on install; skiff runs
 # its own instances inside lab namespaces and needs none of them.
-for svc in nginx memcached; do
+for svc in nginx memcached podman.socket; do
 	systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 
