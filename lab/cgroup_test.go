@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,4 +103,52 @@ func paths(e api.EndpointStatus) (on, off string) {
 		}
 	}
 	return strings.Join(ons, ","), strings.Join(offs, "; ")
+}
+
+// TestCgroupReleasedAtDel: a runtime that removes a container's cgroup
+// before CNI DEL (runc with cgroupfs, as ctr drives it) finds the broker
+// still in it; DEL stops the broker and removes the cgroup it kept, so
+// none is left behind (before: one per container).
+func TestCgroupReleasedAtDel(t *testing.T) {
+	l := newLab(t, Config{Name: "tcgrel", Hosts: 1, Mode: "auto"})
+	ctx := context.Background()
+	parent, err := l.cgroupDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(parent, "runc-like")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sockets.RemoveCgroup(dir) })
+	ns := l.prefix() + "cgrel"
+	if err := addNetns(ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { run("ip", "netns", "del", ns) })
+	client := agentOf(t, l, "h1")
+	req := api.AddRequest{ContainerID: "cgrel", IfName: "eth0", Netns: NetnsPath(ns), Cgroup: dir}
+	if _, err := client.AddEndpoint(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eventually(5*time.Second, func() error {
+		for _, c := range socketsStatus(t, l, "h1").Containers {
+			if c.ContainerID == "cgrel" && c.Broker {
+				return nil
+			}
+		}
+		return errors.New("no broker")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The container's processes are gone; the runtime removes the cgroup.
+	if err := os.Remove(dir); err == nil {
+		t.Fatal("the cgroup was removable with the broker in it: the test shows nothing")
+	}
+	if err := client.DeleteEndpoint(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the container's cgroup is left after DEL: %v", err)
+	}
 }

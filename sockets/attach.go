@@ -343,7 +343,24 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 		// unpins them): the address is forgotten all the same.
 		return errors.Join(err, l.forgetAddress(ip))
 	}
-	return errors.Join(err, l.unpinCgroup(id))
+	err = errors.Join(err, l.unpinCgroup(id))
+	releaseCgroup(e, dir)
+	return err
+}
+
+// releaseCgroup removes a container's cgroup that its broker kept the
+// runtime from removing: a runtime that deletes the container's cgroup
+// before it runs CNI DEL (runc with cgroupfs, as ctr and podman drive it)
+// found the broker still in it and left it. Only an empty cgroup goes
+// (rmdir refuses one with processes or children: the runtime removes
+// those itself, and gets ENOENT, which runc takes for done, for one
+// removed here). A cgroup of the systemd driver is systemd's: the scope
+// goes when it empties, which the broker's exit lets it.
+func releaseCgroup(e cluster.Endpoint, dir string) {
+	if _, systemd := SystemdPath(e.Cgroup); systemd {
+		return
+	}
+	unix.Rmdir(dir)
 }
 
 // forgetAddress forgets the containers at ip, whose cgroups are gone, and

@@ -321,6 +321,15 @@ func stopBroker(stateDir, id string) error {
 		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("stop broker %d: %w", pid, err)
 		}
+		// Gone from the container's cgroup before the caller goes on
+		// (RemoveEndpoint releases the cgroup): it exits at once on
+		// SIGTERM; a broker that does not is killed.
+		for deadline := time.Now().Add(200 * time.Millisecond); isBroker(pid, id); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				deadline = time.Now().Add(time.Second)
+			}
+		}
 	}
 	for _, ext := range []string{".pid", ".stats", ".log"} {
 		os.Remove(filepath.Join(b.dir(), id+ext))
