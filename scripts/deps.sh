@@ -8,7 +8,7 @@ packages=(
 	iperf3 sockperf memcached libmemcached-tools nginx-light wrk apache2-utils # benchmarks
 	python3 curl ca-certificates
 	containernetworking-plugins                          # portmap, chained after skiff-cni
-	podman runc busybox-static                           # a real runtime in the lab tests
+	podman runc containerd busybox-static                # real runtimes in the lab tests
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -20,9 +20,10 @@ if ((${#missing[@]})); then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Debian's nginx and memcached start as system services on install; skiff runs
-# its own instances inside lab namespaces and needs none of them.
-for svc in nginx memcached podman.socket; do
+# Debian's nginx, memcached, podman and containerd start as system services on
+# install (where systemd runs); skiff's tests run their own instances and need
+# none of them.
+for svc in nginx memcached podman.socket containerd; do
 	systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 
