@@ -25,6 +25,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/limits"
 )
 
 // Codes skiff-cni returns beyond the spec's (the spec leaves 100 and up to
@@ -92,6 +93,11 @@ func ParseConf(data []byte) (*NetConf, error) {
 	}
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket
+	}
+	if v, ok := conf.RuntimeConfig["bandwidth"]; ok {
+		if _, err := limits.FromCNI(v); err != nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", "runtimeConfig."+err.Error())
+		}
 	}
 	for _, key := range []string{"cgroupPath", "mac"} {
 		if v, ok := conf.RuntimeConfig[key]; ok {

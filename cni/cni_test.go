@@ -68,6 +68,9 @@ func TestBadConfig(t *testing.T) {
 		{"ipam section with keys", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"type":"host-local","subnet":"10.1.0.0/16","routes":[{"dst":"0.0.0.0/0"}]}}`, 7, `remove the "ipam" section`},
 		{"ipam section without type", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":{"subnet":"10.1.0.0/16"}}`, 7, `remove the "ipam" section`},
 		{"ipam not an object", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","ipam":"host-local"}`, 7, `remove the "ipam" section`},
+		{"bandwidth burst without rate", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","runtimeConfig":{"bandwidth":{"egressBurst":1000}}}`, 7, "egress burst 1000 bits without a rate"},
+		{"bandwidth negative", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","runtimeConfig":{"bandwidth":{"ingressRate":-1,"ingressBurst":1000}}}`, 7, "ingressRate is -1"},
+		{"bandwidth absurd", `{"cniVersion":"1.1.0","name":"skiff","type":"skiff-cni","runtimeConfig":{"bandwidth":{"egressRate":1e15,"egressBurst":1000}}}`, 7, "above 1tbit"},
 		{"unsupported version", `{"cniVersion":"0.3.1","name":"skiff","type":"skiff-cni"}`, 1, "0.3.1"},
 		{"garbage version", `{"cniVersion":"banana","name":"skiff","type":"skiff-cni"}`, 0, ""},
 	} {
