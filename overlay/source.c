@@ -10,7 +10,8 @@
 //
 // It passes, for the veth's entry in skv_sources (keyed by ifindex):
 //   IPv4 from the container's address and MAC;
-//   ARP whose Ethernet and sender addresses are the container's.
+//   ARP whose Ethernet and sender addresses are the container's, and the
+//   RFC 5227 probe of its own address (sender 0.0.0.0).
 // Everything else is dropped and counted: other sources (a neighbour's,
 // another host's container, an outside address, 0.0.0.0), ARP that would
 // teach a neighbour or the host a forged address, frames from another MAC
@@ -51,6 +52,7 @@ struct {
 // The ARP header with Ethernet/IPv4 addresses (RFC 826). linux/if_arp.h
 // drags in libc headers.
 #define ARPHRD_ETHER 1
+#define ARPOP_REQUEST 1
 struct arp4 {
 	__be16 hrd;
 	__be16 pro;
@@ -122,7 +124,13 @@ int skv_from_container(struct __sk_buff *skb)
 		if (arp->hrd != bpf_htons(ARPHRD_ETHER) || arp->pro != bpf_htons(ETH_P_IP) || arp->hln != ETH_ALEN ||
 		    arp->pln != 4)
 			return drop(SKV_MALFORMED);
-		if (!same_mac(arp->sha, src->mac) || arp->spa != src->ip)
+		if (!same_mac(arp->sha, src->mac))
+			return drop(SKV_ARP_SENDER);
+		// An RFC 5227 probe of the container's own address (duplicate
+		// address detection) says "0.0.0.0": receivers answer it and
+		// learn nothing from it.
+		bool probe = arp->op == bpf_htons(ARPOP_REQUEST) && arp->spa == 0 && arp->tpa == src->ip;
+		if (arp->spa != src->ip && !probe)
 			return drop(SKV_ARP_SENDER);
 		return TC_ACT_UNSPEC;
 	}
