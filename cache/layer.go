@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 	"time"
@@ -37,7 +36,6 @@ type Layer struct {
 	// with it; pause: Sync paused learning, Settle resumes it.
 	pending, pause bool
 	eps            layer.Attached // local containers on the fast path
-	log            *slog.Logger
 }
 
 // probe checks what the fast path needs beyond the overlay (whose source
@@ -84,7 +82,7 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 		c.Close()
 		return fmt.Errorf("set up cache: %w", err)
 	}
-	l.c, l.log = c, env.Log
+	l.c = c
 	env.Log.Info("cache fast path attached", "pins", env.PinDir)
 	return nil
 }
@@ -147,7 +145,7 @@ func (l *Layer) Settle(_ context.Context, v *layer.View) error {
 	err := l.settle(v)
 	// Containers there before the agent started are attached here, once;
 	// later ones by AddEndpoint; failed ones again at every Settle.
-	l.eps.Sync(v.Local, l.c.AddEndpoint, l.log)
+	l.eps.Sync(v.Local, l.c.AddEndpoint, l.c.log)
 	return err
 }
 

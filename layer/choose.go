@@ -49,38 +49,31 @@ func choose(all []Registration, mode string, names []string, options map[string]
 			return nil, nil, err
 		}
 	}
-	var run []Registration
 	var choices []Choice
 	for _, r := range all {
-		c := Choice{Name: r.Name}
-		switch {
-		case !auto && !slices.Contains(names, r.Name):
-			c.Reason = "not in " + mode
-		default:
-			if r.Probe != nil {
-				if err := r.Probe(options[r.Name]); err != nil {
-					if !auto {
-						return nil, nil, fmt.Errorf("layer %s cannot run on this host: %w", r.Name, err)
-					}
-					c.Reason = err.Error()
-					break
+		c := Choice{Name: r.Name, On: true}
+		if !auto && !slices.Contains(names, r.Name) {
+			c.On, c.Reason = false, "not in "+mode
+		} else if r.Probe != nil {
+			if err := r.Probe(options[r.Name]); err != nil {
+				if !auto {
+					return nil, nil, fmt.Errorf("layer %s cannot run on this host: %w", r.Name, err)
 				}
+				c.On, c.Reason = false, err.Error()
 			}
-			c.On = true
 		}
 		choices = append(choices, c)
 	}
-	// In the order asked for (the order of Sync and Settle).
-	order := names
+	// In the order asked for (the order of Sync and Settle); auto: by name.
 	if auto {
-		order = nil
-		for _, c := range choices {
-			order = append(order, c.Name)
+		names = nil
+		for _, r := range all {
+			names = append(names, r.Name)
 		}
 	}
-	for _, n := range order {
-		i := slices.IndexFunc(choices, func(c Choice) bool { return c.Name == n })
-		if choices[i].On {
+	var run []Registration
+	for _, n := range names {
+		if i := slices.IndexFunc(all, func(r Registration) bool { return r.Name == n }); choices[i].On {
 			run = append(run, all[i])
 		}
 	}
