@@ -238,6 +238,9 @@ func validate(req api.AddRequest, del bool) error {
 			return badRequest(fmt.Errorf("MAC %q: want a unicast Ethernet address", req.MAC))
 		}
 	}
+	if err := req.Limit.Validate(); err != nil {
+		return badRequest(fmt.Errorf("rate limit: %w", err))
+	}
 	if req.IP.IsValid() && !req.IP.Is4() {
 		return badRequest(fmt.Errorf("address %s: containers get IPv4 addresses", req.IP))
 	}
@@ -271,7 +274,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	defer a.mu.Unlock()
 	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
-		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute}
+		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit}
 	if req.IP.IsValid() {
 		want.IP = netip.PrefixFrom(req.IP, 32)
 	}
@@ -283,8 +286,8 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	// The same container and interface in a new namespace means the runtime
 	// recreated the sandbox; the endpoint follows it.
 	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
-		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden
-	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden
+		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit
+	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden, e.Limit = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden, req.Limit
 	// This request's way into the namespace; the record keeps the runtime's path.
 	here := e
 	here.Netns, here.NetnsHidden = nsPath, false

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -40,6 +41,8 @@ type AddRequest struct {
 	// the namespace through /proc/<plugin pid>/fd/<NetnsFD> when Netns
 	// does not name it in the agent's mount namespace. 0: none.
 	NetnsFD int `json:"netnsFD,omitempty"`
+	// Limit is the rate limit the runtime asks for (CNI bandwidth).
+	Limit limits.Limit `json:"limit,omitzero"`
 	// ClusterRoute leaves the container's default route alone (a
 	// secondary network): it reaches the overlay by a route for the
 	// cluster CIDR.

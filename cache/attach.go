@@ -86,9 +86,16 @@ func (c *Cache) AddEndpoint(e cluster.Endpoint) error {
 	}
 	key := e.IP.Addr().As4()
 	var ep skcIngressEp
-	if err := c.objs.SkcIngress.Lookup(key, &ep); err != nil || ep.Ifindex != uint32(veth.Attrs().Index) {
-		// New, or a new veth: MACs must be learned again.
-		ep = skcIngressEp{Ifindex: uint32(veth.Attrs().Index)}
+	shaped := uint8(0)
+	if e.Limit.IngressRate > 0 {
+		shaped = 1 // delivered through the host veth's qdisc (overlay.shape)
+	}
+	if err := c.objs.SkcIngress.Lookup(key, &ep); err != nil || ep.Ifindex != uint32(veth.Attrs().Index) || ep.Shaped != shaped {
+		// New, a new veth (MACs must be learned again), or a new limit.
+		if ep.Ifindex != uint32(veth.Attrs().Index) {
+			ep = skcIngressEp{Ifindex: uint32(veth.Attrs().Index)}
+		}
+		ep.Shaped = shaped
 		if err := c.objs.SkcIngress.Put(key, ep); err != nil {
 			return fmt.Errorf("ingress cache entry for %s: %w", e.IP, err)
 		}

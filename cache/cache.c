@@ -505,6 +505,7 @@ int from_underlay(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	__u32 ifindex = ep->ifindex;
+	bool shaped = ep->shaped;
 	__u8 mac[2 * ETH_ALEN];
 	__builtin_memcpy(mac, ep->mac_dst, ETH_ALEN);
 	__builtin_memcpy(mac + ETH_ALEN, ep->mac_src, ETH_ALEN);
@@ -524,6 +525,11 @@ int from_underlay(struct __sk_buff *skb)
 	__builtin_memcpy(data, mac, sizeof(mac));
 	decrease_ttl(data + ETH_HLEN);
 	count(IN_HIT);
+	// A container with an ingress rate limit gets its packets through the
+	// host veth's egress, where the limit's qdisc is (redirect_peer would
+	// skip it): the limit holds on the fast path too.
+	if (shaped)
+		return bpf_redirect(ifindex, 0);
 	return bpf_redirect_peer(ifindex, 0);
 
 mark:

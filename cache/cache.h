@@ -40,8 +40,9 @@ struct ingress_ep {
 	__u32 ifindex; // host-side veth (redirect_peer target)
 	__u8 mac_dst[6];
 	__u8 mac_src[6];
-	__u8 ready; // MACs learned
-	__u8 pad[3];
+	__u8 ready;  // MACs learned
+	__u8 shaped; // an ingress rate limit: deliver through the veth's qdisc
+	__u8 pad[2];
 };
 
 struct control {

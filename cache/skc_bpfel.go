@@ -48,7 +48,8 @@ type skcIngressEp struct {
 	MacDst  [6]uint8
 	MacSrc  [6]uint8
 	Ready   uint8
-	Pad     [3]uint8
+	Shaped  uint8
+	Pad     [2]uint8
 }
 
 type skcReason uint32

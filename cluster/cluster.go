@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/skiffnet/skiff/limits"
 )
 
 // Config is the cluster-wide configuration, written once by the first agent.
@@ -79,6 +81,8 @@ type Endpoint struct {
 	// Cgroup is the container's cgroup v2 (CNI cgroupPath): in sockets
 	// mode its sockets are replaced by host sockets. Empty: overlay only.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Limit is the container's rate limit (CNI bandwidth); zero: none.
+	Limit limits.Limit `json:"limit,omitzero"`
 	// ClusterRoute: the container reaches the overlay by a route for the
 	// cluster CIDR, not its default route (a secondary network, CNI
 	// "defaultRoute": false).

@@ -246,6 +246,9 @@ func Add(args *skel.CmdArgs) error {
 	}
 	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Cgroup: conf.Cgroup(), IP: asked.IP,
 		ClusterRoute: conf.DefaultRoute != nil && !*conf.DefaultRoute}
+	if l, _ := limits.FromCNI(conf.RuntimeConfig["bandwidth"]); l != nil { // checked by ParseConf
+		req.Limit = l.Clamp()
+	}
 	if asked.MAC != nil {
 		req.MAC = asked.MAC.String()
 	}

@@ -33,7 +33,7 @@ func (l *Lab) ConfList(host string) ([]byte, error) {
 		return nil, err
 	}
 	plugins := []map[string]any{{"type": "skiff-cni", "socket": h.Socket,
-		"capabilities": map[string]bool{"cgroupPath": true, "ips": true, "mac": true}}}
+		"capabilities": map[string]bool{"cgroupPath": true, "ips": true, "mac": true, "bandwidth": true}}}
 	if portmapDir() != "" {
 		plugins = append(plugins, map[string]any{"type": "portmap", "snat": true,
 			"capabilities": map[string]bool{"portMappings": true}})

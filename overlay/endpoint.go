@@ -14,6 +14,7 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 )
 
@@ -119,6 +120,9 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 			mac, _ := net.ParseMAC(a.ContainerMAC)
 			err = o.src.guard(host, e.IP.Addr(), mac)
 		}
+		if err == nil {
+			err = shape(e, host)
+		}
 		if err != nil {
 			return Attachment{}, err
 		}
@@ -192,7 +196,32 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: c.Attrs().Index, Dst: prefixNet(dst), Gw: gw.AsSlice()}); err != nil {
 		return Attachment{}, fmt.Errorf("route to %s via %s in container: %w", dst, gw, err)
 	}
+	if !e.Limit.None() { // a new veth pair has no qdisc of skiff's to remove
+		if err := shape(e, host); err != nil {
+			return Attachment{}, err
+		}
+	}
 	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
+}
+
+// shape puts e's rate limit on its veth pair: egress on the container's
+// interface, in its namespace (before any skiff program sees a packet, so
+// every layer that takes the packet from the host veth gets it shaped),
+// ingress on the host veth's egress, where the overlay and the cache
+// (cache.c: a shaped endpoint's packets are not redirected to the peer)
+// deliver. Limits of zero remove skiff's qdiscs.
+func shape(e cluster.Endpoint, host netlink.Link) error {
+	h, _, done, err := inNetns(e)
+	if err != nil {
+		return err
+	}
+	defer done()
+	c, err := h.LinkByName(e.IfName)
+	if err != nil {
+		return fmt.Errorf("container %s: %w", e.IfName, err)
+	}
+	return errors.Join(limits.Shape(h, c, e.Limit.EgressRate, e.Limit.EgressBurst),
+		limits.Shape(&netlink.Handle{}, host, e.Limit.IngressRate, e.Limit.IngressBurst))
 }
 
 // routeTo is what a container's route to the overlay covers: everything

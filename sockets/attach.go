@@ -277,8 +277,10 @@ func (l *Layer) cgroupPrograms() map[string]struct {
 }
 
 // Replaced reports whether e gets host sockets: it needs a cgroup (the
-// runtime passes it through the CNI cgroupPath capability).
-func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
+// runtime passes it through the CNI cgroupPath capability), and no rate
+// limit (host sockets skip the veth where limits are enforced: a limited
+// container runs on the cache and the overlay).
+func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" && e.Limit.None() }
 
 // AddEndpoint gives a local container host sockets: the layer's programs
 // on its cgroup, its overlay address keyed by the cgroup, and its broker.

@@ -1,0 +1,103 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"os/exec"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+// iperfRate runs iperf3 from the namespace ns against server for 4 s
+// (reverse: the server sends) and returns the receiver's bit/s.
+func iperfRate(t *testing.T, ns, server string, reverse bool) float64 {
+	t.Helper()
+	args := []string{"netns", "exec", ns, "iperf3", "-4", "-J", "-c", server, "-p", "5400", "-t", "4", "-O", "1"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	out, err := exec.Command("ip", args...).Output()
+	if err != nil {
+		t.Fatalf("iperf3 from %s: %v\n%s", ns, err, out)
+	}
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || r.End.SumReceived.BitsPerSecond == 0 {
+		t.Fatalf("iperf3 from %s: %v\n%s", ns, err, out)
+	}
+	return r.End.SumReceived.BitsPerSecond
+}
+
+// TestRateLimits: a container's CNI bandwidth limit holds in both
+// directions with every layer on (auto): egress is shaped on its own
+// interface, ingress on its host veth, which the cache's fast path now
+// delivers through for a limited container; such a container gets no host
+// sockets (they would skip the veth). Goodput within 10 % of the limit.
+func TestRateLimits(t *testing.T) {
+	l := newLab(t, Config{Name: "tlimit", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
+	ctx := context.Background()
+	cc, list, err := l.cni("h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := l.prefix() + "lim"
+	if err := addNetns(ns); err != nil {
+		t.Fatal(err)
+	}
+	const egress, ingress = 50e6, 80e6
+	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "eth0", CapabilityArgs: map[string]any{
+		"bandwidth": map[string]any{"egressRate": egress, "egressBurst": 1e6, "ingressRate": ingress, "ingressBurst": 1e6}}}
+	t.Cleanup(func() {
+		cc.DelNetworkList(context.Background(), list, rc)
+		run("ip", "netns", "del", ns)
+	})
+	if _, err := cc.AddNetworkList(ctx, list, rc); err != nil {
+		t.Fatalf("ADD with a bandwidth limit: %v", err)
+	}
+	server, _ := l.IP("h2/c1")
+	srv, err := l.Command(ctx, "h2/c1", "iperf3", "-4", "-s", "-p", "5400")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProc(t, srv, false)
+	waitListener(t, l, "h2", netip.AddrPortFrom(server, 5400), p.exited)
+	// The unlimited neighbour's rate, for scale.
+	h1c1, _ := l.Netns("h1/c1")
+	eps, err := agentOf(t, l, "h1").Endpoints(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		if e.ContainerID == ns {
+			if on, why := paths(e); on != "cache" || why == "" {
+				t.Errorf("limited container: layers %q (%s), want the cache and why not sockets", on, why)
+			}
+		}
+	}
+	free := iperfRate(t, h1c1, server.String(), false)
+	before := cacheStats(t, l, "h1")
+	for _, c := range []struct {
+		name    string
+		reverse bool
+		limit   float64
+	}{{"egress", false, egress}, {"ingress", true, ingress}} {
+		got := iperfRate(t, ns, server.String(), c.reverse)
+		t.Logf("%s: %.1f Mbit/s with a %.0f Mbit/s limit (an unlimited neighbour: %.0f Mbit/s)", c.name, got/1e6, c.limit/1e6, free/1e6)
+		if got < 0.9*c.limit || got > 1.1*c.limit {
+			t.Errorf("%s goodput %.1f Mbit/s, want %.0f ±10 %%", c.name, got/1e6, c.limit/1e6)
+		}
+	}
+	if after := cacheStats(t, l, "h1"); after["from_underlay/hit"] == before["from_underlay/hit"] {
+		t.Error("the limited container's ingress never took the cache's fast path: the test shows nothing of it")
+	}
+	if free < 3*ingress {
+		t.Errorf("an unlimited container sends %.0f Mbit/s: too slow for the test to tell a limit", free/1e6)
+	}
+}

@@ -1,0 +1,61 @@
+package limits
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// handle is the major number of skiff's HTB qdiscs: a root qdisc with
+// another handle is someone else's, and skiff leaves it alone.
+const handle = 0x5c
+
+// Shape makes the root qdisc of link (through h, in link's namespace) an
+// HTB that sends at most rate bit/s with bursts of burst bits, or, with
+// rate 0, removes skiff's HTB. HTB queues what is over the rate rather
+// than dropping it (a TCP sender slows down, a UDP flood's excess waits,
+// then drops at the queue's end). Changing the rate replaces the class in
+// place: queued packets stay. Idempotent.
+func Shape(h *netlink.Handle, link netlink.Link, rate, burst uint64) error {
+	name := link.Attrs().Name
+	qdisc := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(handle, 0), Parent: netlink.HANDLE_ROOT})
+	if rate == 0 {
+		ours, err := shaped(h, link)
+		if err != nil || !ours {
+			return err
+		}
+		if err := h.QdiscDel(qdisc); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove the rate limit of %s: %w", name, err)
+		}
+		return nil
+	}
+	qdisc.Defcls = 1
+	if err := h.QdiscReplace(qdisc); err != nil {
+		return fmt.Errorf("rate limit on %s: %w", name, err)
+	}
+	bytes := min(burst/8, math.MaxUint32)
+	class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(handle, 0),
+		Handle: netlink.MakeHandle(handle, 1)}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Buffer: uint32(bytes), Cbuffer: uint32(bytes)})
+	if err := h.ClassReplace(class); err != nil {
+		return fmt.Errorf("rate limit class on %s: %w", name, err)
+	}
+	return nil
+}
+
+// shaped reports whether link's root qdisc is skiff's HTB.
+func shaped(h *netlink.Handle, link netlink.Link) (bool, error) {
+	qdiscs, err := h.QdiscList(link)
+	if err != nil {
+		return false, fmt.Errorf("qdiscs of %s: %w", link.Attrs().Name, err)
+	}
+	for _, q := range qdiscs {
+		a := q.Attrs()
+		if a.Parent == netlink.HANDLE_ROOT && a.Handle == netlink.MakeHandle(handle, 0) && q.Type() == "htb" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
