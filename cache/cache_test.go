@@ -437,20 +437,37 @@ func TestFromUnderlayAntiSpoof(t *testing.T) {
 	}
 }
 
+// TestFromUnderlayHit: a hit is decapsulated and redirected — to the
+// container's side of the veth, or, for a container with an ingress rate
+// limit (shaped), to the host veth's egress, where the limit's qdisc is.
+// (BPF_PROG_RUN shows both as TC_ACT_REDIRECT; the lab's TestRateLimits
+// shows which.)
 func TestFromUnderlayHit(t *testing.T) {
-	c := newTestCache(t, Capacity{})
-	fill(t, c, true, true, false, true)
-	in := ingressTCP(tctest.IPOpts{TOS: 0x20}, tctest.ACK|tctest.PSH)
-	var ret uint32
-	var out []byte
-	d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, in) })
-	expectCount(t, d, "from_underlay/hit")
-	if ret != tcActRedir {
-		t.Fatalf("ret %d, want redirect", ret)
-	}
-	want := tctest.Eth(macContainer, macBridge, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: 0x20, TTL: 63}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.ACK|tctest.PSH, payload)))
-	if !bytes.Equal(out, want) {
-		t.Errorf("decapsulated packet\n got % x\nwant % x", out, want)
+	for _, shaped := range []uint8{0, 1} {
+		c := newTestCache(t, Capacity{})
+		fill(t, c, true, true, false, true)
+		if shaped == 1 {
+			var ep skcIngressEp
+			if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil {
+				t.Fatal(err)
+			}
+			ep.Shaped = 1
+			if err := c.objs.SkcIngress.Put(be32(ipLocal), ep); err != nil {
+				t.Fatal(err)
+			}
+		}
+		in := ingressTCP(tctest.IPOpts{TOS: 0x20}, tctest.ACK|tctest.PSH)
+		var ret uint32
+		var out []byte
+		d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, in) })
+		expectCount(t, d, "from_underlay/hit")
+		if ret != tcActRedir {
+			t.Fatalf("shaped %d: ret %d, want redirect", shaped, ret)
+		}
+		want := tctest.Eth(macContainer, macBridge, 0x0800, tctest.IPv4(tctest.IPOpts{TOS: 0x20, TTL: 63}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.ACK|tctest.PSH, payload)))
+		if !bytes.Equal(out, want) {
+			t.Errorf("shaped %d: decapsulated packet\n got % x\nwant % x", shaped, out, want)
+		}
 	}
 }
 
