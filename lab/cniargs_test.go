@@ -15,6 +15,29 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
+// runtimeAdd makes a namespace l.prefix()+name and attaches it through
+// libcni as a runtime would (interface ifName, capability arguments caps,
+// CNI_ARGS args); the test's end detaches and deletes it. It returns the
+// result and the runtime configuration (for DEL and CHECK).
+func runtimeAdd(t *testing.T, cc *libcni.CNIConfig, list *libcni.NetworkConfigList, l *Lab, name, ifName string, caps map[string]any, args [][2]string) (*current.Result, *libcni.RuntimeConf, error) {
+	t.Helper()
+	ns := l.prefix() + name
+	if err := addNetns(ns); err != nil {
+		t.Fatal(err)
+	}
+	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: ifName, CapabilityArgs: caps, Args: args}
+	t.Cleanup(func() {
+		cc.DelNetworkList(context.Background(), list, rc)
+		run("ip", "netns", "del", ns)
+	})
+	res, err := cc.AddNetworkList(context.Background(), list, rc)
+	if err != nil {
+		return nil, rc, err
+	}
+	cur, err := current.NewResultFromResult(res)
+	return cur, rc, err
+}
+
 // TestAskedAddress: a runtime's --ip and --mac-address (the CNI ips and mac
 // capabilities, and CNI_ARGS IP=/MAC=) are honoured: the container gets
 // them and is reachable; another container asking for the same address, or
@@ -35,22 +58,7 @@ func TestAskedAddress(t *testing.T) {
 	ip := subnet.Masked().Addr().Next().Next().Next().Next().Next().Next().Next() // .7
 	mac := "02:42:0a:f4:00:07"
 	add := func(name string, caps map[string]any, args [][2]string) (*current.Result, *libcni.RuntimeConf, error) {
-		t.Helper()
-		ns := l.prefix() + name
-		if err := addNetns(ns); err != nil {
-			t.Fatal(err)
-		}
-		rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "eth0", CapabilityArgs: caps, Args: args}
-		t.Cleanup(func() {
-			cc.DelNetworkList(context.Background(), list, rc)
-			run("ip", "netns", "del", ns)
-		})
-		res, err := cc.AddNetworkList(ctx, list, rc)
-		if err != nil {
-			return nil, rc, err
-		}
-		cur, err := current.NewResultFromResult(res)
-		return cur, rc, err
+		return runtimeAdd(t, cc, list, l, name, "eth0", caps, args)
 	}
 	res, _, err := add("ask1", map[string]any{"ips": []string{ip.String() + "/24"}, "mac": mac}, nil)
 	if err != nil {
@@ -106,20 +114,11 @@ func secondaryNetwork(t *testing.T, l *Lab, cc *libcni.CNIConfig, peer netip.Add
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := l.prefix() + "second"
-	if err := addNetns(ns); err != nil {
-		t.Fatal(err)
-	}
-	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "net1"}
-	t.Cleanup(func() {
-		cc.DelNetworkList(context.Background(), list, rc)
-		run("ip", "netns", "del", ns)
-	})
-	res, err := cc.AddNetworkList(context.Background(), list, rc)
+	cur, rc, err := runtimeAdd(t, cc, list, l, "second", "net1", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, _ := current.NewResultFromResult(res)
+	ns := rc.ContainerID
 	if len(cur.Routes) != 1 || cur.Routes[0].Dst.String() != l.Config.ClusterCIDR {
 		t.Errorf("result routes %v, want the cluster CIDR %s only", cur.Routes, l.Config.ClusterCIDR)
 	}
@@ -149,19 +148,12 @@ func TestPortMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := l.prefix() + "pm"
-	if err := addNetns(ns); err != nil {
-		t.Fatal(err)
-	}
-	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "eth0",
-		CapabilityArgs: map[string]any{"portMappings": []map[string]any{{"hostPort": 8080, "containerPort": 7000, "protocol": "tcp"}}}}
-	t.Cleanup(func() {
-		cc.DelNetworkList(context.Background(), list, rc)
-		run("ip", "netns", "del", ns)
-	})
-	if _, err := cc.AddNetworkList(ctx, list, rc); err != nil {
+	_, rc, err := runtimeAdd(t, cc, list, l, "pm", "eth0",
+		map[string]any{"portMappings": []map[string]any{{"hostPort": 8080, "containerPort": 7000, "protocol": "tcp"}}}, nil)
+	if err != nil {
 		t.Fatalf("ADD with a port mapping: %v", err)
 	}
+	ns := rc.ContainerID
 	var ln net.Listener
 	if err := inNetns(ns, func() (err error) { ln, err = net.Listen("tcp4", ":7000"); return err }); err != nil {
 		t.Fatal(err)

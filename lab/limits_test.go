@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"os/exec"
 	"testing"
-
-	"github.com/containernetworking/cni/libcni"
 )
 
 // iperfRate runs iperf3 from the namespace ns against server for 4 s
@@ -47,20 +45,13 @@ func TestRateLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := l.prefix() + "lim"
-	if err := addNetns(ns); err != nil {
-		t.Fatal(err)
-	}
 	const egress, ingress = 50e6, 80e6
-	rc := &libcni.RuntimeConf{ContainerID: ns, NetNS: NetnsPath(ns), IfName: "eth0", CapabilityArgs: map[string]any{
-		"bandwidth": map[string]any{"egressRate": egress, "egressBurst": 1e6, "ingressRate": ingress, "ingressBurst": 1e6}}}
-	t.Cleanup(func() {
-		cc.DelNetworkList(context.Background(), list, rc)
-		run("ip", "netns", "del", ns)
-	})
-	if _, err := cc.AddNetworkList(ctx, list, rc); err != nil {
+	_, rc, err := runtimeAdd(t, cc, list, l, "lim", "eth0", map[string]any{
+		"bandwidth": map[string]any{"egressRate": egress, "egressBurst": 1e6, "ingressRate": ingress, "ingressBurst": 1e6}}, nil)
+	if err != nil {
 		t.Fatalf("ADD with a bandwidth limit: %v", err)
 	}
+	ns := rc.ContainerID
 	server, _ := l.IP("h2/c1")
 	srv, err := l.Command(ctx, "h2/c1", "iperf3", "-4", "-s", "-p", "5400")
 	if err != nil {
