@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/layer"
@@ -69,8 +70,8 @@ type Agent struct {
 	// are the other registered ones, torn down at start.
 	layers   []running
 	unwanted []layer.Registration
-	choices  []layer.Choice // every registered layer: on, or off and why
-	needs    layer.Needs    // what any of the layers needs
+	choices  []api.Layer // every registered layer: on, or off and why
+	needs    layer.Needs // what any of the layers needs
 
 	// listeners is the cluster's published listeners, kept by a watch
 	// (when a layer needs them; nil until the watch runs). Guarded by mu.

@@ -184,9 +184,7 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	if a.overlay != nil {
 		s.SourceDrops, _ = a.overlay.SourceDrops()
 	}
-	for _, c := range a.choices {
-		s.Layers = append(s.Layers, api.Layer{Name: c.Name, On: c.On, Reason: c.Reason})
-	}
+	s.Layers = slices.Clone(a.choices)
 	for _, l := range a.layers {
 		l.Status(&s, a.local)
 	}

@@ -95,6 +95,19 @@ type EndpointStatus struct {
 	Layers []Layer `json:"layers,omitempty"`
 }
 
+// Paths lists the layers that carry e besides the overlay, and why each
+// other one does not ("sockets: no cgroupPath from the runtime").
+func (e EndpointStatus) Paths() (on, off []string) {
+	for _, l := range e.Layers {
+		if l.On {
+			on = append(on, l.Name)
+		} else {
+			off = append(off, l.Name+": "+l.Reason)
+		}
+	}
+	return on, off
+}
+
 // Layer is one data-plane layer of a host (docs/layers.md).
 type Layer struct {
 	Name   string `json:"name"`

@@ -329,28 +329,14 @@ func cmdEndpoints(ctx context.Context, env Env, args []string) error {
 	}
 	var rows [][]string
 	for _, e := range eps {
-		path, why := paths(e.Layers)
+		// Only its own host's agent knows another host's endpoint's layers.
+		path, why := "-", "-"
+		if on, off := e.Paths(); e.Layers != nil {
+			path, why = strings.Join(append(on, "overlay"), ","), cmp.Or(strings.Join(off, "; "), "-")
+		}
 		rows = append(rows, []string{e.Host, e.ContainerID, e.IfName, e.IP.String(), e.Veth, e.MAC, path, why})
 	}
 	return table(env.Stdout, "HOST\tCONTAINER\tIF\tIP\tVETH\tMAC\tLAYERS\tOFF FOR IT", rows)
-}
-
-// paths says which layers carry an endpoint's traffic besides the overlay,
-// and why the others do not; both "-" for another host's endpoint (only
-// its own agent knows).
-func paths(layers []api.Layer) (on, off string) {
-	if layers == nil {
-		return "-", "-"
-	}
-	var ons, offs []string
-	for _, l := range layers {
-		if l.On {
-			ons = append(ons, l.Name)
-		} else {
-			offs = append(offs, l.Name+": "+l.Reason)
-		}
-	}
-	return strings.Join(append(ons, "overlay"), ","), cmp.Or(strings.Join(offs, "; "), "-")
 }
 
 const hostsUsage = "usage: skiff hosts [--json] [remove NAME]"

@@ -70,6 +70,8 @@ type NetConf struct {
 	DefaultRoute *bool `json:"defaultRoute,omitempty"`
 	// TimeoutSeconds bounds each call to the agent (default 60).
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+
+	limit *limits.Limit // runtimeConfig.bandwidth, checked by ParseConf
 }
 
 // ParseConf decodes and checks a network configuration.
@@ -95,7 +97,8 @@ func ParseConf(data []byte) (*NetConf, error) {
 		conf.Socket = api.DefaultSocket
 	}
 	if v, ok := conf.RuntimeConfig["bandwidth"]; ok {
-		if _, err := limits.FromCNI(v); err != nil {
+		var err error
+		if conf.limit, err = limits.FromCNI(v); err != nil {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", "runtimeConfig."+err.Error())
 		}
 	}
@@ -246,8 +249,8 @@ func Add(args *skel.CmdArgs) error {
 	}
 	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Cgroup: conf.Cgroup(), IP: asked.IP,
 		ClusterRoute: conf.DefaultRoute != nil && !*conf.DefaultRoute}
-	if l, _ := limits.FromCNI(conf.RuntimeConfig["bandwidth"]); l != nil { // checked by ParseConf
-		req.Limit = l.Clamp()
+	if conf.limit != nil {
+		req.Limit = conf.limit.Clamp()
 	}
 	if asked.MAC != nil {
 		req.MAC = asked.MAC.String()

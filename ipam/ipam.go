@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -62,11 +61,16 @@ func addU32(a netip.Addr, n uint32) netip.Addr {
 // the network address (VTEP), the gateway and the broadcast address.
 func hostAddrs(subnet netip.Prefix) []netip.Addr {
 	var out []netip.Addr
-	last := addU32(subnet.Masked().Addr(), uint32(1)<<(32-subnet.Bits())-1)
+	last := broadcast(subnet)
 	for a := Gateway(subnet).Next(); a.Less(last); a = a.Next() {
 		out = append(out, a)
 	}
 	return out
+}
+
+// broadcast is a subnet's last address.
+func broadcast(subnet netip.Prefix) netip.Addr {
+	return addU32(subnet.Masked().Addr(), uint32(1)<<(32-subnet.Bits())-1)
 }
 
 // Join registers h in the cluster and returns it with its subnet. A host
@@ -218,9 +222,8 @@ func freeSubnet(c cluster.Config, holders map[netip.Prefix]store.Claim, prefer n
 func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluster.Endpoint) (cluster.Endpoint, error) {
 	epKey := store.KeyOf(e)
 	want := e.IP.Addr()
-	if e.IP.IsValid() && !slices.Contains(hostAddrs(subnet), want) {
-		return cluster.Endpoint{}, fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet,
-			hostAddrs(subnet)[0], hostAddrs(subnet)[len(hostAddrs(subnet))-1])
+	if first, last := Gateway(subnet).Next(), broadcast(subnet).Prev(); e.IP.IsValid() && (want.Less(first) || last.Less(want)) {
+		return cluster.Endpoint{}, fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet, first, last)
 	}
 	for attempt := 0; attempt < 16; attempt++ {
 		existing, err := s.Endpoint(ctx, e.Host, e.ContainerID, e.IfName)

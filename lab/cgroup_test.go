@@ -92,19 +92,6 @@ func TestCgroupPathPerEndpoint(t *testing.T) {
 	}
 }
 
-// paths lists the layers on for an endpoint and why the others are off.
-func paths(e api.EndpointStatus) (on, off string) {
-	var ons, offs []string
-	for _, l := range e.Layers {
-		if l.On {
-			ons = append(ons, l.Name)
-		} else {
-			offs = append(offs, l.Name+": "+l.Reason)
-		}
-	}
-	return strings.Join(ons, ","), strings.Join(offs, "; ")
-}
-
 // TestCgroupReleasedAtDel: a runtime that removes a container's cgroup
 // before CNI DEL (runc with cgroupfs, as ctr drives it) finds the broker
 // still in it; DEL stops the broker and removes the cgroup it kept, so

@@ -5,16 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/skiffnet/skiff/api"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/lab/labtest"
 )
 
@@ -266,4 +267,10 @@ func (s *stream) progresses(timeout time.Duration) error {
 		return nil
 	})
 	return err
+}
+
+// paths joins an endpoint's layers that are on, and why the others are off.
+func paths(e api.EndpointStatus) (on, off string) {
+	ons, offs := e.Paths()
+	return strings.Join(ons, ","), strings.Join(offs, "; ")
 }

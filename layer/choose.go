@@ -5,30 +5,24 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 )
 
 // Auto is the mode that runs every layer this host can run.
 const Auto = "auto"
 
-// Choice is whether a registered layer runs on this start, and why not.
-type Choice struct {
-	Name   string
-	On     bool
-	Reason string // why it is off
-}
-
 // Choose picks the layers of a start: with names (skiffd --layers),
 // exactly those; otherwise mode's (cluster.Modes): auto every registered
 // layer whose Probe passes, overlay none, a layer's name that layer alone.
 // A layer asked for by name must pass its probe; auto turns off the ones
 // that do not, with the probe's answer as the reason. It returns the
-// layers to run, in order, and a choice for every registered layer.
-func Choose(mode string, names []string, options map[string]any) ([]Registration, []Choice, error) {
+// layers to run, in order, and for every registered layer whether it is on, and why not.
+func Choose(mode string, names []string, options map[string]any) ([]Registration, []api.Layer, error) {
 	return choose(Registered(), mode, names, options)
 }
 
-func choose(all []Registration, mode string, names []string, options map[string]any) ([]Registration, []Choice, error) {
+func choose(all []Registration, mode string, names []string, options map[string]any) ([]Registration, []api.Layer, error) {
 	auto := false
 	switch {
 	case names != nil && mode != "":
@@ -49,9 +43,9 @@ func choose(all []Registration, mode string, names []string, options map[string]
 			return nil, nil, err
 		}
 	}
-	var choices []Choice
+	var choices []api.Layer
 	for _, r := range all {
-		c := Choice{Name: r.Name, On: true}
+		c := api.Layer{Name: r.Name, On: true}
 		if !auto && !slices.Contains(names, r.Name) {
 			c.On, c.Reason = false, "not in "+mode
 		} else if r.Probe != nil {

@@ -2,6 +2,7 @@ package layer
 
 import (
 	"errors"
+	"github.com/skiffnet/skiff/api"
 	"slices"
 	"testing"
 )
@@ -22,7 +23,7 @@ func TestChooseProbes(t *testing.T) {
 	if len(run) != 2 || run[0].Name != "a" || run[1].Name != "c" {
 		t.Errorf("auto runs %v, want a and c", run)
 	}
-	want := []Choice{{Name: "a", On: true}, {Name: "b", Reason: "cgroup v2 not mounted and cannot be mounted"}, {Name: "c", On: true}}
+	want := []api.Layer{{Name: "a", On: true}, {Name: "b", Reason: "cgroup v2 not mounted and cannot be mounted"}, {Name: "c", On: true}}
 	if !slices.Equal(choices, want) {
 		t.Errorf("choices %+v, want %+v", choices, want)
 	}

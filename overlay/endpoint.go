@@ -121,7 +121,7 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 			err = o.src.guard(host, e.IP.Addr(), mac)
 		}
 		if err == nil {
-			err = shape(e, host)
+			err = reshape(e, host)
 		}
 		if err != nil {
 			return Attachment{}, err
@@ -197,20 +197,26 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 		return Attachment{}, fmt.Errorf("route to %s via %s in container: %w", dst, gw, err)
 	}
 	if !e.Limit.None() { // a new veth pair has no qdisc of skiff's to remove
-		if err := shape(e, host); err != nil {
+		if err := shape(h, c, host, e.Limit); err != nil {
 			return Attachment{}, err
 		}
 	}
 	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
 }
 
-// shape puts e's rate limit on its veth pair: egress on the container's
-// interface, in its namespace (before any skiff program sees a packet, so
-// every layer that takes the packet from the host veth gets it shaped),
-// ingress on the host veth's egress, where the overlay and the cache
-// (cache.c: a shaped endpoint's packets are not redirected to the peer)
-// deliver. Limits of zero remove skiff's qdiscs.
-func shape(e cluster.Endpoint, host netlink.Link) error {
+// shape puts a rate limit on a veth pair: egress on the container's
+// interface c (through h, in its namespace: before any skiff program sees
+// a packet, so every layer that takes the packet from the host veth gets
+// it shaped), ingress on the host veth's egress, where the overlay and the
+// cache (cache.c: a shaped endpoint's packets are not redirected to the
+// peer) deliver. Limits of zero remove skiff's qdiscs.
+func shape(h *netlink.Handle, c, host netlink.Link, l limits.Limit) error {
+	return errors.Join(limits.Shape(h, c, l.EgressRate, l.EgressBurst),
+		limits.Shape(&netlink.Handle{}, host, l.IngressRate, l.IngressBurst))
+}
+
+// reshape applies e's limit, as it is now, to an endpoint built earlier.
+func reshape(e cluster.Endpoint, host netlink.Link) error {
 	h, _, done, err := inNetns(e)
 	if err != nil {
 		return err
@@ -220,8 +226,7 @@ func shape(e cluster.Endpoint, host netlink.Link) error {
 	if err != nil {
 		return fmt.Errorf("container %s: %w", e.IfName, err)
 	}
-	return errors.Join(limits.Shape(h, c, e.Limit.EgressRate, e.Limit.EgressBurst),
-		limits.Shape(&netlink.Handle{}, host, e.Limit.IngressRate, e.Limit.IngressBurst))
+	return shape(h, c, host, e.Limit)
 }
 
 // routeTo is what a container's route to the overlay covers: everything
