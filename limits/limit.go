@@ -1,9 +1,7 @@
-// Package limits holds skiff's per-container rate limits: what a runtime
-// asks for through the CNI bandwidth capability (the reference bandwidth
-// plugin's and Kubernetes' convention: rates in bit/s, bursts in bits) and
-// what an administrator sets with skiff limit (rates and sizes with units,
-// as tc writes them). This file parses and checks them; enforcement in the
-// data path comes with issue 29's next steps.
+// Package limits holds skiff's per-container rate limits, as a runtime
+// asks for them through the CNI bandwidth capability (the reference
+// bandwidth plugin's and Kubernetes' convention: rates in bit/s, bursts in
+// bits): limit.go reads and checks them, shape.go puts them on a device.
 package limits
 
 import (
@@ -12,7 +10,6 @@ import (
 	"math"
 	"sort"
 	"strconv"
-	"strings"
 )
 
 // Limit is a container's rate limit in each direction; a zero rate is no
@@ -75,15 +72,6 @@ func (l Limit) Clamp() Limit {
 	return l
 }
 
-// Effective is the limit in force: the administrator's override (skiff
-// limit), else the runtime's (CNI); nil for none.
-func Effective(cni, override *Limit) *Limit {
-	if override != nil {
-		return override
-	}
-	return cni
-}
-
 // cniKeys are the bandwidth capability's keys.
 var cniKeys = map[string]func(*Limit) *uint64{
 	"egressRate":   func(l *Limit) *uint64 { return &l.EgressRate },
@@ -124,56 +112,6 @@ func FromCNI(v any) (*Limit, error) {
 		return nil, nil
 	}
 	return &l, nil
-}
-
-// Units, as tc writes them: rates in bits per second with decimal
-// prefixes; sizes in bytes (binary prefixes) or bits.
-var (
-	rateUnits = map[string]uint64{"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-	sizeUnits = map[string]uint64{"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9,
-		"": 8, "b": 8, "k": 8 << 10, "kb": 8 << 10, "m": 8 << 20, "mb": 8 << 20, "g": 8 << 30, "gb": 8 << 30}
-)
-
-// ParseRate reads a rate such as "100mbit" or "1.5gbit" (a bare number is
-// bit/s) and returns bit/s.
-func ParseRate(s string) (uint64, error) {
-	v, err := parseUnit(s, rateUnits)
-	if err != nil {
-		return 0, fmt.Errorf("rate %q: %w (units: bit, kbit, mbit, gbit, tbit)", s, err)
-	}
-	return v, nil
-}
-
-// ParseSize reads a burst such as "64kb" (bytes) or "512kbit" and returns
-// bits.
-func ParseSize(s string) (uint64, error) {
-	v, err := parseUnit(s, sizeUnits)
-	if err != nil {
-		return 0, fmt.Errorf("size %q: %w (units: b, kb, mb, gb for bytes; bit, kbit, mbit, gbit)", s, err)
-	}
-	return v, nil
-}
-
-func parseUnit(s string, units map[string]uint64) (uint64, error) {
-	s = strings.ToLower(strings.TrimSpace(s))
-	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
-	if i < 0 {
-		i = len(s)
-	}
-	num, unit := s[:i], s[i:]
-	mult, ok := units[unit]
-	if !ok || num == "" {
-		return 0, errors.New("not a number with a known unit")
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 {
-		return 0, errors.New("not a number with a known unit")
-	}
-	v := f * float64(mult)
-	if v > math.MaxUint64/2 {
-		return 0, errors.New("too large")
-	}
-	return uint64(math.Round(v)), nil
 }
 
 // FormatRate writes bit/s as tc would: "100mbit".
