@@ -352,7 +352,7 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 	defer cancel()
 	// The claims too: a host whose claim is gone could lose its subnet,
 	// and which host a record stands for depends on them (store.Hosts).
-	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetsPrefix}
+	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetsPrefix, store.LimitPrefix + a.host.Name + "/"}
 	// A layer that needs every host's endpoints (the cache's caches name
 	// them all) has a watch keep them, and each change reconciles.
 	var endpoints <-chan struct{}
@@ -473,7 +473,11 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	eps := slices.Clone(all)
+	overrides, err := a.store.Limits(ctx, a.host.Name)
+	if err != nil {
+		return err
+	}
+	eps := store.WithLimits(slices.Clone(all), overrides)
 	if a.needs.Endpoints {
 		remote, err := a.remoteEndpoints(ctx)
 		if err != nil {
@@ -496,6 +500,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		a.overlay.PruneEndpoints(eps),
 		a.overlay.SyncSources(eps),
 	)
+	a.overlay.SyncLimits(eps)
 	// The order with the layers is layer's package comment's: whether the
 	// policy changed is known before the overlay applies it.
 	v.PolicyChanged = a.overlay.PolicyChanged(rules)

@@ -62,7 +62,11 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		return a.endpointPaths(eps), nil
+		overrides, err := a.store.Limits(r.Context(), host)
+		if err != nil {
+			return nil, err
+		}
+		return a.endpointPaths(eps, overrides), nil
 	}))
 	mux.HandleFunc("GET /v1/cache", a.handle(func(r *http.Request) (any, error) { return a.CacheView() }))
 	mux.HandleFunc("GET /v1/hosts", a.handle(func(r *http.Request) (any, error) { return a.store.Hosts(r.Context()) }))
@@ -196,10 +200,12 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 
 // endpointPaths adds to this host's endpoints which layers carry them.
 // The layers answer under their own locks, as for Status.
-func (a *Agent) endpointPaths(eps []cluster.Endpoint) []api.EndpointStatus {
+// Limits are the ones in force, overrides those set with skiff limit.
+func (a *Agent) endpointPaths(eps []cluster.Endpoint, overrides map[string]cluster.LimitOverride) []api.EndpointStatus {
 	out := make([]api.EndpointStatus, 0, len(eps))
-	for _, e := range eps {
-		s := api.EndpointStatus{Endpoint: e}
+	for _, e := range store.WithLimits(eps, overrides) {
+		_, set := overrides[store.KeyOf(e)]
+		s := api.EndpointStatus{Endpoint: e, LimitSet: set}
 		if e.Host == a.host.Name {
 			for _, c := range a.choices {
 				l := api.Layer{Name: c.Name, Reason: "layer off on this host"}

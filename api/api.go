@@ -91,8 +91,10 @@ type Status struct {
 // EndpointStatus is an endpoint and, on its own host, which layers carry
 // its traffic (on) and why the others do not.
 type EndpointStatus struct {
-	cluster.Endpoint
-	Layers []Layer `json:"layers,omitempty"`
+	cluster.Endpoint // its Limit is the one in force
+	// LimitSet: the limit was set with skiff limit, not by the runtime.
+	LimitSet bool    `json:"limitSet,omitempty"`
+	Layers   []Layer `json:"layers,omitempty"`
 }
 
 // Paths lists the layers that carry e besides the overlay, and why each

@@ -55,6 +55,7 @@ func init() {
 		"endpoints": {summary: "list container endpoints (--all: of every host)", run: cmdEndpoints},
 		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
 		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
+		"limit":     {summary: "limit set|del|list: containers' rate limits, changed while they run", run: cmdLimit},
 		"lab":       {summary: "lab up|down|exec|ip|status|cni: an emulated cluster on this machine", run: cmdLab},
 		"cache":     {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
 		"cert":      {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},

@@ -11,7 +11,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/cni"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/lab"
 )
 
@@ -159,5 +161,58 @@ func TestPrintConfList(t *testing.T) {
 	}
 	if err := printConfList(Env{Stdout: &out}, l, "h9"); err == nil || !strings.Contains(err.Error(), `no host "h9"`) {
 		t.Errorf("unknown host: err = %v", err)
+	}
+}
+
+// TestSetLimit: skiff limit set changes the directions given and keeps
+// the others; bad input is an error and changes nothing.
+func TestSetLimit(t *testing.T) {
+	s := func(v string) *string { return &v }
+	cur := limits.Limit{EgressRate: 1e8, EgressBurst: 8 << 20}
+	for _, tc := range []struct {
+		given [4]*string
+		want  limits.Limit
+		err   string
+	}{
+		{[4]*string{s(""), s(""), s("10mbit"), s("")}, limits.Limit{EgressRate: 1e8, EgressBurst: 8 << 20, IngressRate: 1e7, IngressBurst: limits.MinBurst}, ""},
+		{[4]*string{s("1gbit"), s("2mb"), s(""), s("")}, limits.Limit{EgressRate: 1e9, EgressBurst: 16 << 20}, ""},
+		{[4]*string{s("none"), s(""), s(""), s("")}, limits.Limit{}, ""},
+		{[4]*string{s(""), s(""), s(""), s("")}, cur, "nothing to set"},
+		{[4]*string{s("-1mbit"), s(""), s(""), s("")}, cur, "0 or more"},
+		{[4]*string{s("5tbit"), s(""), s(""), s("")}, cur, "above 1tbit"},
+		{[4]*string{s("10furlongs"), s(""), s(""), s("")}, cur, "unknown unit"},
+		{[4]*string{s(""), s(""), s(""), s("1mb")}, cur, "without a rate"},
+	} {
+		got, err := setLimit(cur, tc.given)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: err %v, want %q", tc.given, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%v: %+v, %v; want %+v", tc.given, got, err, tc.want)
+		}
+	}
+}
+
+// TestFindEndpoint: a container by its ID or a prefix that names it alone.
+func TestFindEndpoint(t *testing.T) {
+	ep := func(id, ifName string) api.EndpointStatus {
+		return api.EndpointStatus{Endpoint: cluster.Endpoint{ContainerID: id, IfName: ifName}}
+	}
+	eps := []api.EndpointStatus{ep("abc", "eth0"), ep("abcd", "eth0"), ep("xyz", "eth0"), ep("xyz", "net1")}
+	for _, tc := range []struct{ id, ifName, want, err string }{
+		{"abc", "", "abc/eth0", ""}, {"abcd", "", "abcd/eth0", ""}, {"ab", "", "", "names 2 endpoints"},
+		{"xyz", "", "", "give more of the ID, or --if"}, {"xyz", "net1", "xyz/net1", ""}, {"q", "", "", `no container "q"`},
+	} {
+		e, err := findEndpoint(eps, tc.id, tc.ifName)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s %s: err %v, want %q", tc.id, tc.ifName, err, tc.err)
+			}
+		} else if got := e.ContainerID + "/" + e.IfName; err != nil || got != tc.want {
+			t.Errorf("%s %s: %s, %v; want %s", tc.id, tc.ifName, got, err, tc.want)
+		}
 	}
 }

@@ -89,6 +89,16 @@ type Endpoint struct {
 	ClusterRoute bool `json:"clusterRoute,omitempty"`
 }
 
+// LimitOverride is a rate limit set with skiff limit for one endpoint: it
+// takes the place of the limit the runtime asked for (Endpoint.Limit)
+// until it is deleted, or the endpoint is.
+type LimitOverride struct {
+	Host        string       `json:"host"`
+	ContainerID string       `json:"containerID"`
+	IfName      string       `json:"ifName"`
+	Limit       limits.Limit `json:"limit"`
+}
+
 // Equal says whether e and o are the same endpoint, their creation times
 // compared by instant (a decoded time's location may differ).
 func (e Endpoint) Equal(o Endpoint) bool {

@@ -304,7 +304,8 @@ func nextFree(ctx context.Context, s *store.Store, host string, subnet netip.Pre
 // that does not exist is not an error.
 func Release(ctx context.Context, s *store.Store, e cluster.Endpoint) error {
 	epKey := store.KeyOf(e)
-	ops := []clientv3.Op{clientv3.OpDelete(epKey)}
+	// A limit set with skiff limit goes with its endpoint.
+	ops := []clientv3.Op{clientv3.OpDelete(epKey), clientv3.OpDelete(store.LimitKey(e.Host, e.ContainerID, e.IfName))}
 	if e.IP.IsValid() {
 		addrKey := store.AddrKey(e.Host, e.IP.Masked(), e.IP.Addr())
 		// Free the address only if it is still this endpoint's lease.

@@ -1,11 +1,17 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/skiffnet/skiff/lab/labtest"
 )
 
 // iperfRate runs iperf3 from the namespace ns against server for 4 s
@@ -90,5 +96,86 @@ func TestRateLimits(t *testing.T) {
 	}
 	if free < 3*ingress {
 		t.Errorf("an unlimited container sends %.0f Mbit/s: too slow for the test to tell a limit", free/1e6)
+	}
+	limitChangesLive(t, l, ns, server.String(), egress)
+}
+
+// limitChangesLive: skiff limit set changes a running container's limit
+// in the middle of a transfer — in force within a second, the connection
+// kept — and bad input changes nothing; skiff limit del gives the
+// runtime's limit back.
+func limitChangesLive(t *testing.T, l *Lab, ns, server string, runtime float64) {
+	skiff := filepath.Join(labtest.BinDir(t, "skiff"), "skiff")
+	cli := func(args ...string) (string, error) {
+		out, err := exec.Command(skiff, append([]string{"limit"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := cli("set", ns, "--egress", "5tbit"); err == nil || !strings.Contains(out, "above 1tbit") {
+		t.Errorf("skiff limit set --egress 5tbit: %v\n%s", err, out)
+	}
+	if out, err := cli("list"); err != nil || !strings.Contains(out, ns) || !strings.Contains(out, "50mbit") || !strings.Contains(out, "runtime") {
+		t.Errorf("skiff limit list after bad input: %v\n%s", err, out)
+	}
+	const changed, at = 20e6, 3.0 // bit/s, seconds into the transfer
+	cmd := exec.Command("ip", "netns", "exec", ns, "iperf3", "-4", "-J", "-c", server, "-p", "5400", "-t", "7", "-i", "0.2")
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Duration(at * float64(time.Second)))
+	set := time.Since(start).Seconds()
+	if out, err := cli("set", ns, "--egress", "20mbit"); err != nil {
+		t.Errorf("skiff limit set: %v\n%s", err, out)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the transfer did not survive the change: %v\n%s", err, out.String())
+	}
+	var r struct {
+		Intervals []struct {
+			Sum struct {
+				Start, End    float64
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum"`
+		} `json:"intervals"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	var before, after, nb, na float64
+	for _, iv := range r.Intervals {
+		switch {
+		case iv.Sum.Start >= 1 && iv.Sum.End <= set:
+			before, nb = before+iv.Sum.BitsPerSecond, nb+1
+		case iv.Sum.Start >= set+1:
+			after, na = after+iv.Sum.BitsPerSecond, na+1
+		}
+	}
+	if nb == 0 || na == 0 {
+		t.Fatalf("intervals before/after the change: %v/%v\n%s", nb, na, out.String())
+	}
+	before, after = before/nb, after/na
+	t.Logf("live change at %.1f s: %.1f Mbit/s before (limit %.0f), %.1f Mbit/s from a second after (limit %.0f)", set, before/1e6, runtime/1e6, after/1e6, changed/1e6)
+	if after < 0.9*changed || after > 1.1*changed || before < 0.9*runtime {
+		t.Errorf("rate %.1f Mbit/s before and %.1f after the change to %.0f Mbit/s", before/1e6, after/1e6, changed/1e6)
+	}
+	if out, err := cli("list"); err != nil || !strings.Contains(out, "20mbit") || !strings.Contains(out, "skiff limit") {
+		t.Errorf("skiff limit list: %v\n%s", err, out)
+	}
+	if out, err := cli("del", ns); err != nil {
+		t.Errorf("skiff limit del: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		q, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", "eth0").CombinedOutput()
+		if strings.Contains(string(q), "rate 50Mbit") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the runtime's limit is not back 2 s after skiff limit del:\n%s", q)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

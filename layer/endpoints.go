@@ -11,11 +11,18 @@ import (
 // not with the reason. A container the layer cannot attach (an unusable
 // cgroup, a veth gone) is that container's problem, never the host's: it
 // keeps the paths below the layer (the overlay at least), is reported
-// (Layer.Endpoint, skiff endpoints) and is tried again at every Sync. The
+// (Layer.Endpoint, skiff endpoints) and is tried again at every Sync. A
+// container whose record changed (a new rate limit) is attached again. The
 // zero value is ready to use.
 type Attached struct {
 	mu     sync.Mutex
-	result map[string]error // by container ID: nil attached
+	result map[string]attempt // by container ID
+}
+
+// attempt is the endpoint as last attached and the outcome (nil: attached).
+type attempt struct {
+	e   cluster.Endpoint
+	err error
 }
 
 // Add attaches e with attach, records the outcome and returns it.
@@ -30,25 +37,25 @@ func (a *Attached) add(e cluster.Endpoint, attach func(cluster.Endpoint) error) 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.result == nil {
-		a.result = map[string]error{}
+		a.result = map[string]attempt{}
 	}
 	old, seen := a.result[e.ContainerID]
-	a.result[e.ContainerID] = err
-	return err != nil && (!seen || old == nil || old.Error() != err.Error()), err
+	a.result[e.ContainerID] = attempt{e, err}
+	return err != nil && (!seen || old.err == nil || old.err.Error() != err.Error()), err
 }
 
 // Sync attaches every container of local not attached yet — all of them
 // the first time (those that were there before the agent started), then
-// the ones that failed — and forgets containers no longer local. A
-// failure is logged when it is new.
+// the ones that failed or whose record changed — and forgets containers no
+// longer local. A failure is logged when it is new.
 func (a *Attached) Sync(local []cluster.Endpoint, attach func(cluster.Endpoint) error, log *slog.Logger) {
 	keep := map[string]bool{}
 	for _, e := range local {
 		keep[e.ContainerID] = true
 		a.mu.Lock()
-		err, seen := a.result[e.ContainerID]
+		last, seen := a.result[e.ContainerID]
 		a.mu.Unlock()
-		if !seen || err != nil {
+		if !seen || last.err != nil || !last.e.Equal(e) {
 			if news, err := a.add(e, attach); news {
 				log.Warn("container stays off the layer; tried again at every sync", "container", e.ContainerID, "ip", e.IP, "err", err)
 			}
@@ -75,11 +82,11 @@ func (a *Attached) Remove(e cluster.Endpoint) {
 func (a *Attached) Err(e cluster.Endpoint) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	err, seen := a.result[e.ContainerID]
+	last, seen := a.result[e.ContainerID]
 	if !seen {
 		return errNotYet
 	}
-	return err
+	return last.err
 }
 
 var errNotYet = notYet{}

@@ -48,3 +48,23 @@ func TestAttached(t *testing.T) {
 		t.Error("a2 removed but is still known")
 	}
 }
+
+// TestAttachedRecordChanged: a container whose record changed (skiff limit
+// set a rate) is attached again; an unchanged one is not.
+func TestAttachedRecordChanged(t *testing.T) {
+	var a Attached
+	calls := 0
+	attach := func(cluster.Endpoint) error { calls++; return nil }
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e := cluster.Endpoint{ContainerID: "a1"}
+	a.Sync([]cluster.Endpoint{e}, attach, log)
+	a.Sync([]cluster.Endpoint{e}, attach, log)
+	if calls != 1 {
+		t.Fatalf("attached %d times, want once", calls)
+	}
+	e.Limit.EgressRate, e.Limit.EgressBurst = 10e6, 1e6
+	a.Sync([]cluster.Endpoint{e}, attach, log)
+	if calls != 2 {
+		t.Errorf("attached %d times after the limit changed, want 2", calls)
+	}
+}

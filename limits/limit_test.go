@@ -72,3 +72,41 @@ func TestClamp(t *testing.T) {
 		t.Errorf("slow rate: burst %d, want %d", got.EgressBurst, MinBurst)
 	}
 }
+
+// TestUnits: rates and sizes as tc writes them, and what is not one.
+func TestUnits(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		err  string
+	}{
+		{"100mbit", 1e8, ""}, {"1Gbit", 1e9, ""}, {"12.5mbps", 1e8, ""}, {"8000", 8000, ""},
+		{"none", 0, ""}, {"0", 0, ""}, {"10mbits", 0, "unknown unit"}, {"-5mbit", 0, "0 or more"},
+		{"fast", 0, "unknown unit"}, {"mbit", 0, "want a number"}, {"1e30tbit", 0, "too large"},
+	} {
+		got, err := ParseRate(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseRate(%q) = %d, %v; want an error with %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseRate(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+	for in, want := range map[string]uint64{"64kb": 64 << 13, "1mb": 8 << 20, "1500": 12000, "800kbit": 800 << 10} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	if _, err := ParseSize("none"); err == nil {
+		t.Error(`ParseSize("none") is not an error`)
+	}
+	if got := (Limit{EgressRate: 1e8, EgressBurst: 8 << 20}).String(); got != "egress 100mbit burst 1mb" {
+		t.Errorf("String = %q", got)
+	}
+	if got := DefaultBurst(1e9); got != 1e7 {
+		t.Errorf("DefaultBurst(1gbit) = %d", got)
+	}
+}

@@ -22,19 +22,22 @@ const handle = 0x5c
 func Shape(h *netlink.Handle, link netlink.Link, rate, burst uint64) error {
 	name := link.Attrs().Name
 	qdisc := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(handle, 0), Parent: netlink.HANDLE_ROOT})
-	if rate == 0 {
-		ours, err := shaped(h, link)
-		if err != nil || !ours {
-			return err
-		}
+	ours, err := shaped(h, link)
+	switch {
+	case err != nil:
+		return err
+	case rate == 0 && !ours:
+		return nil
+	case rate == 0:
 		if err := h.QdiscDel(qdisc); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("remove the rate limit of %s: %w", name, err)
 		}
 		return nil
-	}
-	qdisc.Defcls = 1
-	if err := h.QdiscReplace(qdisc); err != nil {
-		return fmt.Errorf("rate limit on %s: %w", name, err)
+	case !ours: // HTB has no change operation: an existing one keeps its qdisc, the class changes
+		qdisc.Defcls = 1
+		if err := h.QdiscReplace(qdisc); err != nil {
+			return fmt.Errorf("rate limit on %s: %w", name, err)
+		}
 	}
 	bytes := min(burst/8, math.MaxUint32)
 	class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(handle, 0),

@@ -215,20 +215,6 @@ func shape(h *netlink.Handle, c, host netlink.Link, l limits.Limit) error {
 		limits.Shape(&netlink.Handle{}, host, l.IngressRate, l.IngressBurst))
 }
 
-// reshape applies e's limit, as it is now, to an endpoint built earlier.
-func reshape(e cluster.Endpoint, host netlink.Link) error {
-	h, _, done, err := inNetns(e)
-	if err != nil {
-		return err
-	}
-	defer done()
-	c, err := h.LinkByName(e.IfName)
-	if err != nil {
-		return fmt.Errorf("container %s: %w", e.IfName, err)
-	}
-	return shape(h, c, host, e.Limit)
-}
-
 // routeTo is what a container's route to the overlay covers: everything
 // (its default route), or the cluster CIDR alone on a secondary network.
 func (o *Overlay) routeTo(e cluster.Endpoint) netip.Prefix {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -54,6 +55,10 @@ type Overlay struct {
 	applied  *policy.Set // the rule set last enforced, nil before the first
 	guard    string      // the guard chains last written
 	src      *sourceCheck
+	// shaped is the rate limit SyncLimits last applied to each local
+	// endpoint (container ID/interface), limitErrs why it could not.
+	shaped    map[string]limits.Limit
+	limitErrs map[string]string
 }
 
 // New looks up the underlay interface; it changes nothing.

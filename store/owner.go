@@ -25,6 +25,9 @@ import (
 //	addrs/H/last/SUBNET       the last address H handed out
 //	endpoints/H/ID/IF         H's endpoints
 //	listeners/H/ADDR:PORT     H's replaced listeners (sockets mode)
+//	limits/H/ID/IF            rate limits set with skiff limit on H's
+//	                          endpoints (the administrator writes them;
+//	                          H deletes them with the endpoint)
 //
 // The cluster configuration and the policies are the administrator's.
 
@@ -41,6 +44,7 @@ func HostRanges(host string) []Range {
 		prefixRange(AddrsPrefix + host + "/"),
 		prefixRange(EndpointPrefix + host + "/"),
 		prefixRange(ListenerPrefix + host + "/"),
+		prefixRange(LimitPrefix + host + "/"),
 	}
 }
 
@@ -56,7 +60,7 @@ func OwnerOf(key string) string {
 		}
 		return name
 	}
-	for _, p := range []string{SubnetsPrefix, AddrsPrefix, EndpointPrefix, ListenerPrefix} {
+	for _, p := range []string{SubnetsPrefix, AddrsPrefix, EndpointPrefix, ListenerPrefix, LimitPrefix} {
 		if rest, ok := strings.CutPrefix(key, p); ok {
 			if host, _, ok := strings.Cut(rest, "/"); ok {
 				return host
@@ -153,6 +157,8 @@ func keyOf(v any) string {
 		return listenerKey(v)
 	case policy.Rule:
 		return PolicyPrefix + v.ID
+	case cluster.LimitOverride:
+		return LimitKey(v.Host, v.ContainerID, v.IfName)
 	}
 	return ""
 }

@@ -40,6 +40,7 @@ const (
 	EndpointPrefix = Prefix + "endpoints/"
 	PolicyPrefix   = Prefix + "policies/"
 	ListenerPrefix = Prefix + "listeners/"
+	LimitPrefix    = Prefix + "limits/"
 )
 
 // ErrUnavailable wraps every failure to reach etcd, so callers (the agent API,
