@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -304,7 +305,15 @@ func printSockets(env Env, s *api.SocketsStatus) {
 	}
 	table(w, "  CONTAINER\tIP\tBROKER\tHANDED OUT\tREPLACED\tFALLBACK", rows)
 	rows = nil
-	for _, name := range sockets.Reasons {
+	// The layer's events in their order, then its rate limits' (limit_*).
+	names := slices.Concat(sockets.Reasons, slices.Sorted(func(yield func(string) bool) {
+		for name := range s.Counters {
+			if strings.HasPrefix(name, "limit_") && !yield(name) {
+				return
+			}
+		}
+	}))
+	for _, name := range names {
 		if n := s.Counters[name]; n > 0 {
 			rows = append(rows, []string{"  " + name, fmt.Sprint(n)})
 		}

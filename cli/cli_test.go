@@ -13,8 +13,8 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/cni"
-	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/limits"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {

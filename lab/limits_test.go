@@ -12,19 +12,32 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/lab/labtest"
+	"github.com/skiffnet/skiff/limits"
 )
 
 // iperfRate runs iperf3 from the namespace ns against server for 4 s
 // (reverse: the server sends) and returns the receiver's bit/s.
 func iperfRate(t *testing.T, ns, server string, reverse bool) float64 {
 	t.Helper()
-	args := []string{"netns", "exec", ns, "iperf3", "-4", "-J", "-c", server, "-p", "5400", "-t", "4", "-O", "1"}
+	return iperfRun(t, exec.Command("ip", append([]string{"netns", "exec", ns}, iperfArgs(server, reverse)...)...))
+}
+
+// iperfArgs is an iperf3 client's command line: 4 s (after 1 s left out)
+// against server's port 5400, the server sending with reverse, then extra.
+func iperfArgs(server string, reverse bool, extra ...string) []string {
+	args := []string{"iperf3", "-4", "-J", "-c", server, "-p", "5400", "-t", "4", "-O", "1"}
 	if reverse {
 		args = append(args, "-R")
 	}
-	out, err := exec.Command("ip", args...).Output()
+	return append(args, extra...)
+}
+
+// iperfRun runs an iperf3 client and returns the receiver's bit/s.
+func iperfRun(t *testing.T, cmd *exec.Cmd) float64 {
+	t.Helper()
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("iperf3 from %s: %v\n%s", ns, err, out)
+		t.Fatalf("%s: %v\n%s", cmd, err, out)
 	}
 	var r struct {
 		End struct {
@@ -34,7 +47,7 @@ func iperfRate(t *testing.T, ns, server string, reverse bool) float64 {
 		} `json:"end"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil || r.End.SumReceived.BitsPerSecond == 0 {
-		t.Fatalf("iperf3 from %s: %v\n%s", ns, err, out)
+		t.Fatalf("%s: %v\n%s", cmd, err, out)
 	}
 	return r.End.SumReceived.BitsPerSecond
 }
@@ -42,8 +55,10 @@ func iperfRate(t *testing.T, ns, server string, reverse bool) float64 {
 // TestRateLimits: a container's CNI bandwidth limit holds in both
 // directions with every layer on (auto): egress is shaped on its own
 // interface, ingress on its host veth, which the cache's fast path now
-// delivers through for a limited container; such a container gets no host
-// sockets (they would skip the veth). Goodput within 10 % of the limit.
+// delivers through for a limited container; skiff limit changes it while
+// a transfer runs; on a container with host sockets, which skip the veth,
+// the cgroup's buckets and pacing hold it. Goodput within 10 % of the
+// limit.
 func TestRateLimits(t *testing.T) {
 	l := newLab(t, Config{Name: "tlimit", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
 	ctx := context.Background()
@@ -97,27 +112,100 @@ func TestRateLimits(t *testing.T) {
 	if free < 3*ingress {
 		t.Errorf("an unlimited container sends %.0f Mbit/s: too slow for the test to tell a limit", free/1e6)
 	}
-	limitChangesLive(t, l, ns, server.String(), egress)
+	skiff := skiffLimit(t)
+	if out, err := skiff("set", ns, "--egress", "5tbit"); err == nil || !strings.Contains(out, "above 1tbit") {
+		t.Errorf("skiff limit set --egress 5tbit: %v\n%s", err, out)
+	}
+	if out, err := skiff("list"); err != nil || !strings.Contains(out, ns) || !strings.Contains(out, "50mbit") || !strings.Contains(out, "runtime") {
+		t.Errorf("skiff limit list after bad input: %v\n%s", err, out)
+	}
+	limitChangesLive(t, ns, egress, 20e6, exec.Command("ip", "netns", "exec", ns, "iperf3", "-4", "-J", "-c", server.String(), "-p", "5400", "-t", "7", "-i", "0.2"))
+	if out, err := skiff("list"); err != nil || !strings.Contains(out, "20mbit") || !strings.Contains(out, "skiff limit") {
+		t.Errorf("skiff limit list: %v\n%s", err, out)
+	}
+	if out, err := skiff("del", ns); err != nil {
+		t.Errorf("skiff limit del: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		q, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", "eth0").CombinedOutput()
+		if strings.Contains(string(q), "rate 50Mbit") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the runtime's limit is not back 2 s after skiff limit del:\n%s", q)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	hostSocketLimits(t, l, server.String())
 }
 
-// limitChangesLive: skiff limit set changes a running container's limit
-// in the middle of a transfer — in force within a second, the connection
-// kept — and bad input changes nothing; skiff limit del gives the
-// runtime's limit back.
-func limitChangesLive(t *testing.T, l *Lab, ns, server string, runtime float64) {
+// skiffLimit runs skiff limit (on the lab's store and first agent).
+func skiffLimit(t *testing.T) func(args ...string) (string, error) {
 	skiff := filepath.Join(labtest.BinDir(t, "skiff"), "skiff")
-	cli := func(args ...string) (string, error) {
+	return func(args ...string) (string, error) {
 		out, err := exec.Command(skiff, append([]string{"limit"}, args...)...).CombinedOutput()
 		return string(out), err
 	}
-	if out, err := cli("set", ns, "--egress", "5tbit"); err == nil || !strings.Contains(out, "above 1tbit") {
-		t.Errorf("skiff limit set --egress 5tbit: %v\n%s", err, out)
+}
+
+// hostSocketLimits: a limit set on a container with host sockets (the
+// sockets layer: they skip its veth and qdiscs) holds on them — egress
+// over four connections together, ingress, and a change in the middle of
+// a connection.
+func hostSocketLimits(t *testing.T, l *Lab, server string) {
+	ctx := context.Background()
+	const rate = 100e6
+	id := l.prefix() + "h1-c1"
+	skiff := skiffLimit(t)
+	if out, err := skiff("set", id, "--egress", "100mbit", "--ingress", "100mbit"); err != nil {
+		t.Fatalf("skiff limit set: %v\n%s", err, out)
 	}
-	if out, err := cli("list"); err != nil || !strings.Contains(out, ns) || !strings.Contains(out, "50mbit") || !strings.Contains(out, "runtime") {
-		t.Errorf("skiff limit list after bad input: %v\n%s", err, out)
+	time.Sleep(time.Second)
+	before, _ := agentOf(t, l, "h1").Status(ctx)
+	for _, c := range []struct {
+		name    string
+		reverse bool
+		extra   []string
+	}{{"egress, 4 connections", false, []string{"-P", "4"}}, {"ingress", true, nil}} {
+		cmd, err := l.Command(ctx, "h1/c1", iperfArgs(server, c.reverse, c.extra...)[0], iperfArgs(server, c.reverse, c.extra...)[1:]...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := iperfRun(t, cmd)
+		t.Logf("host sockets, %s: %.1f Mbit/s with a %.0f Mbit/s limit", c.name, got/1e6, rate/1e6)
+		if got < 0.9*rate || got > 1.1*rate {
+			t.Errorf("host sockets, %s: goodput %.1f Mbit/s, want %.0f ±10 %%", c.name, got/1e6, rate/1e6)
+		}
 	}
-	const changed, at = 20e6, 3.0 // bit/s, seconds into the transfer
-	cmd := exec.Command("ip", "netns", "exec", ns, "iperf3", "-4", "-J", "-c", server, "-p", "5400", "-t", "7", "-i", "0.2")
+	after, _ := agentOf(t, l, "h1").Status(ctx)
+	if before.Sockets == nil || after.Sockets == nil {
+		t.Fatal("no sockets layer in the status")
+	}
+	fast := after.Sockets.Counters["connect_fast"] - before.Sockets.Counters["connect_fast"]
+	paced := after.Sockets.Counters["limit_paced"] - before.Sockets.Counters["limit_paced"]
+	t.Logf("host sockets: %d fast connects, %d paced, limit counters %v", fast, paced, after.Sockets.Counters)
+	if fast < 5 || paced < 5 {
+		t.Errorf("%d connections on host sockets, %d paced: the test shows nothing of the host-socket limits", fast, paced)
+	}
+	cmd, err := l.Command(ctx, "h1/c1", "iperf3", "-4", "-J", "-c", server, "-p", "5400", "-t", "7", "-i", "0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limitChangesLive(t, id, rate, 30e6, cmd)
+	if out, err := skiff("del", id); err != nil {
+		t.Errorf("skiff limit del: %v\n%s", err, out)
+	}
+}
+
+// limitChangesLive: skiff limit set changes a running container's egress
+// limit from was to to in the middle of a transfer (cmd: an iperf3 client
+// of 7 s with 0.2 s intervals) — in force within a second, the connection
+// kept.
+func limitChangesLive(t *testing.T, id string, was, to float64, cmd *exec.Cmd) {
+	t.Helper()
+	const at = 3.0 // seconds into the transfer
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	start := time.Now()
@@ -126,7 +214,7 @@ func limitChangesLive(t *testing.T, l *Lab, ns, server string, runtime float64) 
 	}
 	time.Sleep(time.Duration(at * float64(time.Second)))
 	set := time.Since(start).Seconds()
-	if out, err := cli("set", ns, "--egress", "20mbit"); err != nil {
+	if out, err := skiffLimit(t)("set", id, "--egress", limits.FormatRate(uint64(to))); err != nil {
 		t.Errorf("skiff limit set: %v\n%s", err, out)
 	}
 	if err := cmd.Wait(); err != nil {
@@ -156,26 +244,8 @@ func limitChangesLive(t *testing.T, l *Lab, ns, server string, runtime float64) 
 		t.Fatalf("intervals before/after the change: %v/%v\n%s", nb, na, out.String())
 	}
 	before, after = before/nb, after/na
-	t.Logf("live change at %.1f s: %.1f Mbit/s before (limit %.0f), %.1f Mbit/s from a second after (limit %.0f)", set, before/1e6, runtime/1e6, after/1e6, changed/1e6)
-	if after < 0.9*changed || after > 1.1*changed || before < 0.9*runtime {
-		t.Errorf("rate %.1f Mbit/s before and %.1f after the change to %.0f Mbit/s", before/1e6, after/1e6, changed/1e6)
-	}
-	if out, err := cli("list"); err != nil || !strings.Contains(out, "20mbit") || !strings.Contains(out, "skiff limit") {
-		t.Errorf("skiff limit list: %v\n%s", err, out)
-	}
-	if out, err := cli("del", ns); err != nil {
-		t.Errorf("skiff limit del: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		q, _ := exec.Command("ip", "netns", "exec", ns, "tc", "class", "show", "dev", "eth0").CombinedOutput()
-		if strings.Contains(string(q), "rate 50Mbit") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("the runtime's limit is not back 2 s after skiff limit del:\n%s", q)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	t.Logf("live change at %.1f s: %.1f Mbit/s before (limit %.0f), %.1f Mbit/s from a second after (limit %.0f)", set, before/1e6, was/1e6, after/1e6, to/1e6)
+	if after < 0.9*to || after > 1.1*to || before < 0.9*was || before > 1.1*was {
+		t.Errorf("rate %.1f Mbit/s before the change (limit %.0f) and %.1f after (limit %.0f)", before/1e6, was/1e6, after/1e6, to/1e6)
 	}
 }

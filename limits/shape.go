@@ -39,11 +39,17 @@ func Shape(h *netlink.Handle, link netlink.Link, rate, burst uint64) error {
 			return fmt.Errorf("rate limit on %s: %w", name, err)
 		}
 	}
+	return setClass(h, link, 1, rate, burst)
+}
+
+// setClass adds or changes (in place) the class minor of skiff's HTB on
+// link: rate bit/s, bursts of burst bits.
+func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rate, burst uint64) error {
 	bytes := min(burst/8, math.MaxUint32)
 	class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(handle, 0),
-		Handle: netlink.MakeHandle(handle, 1)}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Buffer: uint32(bytes), Cbuffer: uint32(bytes)})
+		Handle: netlink.MakeHandle(handle, minor)}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Buffer: uint32(bytes), Cbuffer: uint32(bytes)})
 	if err := h.ClassReplace(class); err != nil {
-		return fmt.Errorf("rate limit class on %s: %w", name, err)
+		return fmt.Errorf("rate limit class %x:%x on %s: %w", handle, minor, link.Attrs().Name, err)
 	}
 	return nil
 }

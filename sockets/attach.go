@@ -18,6 +18,7 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
@@ -277,10 +278,8 @@ func (l *Layer) cgroupPrograms() map[string]struct {
 }
 
 // Replaced reports whether e gets host sockets: it needs a cgroup (the
-// runtime passes it through the CNI cgroupPath capability), and no rate
-// limit (host sockets skip the veth where limits are enforced: a limited
-// container runs on the cache and the overlay).
-func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" && e.Limit.None() }
+// runtime passes it through the CNI cgroupPath capability).
+func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
 
 // AddEndpoint gives a local container host sockets: the layer's programs
 // on its cgroup, its overlay address keyed by the cgroup, and its broker.
@@ -312,6 +311,10 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if err := os.MkdirAll(filepath.Join(l.linkDir(), cgroupLinks(id)), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
 	}
+	// The limit first: host sockets never run without it.
+	if err := l.limit(id, dir, e.Limit); err != nil {
+		return fmt.Errorf("container %s: %w", e.ContainerID, err)
+	}
 	for name, p := range l.cgroupPrograms() {
 		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.prog, func() (link.Link, error) {
 			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.attach, Program: p.prog})
@@ -321,6 +324,31 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 		}
 	}
 	return l.brokers.ensure(e, dir)
+}
+
+// limit puts a container's rate limit on its host sockets, which skip the
+// veth and its qdiscs (limits.Cgroups: token buckets on its cgroup, its
+// connections paced), or takes a lifted one off.
+func (l *Layer) limit(id uint64, dir string, lim limits.Limit) error {
+	if lim.None() {
+		if _, err := os.Stat(filepath.Join(l.linkDir(), cgroupLinks(id), "skl_egress")); err != nil {
+			return nil // never limited
+		}
+		err := l.limits.Set(id, lim) // unpaces its connections first
+		for name := range l.limits.Programs() {
+			err = errors.Join(err, os.Remove(filepath.Join(l.linkDir(), cgroupLinks(id), name)))
+		}
+		return err
+	}
+	for name, p := range l.limits.Programs() {
+		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.Prog, func() (link.Link, error) {
+			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.Attach, Program: p.Prog})
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return l.limits.Set(id, lim)
 }
 
 // RemoveEndpoint takes a container's programs off its cgroup, stops its
@@ -345,7 +373,7 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 		// unpins them): the address is forgotten all the same.
 		return errors.Join(err, l.forgetAddress(ip))
 	}
-	err = errors.Join(err, l.unpinCgroup(id))
+	err = errors.Join(err, l.unpinCgroup(id), l.limits.Forget(id))
 	releaseCgroup(e, dir)
 	return err
 }
@@ -482,6 +510,6 @@ func Teardown(pinDir, stateDir string) error {
 	errs = append(errs, restoreAcceptLocal(stateDir))
 	removeHostStackRoutes(netip.Prefix{})
 	overlay.UnjudgeInput(Mark)
-	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"))
+	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"), bpffs.Unpin(pinDir, "skl_"), limits.TeardownIngress())
 	return errors.Join(errs...)
 }

@@ -199,9 +199,6 @@ func (a *agentLayer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error
 // Endpoint says whether a local container's TCP can take host sockets,
 // and why not.
 func (a *agentLayer) Endpoint(e cluster.Endpoint) (bool, string) {
-	if !e.Limit.None() {
-		return false, "rate limited: host sockets would skip the limit"
-	}
 	if !Replaced(e) {
 		return false, "no cgroupPath from the runtime"
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/limits"
 )
 
 // Config describes the host the layer runs on.
@@ -50,6 +51,7 @@ type Layer struct {
 	underlay netlink.Link
 	log      *slog.Logger
 	brokers  *brokers
+	limits   *limits.Cgroups // rate limits of host sockets
 	// rulesSpec makes the inner maps of sks_policy; policy is what the
 	// current one holds (nil: unknown, rewritten at the next Sync).
 	rulesSpec *ebpf.MapSpec
@@ -72,23 +74,27 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err := spec.Assign(&s); err != nil {
 		return nil, fmt.Errorf("sockets programs: %w", err)
 	}
-	if err := configure(s.sksVariableSpecs, cfg); err != nil {
+	cookie, err := netnsCookie()
+	if err != nil {
+		return nil, err
+	}
+	if err := configure(s.sksVariableSpecs, cfg, cookie); err != nil {
 		return nil, err
 	}
 	l := &Layer{cfg: cfg, underlay: under, log: log, rulesSpec: s.SksPolicy.InnerMap.Copy()}
 	if err := bpffs.Load(spec, &l.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
+	if l.limits, err = limits.LoadCgroups(cfg.PinDir, cookie, cfg.Underlay, log); err != nil {
+		l.objs.Close()
+		return nil, err
+	}
 	l.brokers = newBrokers(cfg, log)
 	return l, nil
 }
 
 // configure sets the programs' configuration constants for this host.
-func configure(v sksVariableSpecs, cfg Config) error {
-	cookie, err := netnsCookie()
-	if err != nil {
-		return err
-	}
+func configure(v sksVariableSpecs, cfg Config, cookie uint64) error {
 	secure := uint32(0)
 	if cfg.Secure {
 		secure = 1
@@ -146,7 +152,7 @@ func Pinned(dir string) bool {
 // pinned maps, attached programs and running brokers stay.
 func (l *Layer) Close() error {
 	l.brokers.close()
-	return l.objs.Close()
+	return errors.Join(l.objs.Close(), l.limits.Close())
 }
 
 // Reasons names the counters, in the order of enum sks_reason.
@@ -169,5 +175,9 @@ func (l *Layer) Stats() (map[string]uint64, error) {
 	for i, name := range Reasons {
 		out[name] = sums[i]
 	}
-	return out, nil
+	lc, err := l.limits.Counters()
+	for name, v := range lc {
+		out["limit_"+name] = v
+	}
+	return out, err
 }

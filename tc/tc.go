@@ -33,6 +33,9 @@ const (
 	PrioSource  = 1
 	PrioSockets = 2
 	PrioCache   = 3
+	// PrioLimits is the ingress shaping of host sockets (limits.c) on the
+	// underlay and lo, after the cache (which takes VXLAN packets only).
+	PrioLimits = 4
 )
 
 // Attach puts prog, named name, on link's hook (clsact, direct action) at

@@ -1,0 +1,165 @@
+package limits
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
+)
+
+// Cgroups enforces limits on containers' cgroups (limits.c), for the
+// paths that pass no skiff qdisc: host sockets. The layer that gives a
+// container such a path attaches Programs to its cgroup and calls Set.
+type Cgroups struct {
+	objs     sklObjects
+	underlay string // host sockets receive on it and on lo
+}
+
+// Headroom is how far above a limit the cgroup buckets let a container
+// go: its container-namespace traffic, shaped to the limit by HTB, passes
+// them untouched.
+const Headroom = 1.05
+
+// LoadCgroups loads the programs, with their maps pinned in pinDir
+// (skl_*: reused by a restart, so limits hold across it). hostNetns is the
+// host namespace's cookie (only host sockets are paced); underlay is the
+// device host sockets receive on.
+func LoadCgroups(pinDir string, hostNetns uint64, underlay string, log *slog.Logger) (*Cgroups, error) {
+	spec, err := loadSkl()
+	if err != nil {
+		return nil, fmt.Errorf("read limit programs: %w", err)
+	}
+	var s sklSpecs
+	if err := spec.Assign(&s); err != nil {
+		return nil, fmt.Errorf("limit programs: %w", err)
+	}
+	if err := s.CfgHostNetns.Set(hostNetns); err != nil {
+		return nil, err
+	}
+	c := &Cgroups{underlay: underlay}
+	if err := bpffs.Load(spec, &c.objs, pinDir, log); err != nil {
+		return nil, fmt.Errorf("load limit programs: %w", err)
+	}
+	return c, nil
+}
+
+// Close releases the process's handles; pins and links stay.
+func (c *Cgroups) Close() error { return c.objs.Close() }
+
+// Program is one program of a limited container's cgroup.
+type Program struct {
+	Prog   *ebpf.Program
+	Attach ebpf.AttachType
+}
+
+// Programs are what a limited container's cgroup runs, by pin name.
+func (c *Cgroups) Programs() map[string]Program {
+	return map[string]Program{
+		"skl_egress":  {c.objs.SklEgress, ebpf.AttachCGroupInetEgress},
+		"skl_ingress": {c.objs.SklIngress, ebpf.AttachCGroupInetIngress},
+		"skl_sockops": {c.objs.SklSockops, ebpf.AttachCGroupSockOps},
+	}
+}
+
+// entry is l as the programs apply it to cgroup traffic: bytes, with the
+// headroom, and a burst of at least 20 ms at the rate (100 ms for the
+// ingress backstop, behind the IFB's shaping); pace is the egress rate
+// itself. The ingress class is Set's.
+func entry(l Limit) sklSklLimit {
+	var e sklSklLimit
+	for i, d := range [][2]uint64{{l.EgressRate, l.EgressBurst}, {l.IngressRate, l.IngressBurst}} {
+		if d[0] == 0 {
+			continue
+		}
+		rate := uint64(float64(d[0]) * Headroom / 8)
+		e.Rate[i], e.Burst[i] = rate, max(d[1]/8, rate/50)
+		if i == 1 {
+			e.Burst[i] = max(d[1]/8, rate/10)
+		}
+	}
+	e.Pace = math.MaxUint32 // ~0U: not paced
+	if p := l.EgressRate / 8; p > 0 && p < math.MaxUint32 {
+		e.Pace = uint32(p)
+	}
+	return e
+}
+
+// Set puts limit l in force for the cgroup id and paces its established
+// host connections to it; a zero limit lifts it. Attach Programs before.
+func (c *Cgroups) Set(id uint64, l Limit) error {
+	var cur sklSklLimit
+	err := c.objs.SklLimits.Lookup(id, &cur)
+	want := entry(l)
+	want.Ifb, want.Class = cur.Ifb, cur.Class
+	if err == nil && cur == want {
+		return nil
+	}
+	if want.Ifb, want.Class, err = c.shapeIngress(id, cur, l.IngressRate, l.IngressBurst); err != nil {
+		return err
+	}
+	if err := c.objs.SklLimits.Put(id, want); err != nil {
+		return fmt.Errorf("limit of cgroup %d: %w", id, err)
+	}
+	if err := c.pace(); err != nil {
+		return err
+	}
+	if l.None() {
+		return c.Forget(id)
+	}
+	return nil
+}
+
+// Forget removes what the maps and the IFB hold for a cgroup.
+func (c *Cgroups) Forget(id uint64) error {
+	var errs []error
+	var cur sklSklLimit
+	if c.objs.SklLimits.Lookup(id, &cur) == nil {
+		_, _, err := c.shapeIngress(id, cur, 0, 0)
+		errs = append(errs, err)
+	}
+	for _, m := range []*ebpf.Map{c.objs.SklLimits, c.objs.SklBuckets} {
+		if err := m.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// pace runs skl_pace over the host's TCP sockets (the iterator walks the
+// namespace of the process reading it: the agent's).
+func (c *Cgroups) pace() error {
+	it, err := link.AttachIter(link.IterOptions{Program: c.objs.SklPace})
+	if err != nil {
+		return fmt.Errorf("pacing iterator: %w", err)
+	}
+	defer it.Close()
+	rd, err := it.Open()
+	if err != nil {
+		return fmt.Errorf("pacing iterator: %w", err)
+	}
+	defer rd.Close()
+	if _, err := io.Copy(io.Discard, rd); err != nil {
+		return fmt.Errorf("pacing iterator: %w", err)
+	}
+	return nil
+}
+
+// Counters are the programs' counters by name.
+func (c *Cgroups) Counters() (map[string]uint64, error) {
+	v, err := bpfmap.Counters(c.objs.SklStats, int(sklSklCounterSKL_NCOUNTERS))
+	if err != nil {
+		return nil, err
+	}
+	return map[string]uint64{
+		"passed": v[sklSklCounterSKL_PASSED], "egress_held": v[sklSklCounterSKL_EGRESS_HELD],
+		"egress_dropped": v[sklSklCounterSKL_EGRESS_DROPPED], "ingress_dropped": v[sklSklCounterSKL_INGRESS_DROPPED],
+		"paced": v[sklSklCounterSKL_PACED], "shaped": v[sklSklCounterSKL_SHAPED],
+	}, nil
+}
