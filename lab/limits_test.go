@@ -139,6 +139,55 @@ func TestRateLimits(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	hostSocketLimits(t, l, server.String())
+	udpAndNeighbours(t, l, ns, server.String())
+}
+
+// udpAndNeighbours: a UDP flood keeps to its sender's limit, a 1 Gbit/s
+// limit holds as a 100 Mbit/s one does, and a UDP flood from one limited
+// container beside a TCP flow from another leaves each its own limit.
+func udpAndNeighbours(t *testing.T, l *Lab, ns, server string) {
+	ctx := context.Background()
+	skiff := skiffLimit(t)
+	c1 := l.prefix() + "h1-c1"
+	for id, args := range map[string][]string{ns: {"--egress", "100mbit", "--ingress", "1gbit"}, c1: {"--egress", "50mbit"}} {
+		if out, err := skiff(append([]string{"set", id}, args...)...); err != nil {
+			t.Fatalf("skiff limit set: %v\n%s", err, out)
+		}
+	}
+	srv, err := l.Command(ctx, "h2/c1", "iperf3", "-4", "-s", "-p", "5401")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProc(t, srv, false)
+	addr, _ := netip.ParseAddr(server)
+	waitListener(t, l, "h2", netip.AddrPortFrom(addr, 5401), p.exited)
+	time.Sleep(time.Second) // the agents apply the limits
+	flood := func() *exec.Cmd {
+		return exec.Command("ip", append([]string{"netns", "exec", ns}, iperfArgs(server, false, "-u", "-b", "300M", "-l", "1400")...)...)
+	}
+	within := func(name string, got, limit float64) {
+		t.Helper()
+		t.Logf("%s: %.1f Mbit/s with a %.0f Mbit/s limit", name, got/1e6, limit/1e6)
+		if got < 0.9*limit || got > 1.1*limit {
+			t.Errorf("%s: goodput %.1f Mbit/s, want %.0f ±10 %%", name, got/1e6, limit/1e6)
+		}
+	}
+	within("UDP flood, egress", iperfRun(t, flood()), 100e6)
+	within("TCP ingress", iperfRate(t, ns, server, true), 1e9)
+	// Together: the flood from one container, a TCP flow from the other.
+	args := iperfArgs(server, false)
+	args[6] = "5401" // -p
+	tcp, err := l.Command(ctx, "h1/c1", args[0], args[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rates := make(chan float64, 1)
+	go func() { rates <- iperfRun(t, flood()) }()
+	within("TCP beside a UDP flood", iperfRun(t, tcp), 50e6)
+	within("UDP flood beside a TCP flow", <-rates, 100e6)
+	for _, id := range []string{ns, c1} {
+		skiff("del", id)
+	}
 }
 
 // skiffLimit runs skiff limit (on the lab's store and first agent).
