@@ -304,15 +304,26 @@ func nextFree(ctx context.Context, s *store.Store, host string, subnet netip.Pre
 // that does not exist is not an error.
 func Release(ctx context.Context, s *store.Store, e cluster.Endpoint) error {
 	epKey := store.KeyOf(e)
-	// A limit set with skiff limit goes with its endpoint.
-	ops := []clientv3.Op{clientv3.OpDelete(epKey), clientv3.OpDelete(store.LimitKey(e.Host, e.ContainerID, e.IfName))}
+	ops := []clientv3.Op{clientv3.OpDelete(epKey)}
+	var err error
 	if e.IP.IsValid() {
 		addrKey := store.AddrKey(e.Host, e.IP.Masked(), e.IP.Addr())
 		// Free the address only if it is still this endpoint's lease.
-		_, err := s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.Value(addrKey), "=", epKey)},
+		_, err = s.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.Value(addrKey), "=", epKey)},
 			append(ops, clientv3.OpDelete(addrKey)), ops...)
+	} else {
+		_, err = s.Txn(ctx, nil, ops)
+	}
+	if err != nil {
 		return err
 	}
-	_, err := s.Txn(ctx, nil, ops)
+	// A limit set with skiff limit goes with its endpoint. A host whose
+	// role predates limits may not delete it (skiff cert issue grants it
+	// again); the limit of a gone container is never applied to another,
+	// as container IDs are not reused.
+	_, err = s.Txn(ctx, nil, []clientv3.Op{clientv3.OpDelete(store.LimitKey(e.Host, e.ContainerID, e.IfName))})
+	if errors.Is(err, store.ErrPermission) {
+		return nil
+	}
 	return err
 }
