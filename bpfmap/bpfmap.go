@@ -1,14 +1,16 @@
 // Package bpfmap reads and deletes eBPF map entries in bulk: one system
 // call for hundreds of entries where the map type has batch operations
 // (hash maps, LRU or not, LPM tries), one per entry where it has not
-// (sockhashes).
+// (sockhashes); and runs iterator programs.
 package bpfmap
 
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 )
 
 // batch is how many entries one system call moves.
@@ -101,4 +103,21 @@ func Counters(m *ebpf.Map, n int) ([]uint64, error) {
 		}
 	}
 	return out, nil
+}
+
+// Iterate runs an iterator program once over what it walks (for iter/tcp:
+// the sockets of the calling process's network namespace) and returns
+// what it wrote.
+func Iterate(prog *ebpf.Program) ([]byte, error) {
+	it, err := link.AttachIter(link.IterOptions{Program: prog})
+	if err != nil {
+		return nil, fmt.Errorf("iterator %s: %w", prog, err)
+	}
+	defer it.Close()
+	rd, err := it.Open()
+	if err != nil {
+		return nil, fmt.Errorf("iterator %s: %w", prog, err)
+	}
+	defer rd.Close()
+	return io.ReadAll(rd)
 }

@@ -3,12 +3,10 @@ package limits
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
@@ -69,20 +67,17 @@ func (c *Cgroups) Programs() map[string]Program {
 }
 
 // entry is l as the programs apply it to cgroup traffic: bytes, with the
-// headroom, and a burst of at least 20 ms at the rate (100 ms for the
-// ingress backstop, behind the IFB's shaping); pace is the egress rate
+// headroom, and a burst of at least 20 ms at the rate egress, 100 ms
+// ingress (a backstop behind the IFB's shaping); pace is the egress rate
 // itself. The ingress class is Set's.
 func entry(l Limit) sklSklLimit {
 	var e sklSklLimit
-	for i, d := range [][2]uint64{{l.EgressRate, l.EgressBurst}, {l.IngressRate, l.IngressBurst}} {
-		if d[0] == 0 {
+	for i, d := range []struct{ rate, burst, perSec uint64 }{{l.EgressRate, l.EgressBurst, 50}, {l.IngressRate, l.IngressBurst, 10}} {
+		if d.rate == 0 {
 			continue
 		}
-		rate := uint64(float64(d[0]) * Headroom / 8)
-		e.Rate[i], e.Burst[i] = rate, max(d[1]/8, rate/50)
-		if i == 1 {
-			e.Burst[i] = max(d[1]/8, rate/10)
-		}
+		rate := uint64(float64(d.rate) * Headroom / 8)
+		e.Rate[i], e.Burst[i] = rate, max(d.burst/8, rate/d.perSec) // at least 1/perSec s
 	}
 	e.Pace = math.MaxUint32 // ~0U: not paced
 	if p := l.EgressRate / 8; p > 0 && p < math.MaxUint32 {
@@ -132,23 +127,10 @@ func (c *Cgroups) Forget(id uint64) error {
 	return errors.Join(errs...)
 }
 
-// pace runs skl_pace over the host's TCP sockets (the iterator walks the
-// namespace of the process reading it: the agent's).
+// pace runs skl_pace over the host's TCP sockets (the agent's namespace).
 func (c *Cgroups) pace() error {
-	it, err := link.AttachIter(link.IterOptions{Program: c.objs.SklPace})
-	if err != nil {
-		return fmt.Errorf("pacing iterator: %w", err)
-	}
-	defer it.Close()
-	rd, err := it.Open()
-	if err != nil {
-		return fmt.Errorf("pacing iterator: %w", err)
-	}
-	defer rd.Close()
-	if _, err := io.Copy(io.Discard, rd); err != nil {
-		return fmt.Errorf("pacing iterator: %w", err)
-	}
-	return nil
+	_, err := bpfmap.Iterate(c.objs.SklPace)
+	return err
 }
 
 // Counters are the programs' counters by name.

@@ -8,9 +8,6 @@ import (
 	"io"
 	"net/netip"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
-
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/policy"
@@ -45,7 +42,7 @@ func (c conn) flow() policy.Flow {
 // conns lists the host's replaced sockets. The TCP iterator walks the
 // namespace of the process creating it: the agent's, the host's.
 func (l *Layer) conns() ([]conn, error) {
-	data, err := runIter(l.objs.SksDump)
+	data, err := bpfmap.Iterate(l.objs.SksDump)
 	if err != nil {
 		return nil, err
 	}
@@ -65,20 +62,6 @@ func (l *Layer) conns() ([]conn, error) {
 			Peer:  netip.AddrPortFrom(addrOf(s.PeerIp), s.PeerPort),
 		})
 	}
-}
-
-func runIter(prog *ebpf.Program) ([]byte, error) {
-	it, err := link.AttachIter(link.IterOptions{Program: prog})
-	if err != nil {
-		return nil, fmt.Errorf("socket iterator: %w", err)
-	}
-	defer it.Close()
-	rd, err := it.Open()
-	if err != nil {
-		return nil, fmt.Errorf("socket iterator: %w", err)
-	}
-	defer rd.Close()
-	return io.ReadAll(rd)
 }
 
 // destroy ends the given sockets (bpf_sock_destroy: the application's next
@@ -109,7 +92,7 @@ func (l *Layer) destroyMarked(cookies []uint64) error {
 	if _, err := l.objs.SksKill.BatchUpdate(cookies, marks, nil); err != nil {
 		return fmt.Errorf("mark sockets to end: %w", err)
 	}
-	_, err := runIter(l.objs.SksDestroy)
+	_, err := bpfmap.Iterate(l.objs.SksDestroy)
 	if _, derr := bpfmap.Delete(l.objs.SksKill, cookies); derr != nil {
 		err = errors.Join(err, fmt.Errorf("unmark sockets: %w", derr))
 	}
