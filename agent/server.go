@@ -209,6 +209,9 @@ func (a *Agent) endpointPaths(eps []cluster.Endpoint, overrides map[string]clust
 		if e.Host == a.host.Name {
 			for _, c := range a.choices {
 				l := api.Layer{Name: c.Name, Reason: "layer off on this host"}
+				if c.Reason != "" {
+					l.Reason += ": " + c.Reason
+				}
 				if i := slices.IndexFunc(a.layers, func(r running) bool { return r.name == c.Name }); i >= 0 {
 					l.On, l.Reason = a.layers[i].Endpoint(e)
 				}
@@ -292,8 +295,13 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
 		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit
 	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden, e.Limit = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden, req.Limit
-	// This request's way into the namespace; the record keeps the runtime's path.
-	here := e
+	// This request's way into the namespace (the record keeps the
+	// runtime's path), with the limit in force (a re-ADD keeps one set
+	// with skiff limit).
+	here, err := a.store.LimitOf(ctx, e)
+	if err != nil { // the next reconcile applies it
+		a.log.Warn("limit set with skiff limit not read", "container", e.ContainerID, "err", err)
+	}
 	here.Netns, here.NetnsHidden = nsPath, false
 	att, err := a.overlay.AddEndpoint(here)
 	if err != nil {

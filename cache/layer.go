@@ -45,7 +45,7 @@ func probe(any) error {
 	return layer.First(
 		layer.Programs(ebpf.SchedCLS, asm.FnRedirectPeer, asm.FnSkbAdjustRoom, asm.FnCsumDiff),
 		layer.Maps(ebpf.LRUHash, ebpf.PerCPUArray),
-		conntrack(),
+		conntrack,
 	)
 }
 

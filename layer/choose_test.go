@@ -45,3 +45,17 @@ func TestChooseProbes(t *testing.T) {
 		t.Errorf("b not asked for: %+v, probes %v (want b not probed)", choices[1], probed)
 	}
 }
+
+// TestFirstStopsAtAFailure: checks after a failed one do not run (they
+// may change the host).
+func TestFirstStopsAtAFailure(t *testing.T) {
+	ran := 0
+	ok := func() error { ran++; return nil }
+	fail := func() error { ran++; return errors.New("no TCX") }
+	if err := First(ok, fail, ok); err == nil || err.Error() != "no TCX" || ran != 2 {
+		t.Errorf("First = %v after %d checks, want the failure after 2", err, ran)
+	}
+	if err := First(ok, ok); err != nil {
+		t.Errorf("First = %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/limits"
 )
 
 // Attached tracks which local containers a layer carries: attached, or
@@ -12,18 +13,35 @@ import (
 // cgroup, a veth gone) is that container's problem, never the host's: it
 // keeps the paths below the layer (the overlay at least), is reported
 // (Layer.Endpoint, skiff endpoints) and is tried again at every Sync. A
-// container whose record changed (a new rate limit) is attached again. The
-// zero value is ready to use.
+// container whose attachment changed (a new rate limit) is attached again.
+// The zero value is ready to use.
 type Attached struct {
 	mu     sync.Mutex
-	result map[string]attempt // by container ID
+	result map[string]attempt // by container ID/interface
 }
 
-// attempt is the endpoint as last attached and the outcome (nil: attached).
+// attempt is what the endpoint was attached as and the outcome (nil:
+// attached).
 type attempt struct {
-	e   cluster.Endpoint
+	as  attachment
 	err error
 }
+
+// attachment is what of an endpoint a layer attaches by: a change of any
+// of it attaches the endpoint again. (Not its MAC, filled in after the
+// layers' ADD, nor its namespace path, which an ADD may give another way.)
+type attachment struct {
+	ip                 string
+	veth, cgroup       string
+	netnsDev, netnsIno uint64
+	limit              limits.Limit
+}
+
+func attachmentOf(e cluster.Endpoint) attachment {
+	return attachment{e.IP.String(), e.Veth, e.Cgroup, e.NetnsDev, e.NetnsIno, e.Limit}
+}
+
+func key(e cluster.Endpoint) string { return e.ContainerID + "/" + e.IfName }
 
 // Add attaches e with attach, records the outcome and returns it.
 func (a *Attached) Add(e cluster.Endpoint, attach func(cluster.Endpoint) error) error {
@@ -39,8 +57,8 @@ func (a *Attached) add(e cluster.Endpoint, attach func(cluster.Endpoint) error) 
 	if a.result == nil {
 		a.result = map[string]attempt{}
 	}
-	old, seen := a.result[e.ContainerID]
-	a.result[e.ContainerID] = attempt{e, err}
+	old, seen := a.result[key(e)]
+	a.result[key(e)] = attempt{attachmentOf(e), err}
 	return err != nil && (!seen || old.err == nil || old.err.Error() != err.Error()), err
 }
 
@@ -51,11 +69,11 @@ func (a *Attached) add(e cluster.Endpoint, attach func(cluster.Endpoint) error) 
 func (a *Attached) Sync(local []cluster.Endpoint, attach func(cluster.Endpoint) error, log *slog.Logger) {
 	keep := map[string]bool{}
 	for _, e := range local {
-		keep[e.ContainerID] = true
+		keep[key(e)] = true
 		a.mu.Lock()
-		last, seen := a.result[e.ContainerID]
+		last, seen := a.result[key(e)]
 		a.mu.Unlock()
-		if !seen || last.err != nil || !last.e.Equal(e) {
+		if !seen || last.err != nil || last.as != attachmentOf(e) {
 			if news, err := a.add(e, attach); news {
 				log.Warn("container stays off the layer; tried again at every sync", "container", e.ContainerID, "ip", e.IP, "err", err)
 			}
@@ -74,7 +92,7 @@ func (a *Attached) Sync(local []cluster.Endpoint, attach func(cluster.Endpoint) 
 func (a *Attached) Remove(e cluster.Endpoint) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	delete(a.result, e.ContainerID)
+	delete(a.result, key(e))
 }
 
 // Err returns why e is not attached: nil when it is, "not attached yet"
@@ -82,7 +100,7 @@ func (a *Attached) Remove(e cluster.Endpoint) {
 func (a *Attached) Err(e cluster.Endpoint) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	last, seen := a.result[e.ContainerID]
+	last, seen := a.result[key(e)]
 	if !seen {
 		return errNotYet
 	}

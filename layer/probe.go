@@ -11,12 +11,19 @@ import (
 	"github.com/cilium/ebpf/features"
 )
 
-// Helpers for layers' probes (Registration.Probe): each says, in a user's
-// words, what the kernel lacks.
+// Helpers for layers' probes (Registration.Probe): each check says, in a
+// user's words, what the kernel lacks; First runs them in order.
+
+// A Check is one thing a probe checks: nil when the host has it.
+type Check func() error
 
 // Programs checks that the kernel loads programs of type pt that call
 // helpers.
-func Programs(pt ebpf.ProgramType, helpers ...asm.BuiltinFunc) error {
+func Programs(pt ebpf.ProgramType, helpers ...asm.BuiltinFunc) Check {
+	return func() error { return programs(pt, helpers...) }
+}
+
+func programs(pt ebpf.ProgramType, helpers ...asm.BuiltinFunc) error {
 	if err := features.HaveProgramType(pt); err != nil {
 		return fmt.Errorf("the kernel has no %s eBPF programs: %w", pt, err)
 	}
@@ -29,7 +36,11 @@ func Programs(pt ebpf.ProgramType, helpers ...asm.BuiltinFunc) error {
 }
 
 // Maps checks that the kernel has maps of types.
-func Maps(types ...ebpf.MapType) error {
+func Maps(types ...ebpf.MapType) Check {
+	return func() error { return maps(types...) }
+}
+
+func maps(types ...ebpf.MapType) error {
 	for _, mt := range types {
 		if err := features.HaveMapType(mt); err != nil {
 			return fmt.Errorf("the kernel has no %s eBPF maps: %w", mt, err)
@@ -43,7 +54,11 @@ var kernelBTF = sync.OnceValues(btf.LoadKernelSpec)
 // KernelHas checks that the kernel's BTF (/sys/kernel/btf/vmlinux) has a
 // function (a kfunc, or one whose presence stands for a feature) for each
 // name; what says what the name stands for.
-func KernelHas(what string, names ...string) error {
+func KernelHas(what string, names ...string) Check {
+	return func() error { return kernelHas(what, names...) }
+}
+
+func kernelHas(what string, names ...string) error {
 	spec, err := kernelBTF()
 	if err != nil {
 		return fmt.Errorf("%s: the kernel's BTF cannot be read: %w", what, err)
@@ -61,11 +76,12 @@ func KernelHas(what string, names ...string) error {
 	return nil
 }
 
-// First returns the first of errs that is not nil: a probe reports one
-// reason, the first it finds.
-func First(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
+// First runs checks in order and returns the first failure: a probe
+// reports one reason, and checks after a failed one (which may change the
+// host: mounting cgroup v2) do not run.
+func First(checks ...Check) error {
+	for _, c := range checks {
+		if err := c(); err != nil {
 			return err
 		}
 	}

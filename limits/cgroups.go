@@ -51,7 +51,7 @@ func LoadCgroups(pinDir string, hostNetns uint64, underlay string, log *slog.Log
 // Close releases the process's handles; pins and links stay.
 func (c *Cgroups) Close() error { return c.objs.Close() }
 
-// Program is one program of a limited container's cgroup.
+// Program is one program of a container's cgroup, with its attach type.
 type Program struct {
 	Prog   *ebpf.Program
 	Attach ebpf.AttachType
@@ -90,25 +90,29 @@ func entry(l Limit) sklSklLimit {
 // host connections to it; a zero limit lifts it. Attach Programs before.
 func (c *Cgroups) Set(id uint64, l Limit) error {
 	var cur sklSklLimit
-	err := c.objs.SklLimits.Lookup(id, &cur)
+	found := c.objs.SklLimits.Lookup(id, &cur) == nil
 	want := entry(l)
-	want.Ifb, want.Class = cur.Ifb, cur.Class
-	if err == nil && cur == want {
+	want.Class = cur.Class
+	if found && cur == want {
 		return nil
 	}
-	if want.Ifb, want.Class, err = c.shapeIngress(id, cur, l.IngressRate, l.IngressBurst); err != nil {
+	class, err := c.shapeIngress(cur.Class, l.IngressRate, l.IngressBurst)
+	if err != nil {
 		return err
 	}
+	want.Class = class
 	if err := c.objs.SklLimits.Put(id, want); err != nil {
 		return fmt.Errorf("limit of cgroup %d: %w", id, err)
 	}
-	if err := c.pace(); err != nil {
-		return err
+	if found && cur.Pace != want.Pace || !found && want.Pace != math.MaxUint32 {
+		if err := c.pace(); err != nil {
+			return err
+		}
 	}
 	if l.None() {
 		return c.Forget(id)
 	}
-	return nil
+	return c.unclassify()
 }
 
 // Forget removes what the maps and the IFB hold for a cgroup.
@@ -116,7 +120,7 @@ func (c *Cgroups) Forget(id uint64) error {
 	var errs []error
 	var cur sklSklLimit
 	if c.objs.SklLimits.Lookup(id, &cur) == nil {
-		_, _, err := c.shapeIngress(id, cur, 0, 0)
+		_, err := c.shapeIngress(cur.Class, 0, 0)
 		errs = append(errs, err)
 	}
 	for _, m := range []*ebpf.Map{c.objs.SklLimits, c.objs.SklBuckets} {
@@ -124,7 +128,7 @@ func (c *Cgroups) Forget(id uint64) error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.unclassify())...)
 }
 
 // pace runs skl_pace over the host's TCP sockets (the agent's namespace).

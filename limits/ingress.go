@@ -20,38 +20,34 @@ const IFBName = "skiff-ifb"
 // filterName tags skl_classify on the devices host sockets receive on.
 const filterName = "skiff-limits"
 
-// shapeIngress gives cgroup id's host sockets an HTB class of rate bit/s
-// on the IFB (made on first use) and returns the entry's ifb and class;
-// rate 0 removes the class the entry had.
-func (c *Cgroups) shapeIngress(id uint64, cur sklSklLimit, rate, burst uint64) (ifb, class uint32, err error) {
+// shapeIngress gives a container's host sockets an HTB class of rate
+// bit/s on the IFB (made on first use) and returns its minor: class, the
+// one it had (0: none), or a free one. Rate 0 removes class.
+func (c *Cgroups) shapeIngress(class uint32, rate, burst uint64) (uint32, error) {
 	h := &netlink.Handle{}
 	if rate == 0 {
-		if cur.Class == 0 {
-			return 0, 0, nil
+		if class == 0 {
+			return 0, nil
 		}
 		if l, err := netlink.LinkByName(IFBName); err == nil {
-			class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.MakeHandle(handle, 0),
-				Handle: netlink.MakeHandle(handle, uint16(cur.Class))}, netlink.HtbClassAttrs{})
-			if err := h.ClassDel(class); err != nil && !errors.Is(err, unix.ENOENT) {
-				return 0, 0, fmt.Errorf("remove the ingress class of cgroup %d: %w", id, err)
+			cl := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.MakeHandle(handle, 0),
+				Handle: netlink.MakeHandle(handle, uint16(class))}, netlink.HtbClassAttrs{})
+			if err := h.ClassDel(cl); err != nil && !errors.Is(err, unix.ENOENT) {
+				return 0, fmt.Errorf("remove ingress class %x:%x: %w", handle, class, err)
 			}
 		}
-		return 0, 0, nil
+		return 0, nil
 	}
 	dev, err := c.ifb(h)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	class = cur.Class
 	if class == 0 {
 		if class, err = c.freeClass(); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 	}
-	if err := setClass(h, dev, uint16(class), rate, burst); err != nil {
-		return 0, 0, err
-	}
-	return uint32(dev.Attrs().Index), class, nil
+	return class, setClass(h, dev, uint16(class), rate, burst)
 }
 
 // ifb returns the IFB device, made and shaped (HTB, unclassified packets
@@ -77,6 +73,9 @@ func (c *Cgroups) ifb(h *netlink.Handle) (netlink.Link, error) {
 			return nil, fmt.Errorf("HTB on %s: %w", IFBName, err)
 		}
 	}
+	if err := c.objs.SklIfb.Put(uint32(0), uint32(dev.Attrs().Index)); err != nil {
+		return nil, fmt.Errorf("IFB index: %w", err)
+	}
 	for _, name := range []string{c.underlay, "lo"} {
 		l, err := netlink.LinkByName(name)
 		if err == nil {
@@ -87,6 +86,29 @@ func (c *Cgroups) ifb(h *netlink.Handle) (netlink.Link, error) {
 		}
 	}
 	return dev, nil
+}
+
+// unclassify takes skl_classify off the underlay and lo once no container
+// has an ingress class: it costs every TCP packet they receive a socket
+// lookup.
+func (c *Cgroups) unclassify() error {
+	all, err := bpfmap.Entries[uint64, sklSklLimit](c.objs.SklLimits)
+	if err != nil {
+		return err
+	}
+	for _, e := range all {
+		if e.Class != 0 {
+			return nil
+		}
+	}
+	h := &netlink.Handle{}
+	var errs []error
+	for _, name := range []string{c.underlay, "lo"} {
+		if l, err := netlink.LinkByName(name); err == nil {
+			errs = append(errs, tc.Detach(h, l, tc.Ingress, filterName))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // freeClass returns the lowest minor class (above the veths' 1) no

@@ -51,13 +51,24 @@ struct {
 	__uint(max_entries, 65536);
 	__type(key, __u64); // cgroup id
 	__type(value, struct skl_limit);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skl_limits SEC(".maps");
+
+// The IFB's ifindex (one entry; 0: none): limits.Cgroups.ifb writes it.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skl_ifb SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u64); // cgroup id
 	__type(value, struct skl_bucket);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skl_buckets SEC(".maps");
 
 struct {
@@ -65,6 +76,7 @@ struct {
 	__uint(max_entries, SKL_NCOUNTERS);
 	__type(key, enum skl_counter);
 	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skl_stats SEC(".maps");
 
 static __always_inline void count(enum skl_counter c)
@@ -75,12 +87,22 @@ static __always_inline void count(enum skl_counter c)
 		*v += 1;
 }
 
+#define NSEC 1000000000ULL
+
 // take charges len bytes to a bucket direction; false: over the limit.
-// The refill is capped at 100 ms worth (rate fits 2^37 bytes/s: 1 Tbit/s),
-// so the product never overflows; tokens never exceed the burst.
+// Tokens are refilled at the rate for the time since last, in whole
+// microseconds (rate < 2^37 bytes/s, 1 Tbit/s, times at most 10^6 us
+// fits 64 bits), at most a second's worth and never above the burst. last
+// advances only by the time the tokens added stand for, so a stream of
+// packets closer together than one byte's worth of time still earns its
+// tokens; a clock read before another CPU's later one (now < last) adds
+// nothing and never moves last back.
 static __always_inline bool take(__u64 cg, const struct skl_limit *l, int dir, __u32 len)
 {
 	if (dir != SKL_EGRESS && dir != SKL_INGRESS)
+		return true;
+	__u64 rate = l->rate[dir], burst = l->burst[dir];
+	if (!rate)
 		return true;
 	struct skl_bucket *b = bpf_map_lookup_elem(&skl_buckets, &cg);
 	if (!b) {
@@ -95,13 +117,20 @@ static __always_inline bool take(__u64 cg, const struct skl_limit *l, int dir, _
 	__u64 now = bpf_ktime_get_ns();
 	bool ok;
 	bpf_spin_lock(&b->lock);
-	__u64 elapsed = now - b->last[dir];
-	if (b->last[dir] == 0 || elapsed > 100000000)
-		elapsed = 100000000;
-	__u64 tokens = b->tokens[dir] + elapsed * l->rate[dir] / 1000000000;
-	if (tokens > l->burst[dir])
-		tokens = l->burst[dir];
-	b->last[dir] = now;
+	__u64 last = b->last[dir], tokens = b->tokens[dir];
+	__s64 since = now - last;
+	if (last == 0 || since > (__s64)NSEC)
+		since = NSEC;
+	if (since > 0) {
+		__u64 add = (__u64)since / 1000 * rate / 1000000;
+		if (tokens + add >= burst) {
+			tokens = burst;
+			b->last[dir] = now;
+		} else if (add) {
+			tokens += add;
+			b->last[dir] = last + add * 1000000 / rate * 1000;
+		}
+	}
 	ok = tokens >= len;
 	if (ok)
 		tokens -= len;
@@ -110,16 +139,13 @@ static __always_inline bool take(__u64 cg, const struct skl_limit *l, int dir, _
 	return ok;
 }
 
-static __always_inline const struct skl_limit *limit_of(struct __sk_buff *skb, int dir, __u64 *cg)
+static __always_inline const struct skl_limit *limit_of(struct __sk_buff *skb, __u64 *cg)
 {
 	struct bpf_sock *sk = skb->sk;
 	if (!sk)
 		return NULL;
 	*cg = bpf_sk_cgroup_id(sk);
-	const struct skl_limit *l = bpf_map_lookup_elem(&skl_limits, cg);
-	if (!l || (dir == SKL_EGRESS ? l->rate[0] : l->rate[1]) == 0)
-		return NULL;
-	return l;
+	return bpf_map_lookup_elem(&skl_limits, cg);
 }
 
 // cgroup_skb egress verdicts: 1 pass, 0 drop, 2 drop with congestion
@@ -128,7 +154,7 @@ SEC("cgroup_skb/egress")
 int skl_egress(struct __sk_buff *skb)
 {
 	__u64 cg;
-	const struct skl_limit *l = limit_of(skb, SKL_EGRESS, &cg);
+	const struct skl_limit *l = limit_of(skb, &cg);
 	if (!l || take(cg, l, SKL_EGRESS, skb->len)) {
 		count(SKL_PASSED);
 		return 1;
@@ -148,7 +174,7 @@ SEC("cgroup_skb/ingress")
 int skl_ingress(struct __sk_buff *skb)
 {
 	__u64 cg;
-	const struct skl_limit *l = limit_of(skb, SKL_INGRESS, &cg);
+	const struct skl_limit *l = limit_of(skb, &cg);
 	if (!l || take(cg, l, SKL_INGRESS, skb->len)) {
 		count(SKL_PASSED);
 		return 1;
@@ -262,9 +288,10 @@ int skl_classify(struct __sk_buff *skb)
 	__u64 cg = sock_cgroup(bpf_skc_to_tcp_sock(sk));
 	bpf_sk_release(sk);
 	const struct skl_limit *l = bpf_map_lookup_elem(&skl_limits, &cg);
-	if (!l || !l->ifb || !l->class)
+	__u32 zero = 0, *ifb = bpf_map_lookup_elem(&skl_ifb, &zero);
+	if (!l || !l->class || !ifb || !*ifb)
 		return TC_ACT_UNSPEC;
 	skb->priority = (HTB_MAJOR << 16) | l->class;
 	count(SKL_SHAPED);
-	return bpf_redirect(l->ifb, 0);
+	return bpf_redirect(*ifb, 0);
 }

@@ -10,14 +10,12 @@ enum skl_dir {
 // bytes, per direction (skl_dir); a zero rate is no limit that way.
 // pace is the egress rate in bytes/s its host TCP sockets are paced at
 // (SO_MAX_PACING_RATE; ~0U: not paced). Packets for its host sockets are
-// shaped in the HTB class with minor class of the IFB device ifb (0: not).
+// shaped in the HTB class with minor class of the IFB device (0: not).
 struct skl_limit {
 	__u64 rate[2];
 	__u64 burst[2];
 	__u32 pace;
-	__u32 ifb;
 	__u32 class;
-	__u32 pad;
 };
 
 // A container's buckets: tokens in bytes, refilled at the rate since last.

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
@@ -61,7 +62,7 @@ func testCgroup(t *testing.T) uint64 {
 func loadTest(t *testing.T) *sklObjects {
 	t.Helper()
 	var objs sklObjects
-	if err := loadSklObjects(&objs, nil); err != nil {
+	if err := loadSklObjects(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: bpffstest.Dir(t)}}); err != nil {
 		t.Fatalf("load: %+v", err)
 	}
 	t.Cleanup(func() { objs.Close() })
@@ -124,6 +125,26 @@ func TestBuckets(t *testing.T) {
 	if r := run(tcpSegment, true); r != 1 {
 		t.Errorf("after a refill: verdict %d, want 1", r)
 	}
+	// A slow rate and packets closer together than a byte's worth of time
+	// (the rate's 1 000 bytes/s: 1 ms a byte): the bucket still refills,
+	// about one packet's worth a second.
+	l = sklSklLimit{Rate: [2]uint64{1000, 1000}, Burst: [2]uint64{1100, 1100}, Pace: ^uint32(0)}
+	objs.SklLimits.Put(cg, l)
+	objs.SklBuckets.Delete(cg)
+	passed := 0
+	for start := time.Now(); time.Since(start) < 2500*time.Millisecond; time.Sleep(200 * time.Microsecond) {
+		if run(tcpSegment, true) == 1 {
+			passed++
+		}
+	}
+	if passed < 2 || passed > 4 {
+		t.Errorf("1 000 bytes/s for 2.5 s, a packet every 0.2 ms: %d of ~1 050 bytes passed, want 2-4 (the burst, then the refill)", passed)
+	}
+	// After a second idle the bucket is full again, whatever the rate.
+	time.Sleep(1100 * time.Millisecond)
+	if r := run(tcpSegment, true); r != 1 {
+		t.Errorf("after a second idle: verdict %d, want 1", r)
+	}
 	// A zero rate that way limits nothing.
 	l.Rate[1] = 0
 	objs.SklLimits.Put(cg, l)
@@ -178,7 +199,13 @@ func TestClassify(t *testing.T) {
 	if ret, _ := run(syn(port)); ret != unspec {
 		t.Errorf("socket of a container without a limit: %d, want TC_ACT_UNSPEC", ret)
 	}
-	if err := objs.SklLimits.Put(cg, sklSklLimit{Rate: [2]uint64{0, 1e6}, Burst: [2]uint64{0, 1e5}, Pace: ^uint32(0), Ifb: 42, Class: 7}); err != nil {
+	if err := objs.SklLimits.Put(cg, sklSklLimit{Rate: [2]uint64{0, 1e6}, Burst: [2]uint64{0, 1e5}, Pace: ^uint32(0), Class: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := run(syn(port)); ret != unspec {
+		t.Errorf("no IFB yet: verdict %d, want TC_ACT_UNSPEC (never a redirect to nowhere)", ret)
+	}
+	if err := objs.SklIfb.Put(uint32(0), uint32(42)); err != nil {
 		t.Fatal(err)
 	}
 	if ret, prio := run(syn(port)); ret != redirect || prio != 0x5c0007 {

@@ -41,9 +41,7 @@ type sklSklLimit struct {
 	Rate  [2]uint64
 	Burst [2]uint64
 	Pace  uint32
-	Ifb   uint32
 	Class uint32
-	Pad   uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -51,6 +49,7 @@ type sklSklLimit struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sklMapSklBuckets   = "skl_buckets"
+	sklMapSklIfb       = "skl_ifb"
 	sklMapSklLimits    = "skl_limits"
 	sklMapSklStats     = "skl_stats"
 	sklProgSklClassify = "skl_classify"
@@ -115,6 +114,7 @@ type sklProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sklMapSpecs struct {
 	SklBuckets *ebpf.MapSpec `ebpf:"skl_buckets"`
+	SklIfb     *ebpf.MapSpec `ebpf:"skl_ifb"`
 	SklLimits  *ebpf.MapSpec `ebpf:"skl_limits"`
 	SklStats   *ebpf.MapSpec `ebpf:"skl_stats"`
 }
@@ -147,6 +147,7 @@ func (o *sklObjects) Close() error {
 // It can be passed to loadSklObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sklMaps struct {
 	SklBuckets *ebpf.Map `ebpf:"skl_buckets"`
+	SklIfb     *ebpf.Map `ebpf:"skl_ifb"`
 	SklLimits  *ebpf.Map `ebpf:"skl_limits"`
 	SklStats   *ebpf.Map `ebpf:"skl_stats"`
 }
@@ -154,6 +155,7 @@ type sklMaps struct {
 func (m *sklMaps) Close() error {
 	return _SklClose(
 		m.SklBuckets,
+		m.SklIfb,
 		m.SklLimits,
 		m.SklStats,
 	)

@@ -3,6 +3,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -10,20 +11,33 @@ import (
 	"github.com/skiffnet/skiff/limits"
 )
 
+// repairEvery is how often SyncLimits checks the qdiscs of limits that
+// have not changed: a container holding NET_ADMIN in its namespace can
+// delete the one on its own interface.
+const repairEvery = 30 * time.Second
+
 // SyncLimits applies every local endpoint's rate limit as it stands now:
 // skiff limit changes one while its container runs (in place: HTB changes
-// the class, queued packets and connections stay), and a qdisc removed
-// from under skiff (by a container with NET_ADMIN in its namespace) is put
-// back. An endpoint found unlimited before and still unlimited costs
-// nothing. A failure is the container's, never the host's: it is logged
-// and tried again at the next sync.
+// the class, queued packets and connections stay), and every repairEvery
+// a qdisc removed from under skiff is put back. Between, an unchanged
+// limit costs nothing. A failure is the container's, never the host's: it
+// is logged and tried again at the next sync.
 func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
+	repair := time.Since(o.repaired) >= repairEvery
+	if repair {
+		o.repaired = time.Now()
+	}
 	shaped, failed := make(map[string]limits.Limit, len(eps)), map[string]string{}
 	for _, e := range eps {
 		key := e.ContainerID + "/" + e.IfName
-		if prev, seen := o.shaped[key]; seen && prev.None() && e.Limit.None() {
+		prev, seen := o.shaped[key]
+		if seen && prev == e.Limit && (!repair || e.Limit.None()) {
 			shaped[key] = e.Limit
 			continue
+		}
+		if e.NetnsHidden && seen && (prev.EgressRate != e.Limit.EgressRate || prev.EgressBurst != e.Limit.EgressBurst) {
+			o.log.Warn("egress limit unchanged: skiffd cannot enter the container's namespace again (its runtime's mount namespace hides it); in force at its next ADD",
+				"container", e.ContainerID)
 		}
 		host, err := netlink.LinkByName(e.Veth)
 		if err == nil {
@@ -44,14 +58,11 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 // reshape applies e's limit, as it is now, to an endpoint built earlier
 // (host is its host veth). An endpoint whose namespace skiffd cannot enter
 // again (NetnsHidden) gets its ingress limit; its egress limit, in its
-// namespace, is the one it had at ADD.
+// namespace, stays the one it had at ADD.
 func reshape(e cluster.Endpoint, host netlink.Link) error {
 	h, _, done, err := inNetns(e)
 	if errors.Is(err, ErrNetnsHidden) {
-		if err := limits.Shape(&netlink.Handle{}, host, e.Limit.IngressRate, e.Limit.IngressBurst); err != nil {
-			return err
-		}
-		return fmt.Errorf("egress limit unchanged: %w", err)
+		return limits.Shape(&netlink.Handle{}, host, e.Limit.IngressRate, e.Limit.IngressBurst)
 	}
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -59,6 +60,7 @@ type Overlay struct {
 	// endpoint (container ID/interface), limitErrs why it could not.
 	shaped    map[string]limits.Limit
 	limitErrs map[string]string
+	repaired  time.Time // when SyncLimits last checked every limit's qdiscs
 }
 
 // New looks up the underlay interface; it changes nothing.

@@ -255,26 +255,33 @@ func (l *Layer) pinnedLink(name string, prog *ebpf.Program, attach func() (link.
 }
 
 // cgroupPrograms are the programs attached to each container's cgroup.
-func (l *Layer) cgroupPrograms() map[string]struct {
-	prog   *ebpf.Program
-	attach ebpf.AttachType
-} {
-	type p = struct {
-		prog   *ebpf.Program
-		attach ebpf.AttachType
-	}
+func (l *Layer) cgroupPrograms() map[string]limits.Program {
 	o := &l.objs
-	return map[string]p{
-		"sock_create":  {o.SksSockCreate, ebpf.AttachCGroupInetSockCreate},
-		"sock_release": {o.SksSockRelease, ebpf.AttachCgroupInetSockRelease},
-		"connect4":     {o.SksConnect4, ebpf.AttachCGroupInet4Connect},
-		"bind4":        {o.SksBind4, ebpf.AttachCGroupInet4Bind},
-		"getsockname4": {o.SksGetsockname4, ebpf.AttachCgroupInet4GetSockname},
-		"getpeername4": {o.SksGetpeername4, ebpf.AttachCgroupInet4GetPeername},
-		"setsockopt":   {o.SksSetsockopt, ebpf.AttachCGroupSetsockopt},
-		"getsockopt":   {o.SksGetsockopt, ebpf.AttachCGroupGetsockopt},
-		"sockops":      {o.SksSockops, ebpf.AttachCGroupSockOps},
+	return map[string]limits.Program{
+		"sock_create":  {Prog: o.SksSockCreate, Attach: ebpf.AttachCGroupInetSockCreate},
+		"sock_release": {Prog: o.SksSockRelease, Attach: ebpf.AttachCgroupInetSockRelease},
+		"connect4":     {Prog: o.SksConnect4, Attach: ebpf.AttachCGroupInet4Connect},
+		"bind4":        {Prog: o.SksBind4, Attach: ebpf.AttachCGroupInet4Bind},
+		"getsockname4": {Prog: o.SksGetsockname4, Attach: ebpf.AttachCgroupInet4GetSockname},
+		"getpeername4": {Prog: o.SksGetpeername4, Attach: ebpf.AttachCgroupInet4GetPeername},
+		"setsockopt":   {Prog: o.SksSetsockopt, Attach: ebpf.AttachCGroupSetsockopt},
+		"getsockopt":   {Prog: o.SksGetsockopt, Attach: ebpf.AttachCGroupGetsockopt},
+		"sockops":      {Prog: o.SksSockops, Attach: ebpf.AttachCGroupSockOps},
 	}
+}
+
+// attachCgroup attaches progs to the cgroup id (directory dir), each with
+// a link pinned under its name.
+func (l *Layer) attachCgroup(id uint64, dir string, progs map[string]limits.Program) error {
+	for name, p := range progs {
+		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.Prog, func() (link.Link, error) {
+			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.Attach, Program: p.Prog})
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Replaced reports whether e gets host sockets: it needs a cgroup (the
@@ -315,13 +322,8 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if err := l.limit(id, dir, e.Limit); err != nil {
 		return fmt.Errorf("container %s: %w", e.ContainerID, err)
 	}
-	for name, p := range l.cgroupPrograms() {
-		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.prog, func() (link.Link, error) {
-			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.attach, Program: p.prog})
-		})
-		if err != nil {
-			return fmt.Errorf("container %s: %w", e.ContainerID, err)
-		}
+	if err := l.attachCgroup(id, dir, l.cgroupPrograms()); err != nil {
+		return fmt.Errorf("container %s: %w", e.ContainerID, err)
 	}
 	return l.brokers.ensure(e, dir)
 }
@@ -340,13 +342,8 @@ func (l *Layer) limit(id uint64, dir string, lim limits.Limit) error {
 		}
 		return err
 	}
-	for name, p := range l.limits.Programs() {
-		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.Prog, func() (link.Link, error) {
-			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.Attach, Program: p.Prog})
-		})
-		if err != nil {
-			return err
-		}
+	if err := l.attachCgroup(id, dir, l.limits.Programs()); err != nil {
+		return err
 	}
 	return l.limits.Set(id, lim)
 }
@@ -373,7 +370,7 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 		// unpins them): the address is forgotten all the same.
 		return errors.Join(err, l.forgetAddress(ip))
 	}
-	err = errors.Join(err, l.unpinCgroup(id), l.limits.Forget(id))
+	err = errors.Join(err, l.unpinCgroup(id))
 	releaseCgroup(e, dir)
 	return err
 }
@@ -432,10 +429,10 @@ func (l *Layer) forgetPorts(ip uint32) error {
 	return err
 }
 
-// unpinCgroup detaches the programs from cgroup id and forgets it, and its
-// address unless another container has it now.
+// unpinCgroup detaches the programs from cgroup id and forgets it (its
+// limits too), and its address unless another container has it now.
 func (l *Layer) unpinCgroup(id uint64) error {
-	err := os.RemoveAll(filepath.Join(l.linkDir(), cgroupLinks(id)))
+	err := errors.Join(os.RemoveAll(filepath.Join(l.linkDir(), cgroupLinks(id))), l.limits.Forget(id))
 	var c sksSksContainer
 	if lerr := l.objs.SksContainers.Lookup(id, &c); lerr != nil {
 		if !errors.Is(lerr, ebpf.ErrKeyNotExist) {

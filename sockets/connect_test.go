@@ -79,7 +79,7 @@ func containerHost(t *testing.T, programs ...string) (l *Layer, python func(scri
 	t.Cleanup(func() { RemoveCgroup(cg) })
 	for _, name := range programs {
 		p := l.cgroupPrograms()[name]
-		lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: p.attach, Program: p.prog})
+		lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: p.Attach, Program: p.Prog})
 		if err != nil {
 			t.Fatalf("attach %s: %v", name, err)
 		}

@@ -94,7 +94,7 @@ func probe(options any) error {
 		layer.Maps(ebpf.SockHash, ebpf.SkStorage, ebpf.RingBuf, ebpf.ArrayOfMaps),
 		layer.KernelHas("bpf_sock_destroy, to end connections the policy denies", "bpf_sock_destroy"),
 		layer.KernelHas("TCX", "tcx_prog_attach"),
-		cgroup(o.CgroupRoot),
+		func() error { return cgroup(o.CgroupRoot) },
 	)
 }
 

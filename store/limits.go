@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,7 +18,8 @@ func LimitKey(host, containerID, ifName string) string {
 }
 
 // Limits returns the rate limits set with skiff limit on host's endpoints
-// (every host's for ""), by endpoint key (KeyOf).
+// (every host's for ""), by endpoint key (KeyOf). One that does not
+// validate (written past PutLimit) is not believed.
 func (s *Store) Limits(ctx context.Context, host string) (map[string]cluster.LimitOverride, error) {
 	p := LimitPrefix
 	if host != "" {
@@ -29,9 +31,25 @@ func (s *Store) Limits(ctx context.Context, host string) (map[string]cluster.Lim
 	}
 	out := make(map[string]cluster.LimitOverride, len(ls))
 	for _, l := range ls {
-		out[EndpointKey(l.Host, l.ContainerID, l.IfName)] = l
+		if l.Limit.Validate() == nil {
+			out[EndpointKey(l.Host, l.ContainerID, l.IfName)] = l
+		}
 	}
 	return out, nil
+}
+
+// LimitOf returns e with its Limit the one in force: set with skiff limit
+// (one read of its key), or else its runtime's.
+func (s *Store) LimitOf(ctx context.Context, e cluster.Endpoint) (cluster.Endpoint, error) {
+	var o cluster.LimitOverride
+	err := s.getJSON(ctx, LimitKey(e.Host, e.ContainerID, e.IfName), &o)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return e, nil
+	case err != nil:
+		return e, err
+	}
+	return WithLimits([]cluster.Endpoint{e}, map[string]cluster.LimitOverride{KeyOf(e): o})[0], nil
 }
 
 // PutLimit sets the rate limit of an existing endpoint, in the place of
@@ -70,7 +88,7 @@ func (s *Store) DeleteLimit(ctx context.Context, host, containerID, ifName strin
 
 // WithLimits returns eps with each endpoint's Limit the one in force: set
 // with skiff limit (overrides, as Limits returns them; one that does not
-// validate, written past PutLimit, is not believed) or else its runtime's.
+// validate is not believed) or else its runtime's.
 func WithLimits(eps []cluster.Endpoint, overrides map[string]cluster.LimitOverride) []cluster.Endpoint {
 	for i, e := range eps {
 		if o, ok := overrides[KeyOf(e)]; ok && o.Limit.Validate() == nil {

@@ -57,6 +57,19 @@ func Attach(h *netlink.Handle, link netlink.Link, hook uint32, prio uint16, name
 	if err := h.FilterReplace(f); err != nil {
 		return fmt.Errorf("attach %s to %s: %w", name, link.Attrs().Name, err)
 	}
+	// A filter of the same name at another priority is an older skiff's
+	// (priorities have changed): it would run besides, in the old order.
+	filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
+	if err != nil {
+		return fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+	}
+	for _, old := range filters {
+		if bf, ok := old.(*netlink.BpfFilter); ok && bf.Name == name && bf.Priority != prio {
+			if err := h.FilterDel(old); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove %s at priority %d from %s: %w", name, bf.Priority, link.Attrs().Name, err)
+			}
+		}
+	}
 	return nil
 }
 
