@@ -241,8 +241,8 @@ func validate(req api.AddRequest, del bool) error {
 		return badRequest(err)
 	}
 	if req.MAC != "" {
-		if hw, err := net.ParseMAC(req.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
-			return badRequest(fmt.Errorf("MAC %q: want a unicast Ethernet address", req.MAC))
+		if _, err := cluster.ParseMAC(req.MAC); err != nil {
+			return badRequest(err)
 		}
 	}
 	if err := req.Limit.Validate(); err != nil {

@@ -116,8 +116,10 @@ func validateConfig(c map[string]any) (Config, error) {
 	if cfg.CellSeconds <= 0 {
 		return cfg, fmt.Errorf("config.cell_seconds is %g, want > 0", cfg.CellSeconds)
 	}
-	if cfg.Commit, err = getString(c, "commit", "config"); err != nil {
-		return cfg, err
+	if _, ok := c["commit"]; ok { // optional: reports from before it have none
+		if cfg.Commit, err = getString(c, "commit", "config"); err != nil {
+			return cfg, err
+		}
 	}
 	return cfg, nil
 }

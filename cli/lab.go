@@ -31,7 +31,7 @@ TARGET is a host (h1) or a container (h1/c2). Every command takes --name LAB (de
 func cmdLab(ctx context.Context, env Env, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprintln(env.Stderr, labUsage)
-		return usagef("usage: skiff lab up|down|exec|ip|status|cni [flags]")
+		return exitError(2)
 	}
 	if isHelp(args[0]) {
 		fmt.Fprintln(env.Stdout, labUsage)

@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"bytes"
 	"fmt"
+	"net"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -73,4 +75,14 @@ func ValidateNetns(path string) error {
 		return fmt.Errorf("network namespace path %q is not clean", path)
 	}
 	return nil
+}
+
+// ParseMAC reads a MAC address a runtime asks for: a unicast, non-zero
+// Ethernet address.
+func ParseMAC(s string) (net.HardwareAddr, error) {
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 6 || hw[0]&1 != 0 || bytes.Equal(hw, make([]byte, 6)) {
+		return nil, fmt.Errorf("MAC %q: want a unicast Ethernet address such as 02:42:0a:f4:00:07", s)
+	}
+	return hw, nil
 }

@@ -165,9 +165,9 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 		a.IP = ip
 	}
 	if mac != "" {
-		hw, err := net.ParseMAC(mac)
-		if err != nil || len(hw) != 6 || hw[0]&1 != 0 || bytes.Equal(hw, make([]byte, 6)) {
-			return Asked{}, fmt.Errorf("MAC %q: want a unicast Ethernet address such as 02:42:0a:f4:00:07", mac)
+		hw, err := cluster.ParseMAC(mac)
+		if err != nil {
+			return Asked{}, err
 		}
 		a.MAC = hw
 	}
@@ -330,8 +330,6 @@ func Del(args *skel.CmdArgs) error {
 	}
 	defer cancel()
 	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns}
-	nsFile := openNetns(args.Netns, &req)
-	defer nsFile.Close()
 	if err := client.DeleteEndpoint(ctx, req); err != nil {
 		return cniError("detach container", err)
 	}

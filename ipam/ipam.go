@@ -317,10 +317,11 @@ func Release(ctx context.Context, s *store.Store, e cluster.Endpoint) error {
 	if err != nil {
 		return err
 	}
-	// A limit set with skiff limit goes with its endpoint. A host whose
-	// role predates limits may not delete it (skiff cert issue grants it
-	// again); the limit of a gone container is never applied to another,
-	// as container IDs are not reused.
+	// A limit set with skiff limit goes with its endpoint (a container
+	// restarted under the same ID starts with its runtime's). A host
+	// whose role predates limits may not delete it (skiff cert issue
+	// grants it again): there it outlives the endpoint and holds again if
+	// the same container ID and interface come back.
 	_, err = s.Txn(ctx, nil, []clientv3.Op{clientv3.OpDelete(store.LimitKey(e.Host, e.ContainerID, e.IfName))})
 	if errors.Is(err, store.ErrPermission) {
 		return nil

@@ -55,8 +55,8 @@ func TestLimits(t *testing.T) {
 	if err := ipam.Release(ctx, s, e); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := s.Limits(ctx, ""); len(got) != 0 {
-		t.Errorf("limit outlived its endpoint: %+v", got)
+	if got, err := s.Limits(ctx, ""); err != nil || len(got) != 0 {
+		t.Errorf("limit outlived its endpoint: %+v, %v", got, err)
 	}
 	if err := s.DeleteLimit(ctx, "h1", "c", "eth0"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("delete a missing limit: %v", err)
