@@ -528,8 +528,10 @@ int from_underlay(struct __sk_buff *skb)
 	// A container with an ingress rate limit gets its packets through the
 	// host veth's egress, where the limit's qdisc is (redirect_peer would
 	// skip it): the limit holds on the fast path too.
-	if (shaped)
+	if (shaped) {
+		count(IN_HIT_SHAPED);
 		return bpf_redirect(ifindex, 0);
+	}
 	return bpf_redirect_peer(ifindex, 0);
 
 mark:

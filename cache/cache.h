@@ -75,6 +75,7 @@ enum reason {
 	IN_MISS_INGRESS,
 	IN_ERR_DECAP,
 	IN_FLOW_FORGOTTEN, // besides the outcome: a SYN's flow had a filter entry, dropped
+	IN_HIT_SHAPED, // besides the hit: delivered through the host veth's qdisc (rate limit)
 	EI_LEARN,
 	EI_PAUSED,
 	EI_CLEARED,

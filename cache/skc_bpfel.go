@@ -79,16 +79,17 @@ const (
 	skcReasonIN_MISS_INGRESS     skcReason = 21
 	skcReasonIN_ERR_DECAP        skcReason = 22
 	skcReasonIN_FLOW_FORGOTTEN   skcReason = 23
-	skcReasonEI_LEARN            skcReason = 24
-	skcReasonEI_PAUSED           skcReason = 25
-	skcReasonEI_CLEARED          skcReason = 26
-	skcReasonEI_PASS             skcReason = 27
-	skcReasonEI_PASS_NOT_OVERLAY skcReason = 28
-	skcReasonII_LEARN            skcReason = 29
-	skcReasonII_PAUSED           skcReason = 30
-	skcReasonII_CLEARED          skcReason = 31
-	skcReasonII_PASS             skcReason = 32
-	skcReasonNR_REASONS          skcReason = 33
+	skcReasonIN_HIT_SHAPED       skcReason = 24
+	skcReasonEI_LEARN            skcReason = 25
+	skcReasonEI_PAUSED           skcReason = 26
+	skcReasonEI_CLEARED          skcReason = 27
+	skcReasonEI_PASS             skcReason = 28
+	skcReasonEI_PASS_NOT_OVERLAY skcReason = 29
+	skcReasonII_LEARN            skcReason = 30
+	skcReasonII_PAUSED           skcReason = 31
+	skcReasonII_CLEARED          skcReason = 32
+	skcReasonII_PASS             skcReason = 33
+	skcReasonNR_REASONS          skcReason = 34
 )
 
 // Names of all BPF objects in the ELF.

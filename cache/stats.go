@@ -52,6 +52,7 @@ var reasons = [skcReasonNR_REASONS]Reason{
 	skcReasonIN_MISS_INGRESS:     r("from_underlay", "miss_ingress"),
 	skcReasonIN_ERR_DECAP:        r("from_underlay", "error_decap"),
 	skcReasonIN_FLOW_FORGOTTEN:   r("from_underlay", "syn_flow_forgotten"),
+	skcReasonIN_HIT_SHAPED:       r("from_underlay", "hit_shaped"),
 	skcReasonEI_LEARN:            r("to_underlay", "learn"),
 	skcReasonEI_PAUSED:           r("to_underlay", "paused"),
 	skcReasonEI_CLEARED:          r("to_underlay", "marks_cleared"),

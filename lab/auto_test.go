@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os/exec"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,9 +131,11 @@ func TestAutoPaths(t *testing.T) {
 			for _, kind := range []string{"tcp4", "udp4", "icmp"} {
 				before := countersOf(t, l)
 				if kind == "icmp" {
-					cmd, _ := l.Command(ctx, src.Name, "ping", "-c", "8", "-i", "0.01", "-W", "2", dst.IP.String())
-					if out, err := cmd.CombinedOutput(); err != nil {
-						err = fmt.Errorf("%w: %s", err, out)
+					var cmd *exec.Cmd
+					if cmd, err = l.Command(ctx, src.Name, "ping", "-c", "8", "-i", "0.01", "-W", "2", dst.IP.String()); err == nil {
+						if out, perr := cmd.CombinedOutput(); perr != nil {
+							err = fmt.Errorf("%w: %s", perr, out)
+						}
 					}
 				} else {
 					err = roundTrips(l, src.Name, kind, to, 20)

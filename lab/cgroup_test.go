@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,28 +54,38 @@ func TestCgroupPathPerEndpoint(t *testing.T) {
 			sockets.RemoveCgroup(dir)
 		}
 	})
-	// Each ADD's endpoint record made a reconcile (the agent watches its
-	// endpoints); the host is still ready after them.
-	time.Sleep(time.Second)
-	if st, err := client.Status(ctx); err != nil || !st.Ready || st.SyncError != "" {
-		t.Fatalf("host not ready with a container's unusable cgroupPath: %+v %v", st, err)
-	}
-	eps, err := client.Endpoints(ctx, false)
-	if err != nil {
+	// Each ADD's endpoint record makes a reconcile (the agent watches its
+	// endpoints), whose layers report tcg-bad's cgroup; the host is still
+	// ready after it.
+	if _, err := eventually(10*time.Second, func() error {
+		eps, err := client.Endpoints(ctx, false)
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, e := range eps {
+			path, why := paths(e)
+			switch e.ContainerID {
+			case "tcg-good":
+				if path != "cache,sockets" {
+					return fmt.Errorf("systemd cgroupPath: layers %s (%s), want cache and sockets", path, why)
+				}
+			case "tcg-bad":
+				if path != "cache" || !strings.Contains(why, "sockets: cgroup skifftest-nopod.slice:cri-containerd:bad is not a cgroup v2 directory") {
+					return fmt.Errorf("unusable cgroupPath: layers %s, off: %s", path, why)
+				}
+			}
+			seen[e.ContainerID] = true
+		}
+		if !seen["tcg-good"] || !seen["tcg-bad"] {
+			return fmt.Errorf("endpoints %v lack tcg-good or tcg-bad", seen)
+		}
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range eps {
-		path, why := paths(e)
-		switch e.ContainerID {
-		case "tcg-good":
-			if path != "cache,sockets" {
-				t.Errorf("systemd cgroupPath: layers %s (%s), want cache and sockets", path, why)
-			}
-		case "tcg-bad":
-			if path != "cache" || !strings.Contains(why, "sockets: cgroup skifftest-nopod.slice:cri-containerd:bad is not a cgroup v2 directory") {
-				t.Errorf("unusable cgroupPath: layers %s, off: %s", path, why)
-			}
-		}
+	if st, err := client.Status(ctx); err != nil || !st.Ready || st.SyncError != "" {
+		t.Fatalf("host not ready with a container's unusable cgroupPath: %+v %v", st, err)
 	}
 	peer, _ := l.IP("h2/c1")
 	for name := range reqs {
