@@ -15,7 +15,7 @@ import (
 // reads the conflist from /etc/cni/net.d and plugins from /opt/cni/bin (it
 // has no flags for either: the test puts its files there and removes them)
 // and passes CNI_NETNS=/proc/<pid>/ns/net. 20 `ctr run --rm` cycles leave
-// no endpoint, address or veth; a container run with -d and removed
+// no endpoint; a container run with -d and removed
 // without DEL (ctr sends none then) is released once its namespace is gone.
 func TestContainerd(t *testing.T) {
 	for _, bin := range []string{"containerd", "ctr"} {

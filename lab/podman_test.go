@@ -101,9 +101,10 @@ func (p *podman) run(args ...string) string {
 }
 
 // TestPodman: Debian's podman 4.3 (CNI backend, runc) with the conflist
-// skiff documents, run as a runtime in a mount namespace of its own:
-// cross-host traffic, --ip and --mac-address, -p (portmap), and 20
-// create/remove cycles that leave no endpoint, address or veth behind.
+// skiff documents, run in the lab host's network namespace (nsenter
+// --net): cross-host traffic, --ip and --mac-address, -p (portmap), and
+// 20 create/remove cycles that leave no endpoint (nor its address lease,
+// released with it) and no veth behind.
 func TestPodman(t *testing.T) {
 	l := newLab(t, Config{Name: "tpodman", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
 	ctx := context.Background()
