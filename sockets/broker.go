@@ -323,11 +323,17 @@ func stopBroker(stateDir, id string) error {
 		}
 		// Gone from the container's cgroup before the caller goes on
 		// (RemoveEndpoint releases the cgroup): it exits at once on
-		// SIGTERM; a broker that does not is killed.
+		// SIGTERM; a broker that does not is killed, and one that does
+		// not die within a second (stuck in the kernel) is left to die
+		// later: the caller holds the agent's lock.
+		killed := false
 		for deadline := time.Now().Add(200 * time.Millisecond); isBroker(pid, id); time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
+				if killed {
+					return fmt.Errorf("broker %d has not exited a second after SIGKILL", pid)
+				}
 				syscall.Kill(pid, syscall.SIGKILL)
-				deadline = time.Now().Add(time.Second)
+				killed, deadline = true, time.Now().Add(time.Second)
 			}
 		}
 	}
