@@ -44,6 +44,8 @@ type Config struct {
 	Mode   string
 	Layers []string
 	BPFDir string // bpffs directory for pinned maps and links
+	// UnderlayRate shapes the underlay for QoS classes (bit/s; 0: not).
+	UnderlayRate uint64
 	// LayerOptions are each layer's options, by layer name (nil: the
 	// layer's defaults; the type is the layer package's, e.g.
 	// cache.Capacity, sockets.Options).
@@ -183,7 +185,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.join(ctx); err != nil {
 		return err
 	}
-	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay, PinDir: a.pinDir()}, a.log)
+	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay, PinDir: a.pinDir(), UnderlayRate: a.cfg.UnderlayRate}, a.log)
 	if err != nil {
 		return err
 	}

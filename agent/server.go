@@ -187,6 +187,7 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	}
 	if a.overlay != nil {
 		s.SourceDrops, _ = a.overlay.SourceDrops()
+		s.QoS, _ = a.overlay.QoSCounters()
 	}
 	s.Layers = slices.Clone(a.choices)
 	for _, l := range a.layers {

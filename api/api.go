@@ -86,6 +86,9 @@ type Status struct {
 	// SourceDrops counts, by reason, the packets containers sent that the
 	// source check on their veths dropped (every mode).
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
+	// QoS counts the underlay packets of QoS-classed containers marked
+	// (marked) and the overlay packets of normal ones (unclassed).
+	QoS map[string]uint64 `json:"qos,omitempty"`
 }
 
 // EndpointStatus is an endpoint and, on its own host, which layers carry

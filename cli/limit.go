@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +13,7 @@ import (
 	"github.com/skiffnet/skiff/store"
 )
 
-const limitUsage = "usage: skiff limit set CONTAINER [--if IF] [--egress RATE] [--egress-burst SIZE] [--ingress RATE] [--ingress-burst SIZE] | del CONTAINER [--if IF] | list [--json]"
+const limitUsage = "usage: skiff limit set CONTAINER [--if IF] [--egress RATE] [--egress-burst SIZE] [--ingress RATE] [--ingress-burst SIZE] [--class high|normal|low] | del CONTAINER [--if IF] | list [--json]"
 
 // cmdLimit changes containers' rate limits while they run: the limit set
 // takes the place of the one the runtime asked for (CNI bandwidth) until
@@ -30,6 +31,7 @@ func cmdLimit(ctx context.Context, env Env, args []string) error {
 		}
 		rates[i] = fs.String(name, "", name+" "+what)
 	}
+	class := fs.String("class", "", "QoS class: high, normal or low (docs/limits.md)")
 	asJSON := fs.Bool("json", false, "print JSON (list)")
 	usageLine(fs, limitUsage)
 	if err := parse(fs, args); err != nil {
@@ -48,7 +50,7 @@ func cmdLimit(ctx context.Context, env Env, args []string) error {
 		var rows [][]string
 		var limited []api.EndpointStatus
 		for _, e := range eps {
-			if e.Limit.None() && !e.LimitSet {
+			if e.Limit.None() && !e.Limit.Marks() && !e.LimitSet {
 				continue
 			}
 			limited = append(limited, e)
@@ -57,12 +59,12 @@ func cmdLimit(ctx context.Context, env Env, args []string) error {
 				by = "skiff limit"
 			}
 			rows = append(rows, []string{e.Host, e.ContainerID, e.IfName, e.IP.String(), direction(e.Limit.EgressRate, e.Limit.EgressBurst),
-				direction(e.Limit.IngressRate, e.Limit.IngressBurst), by})
+				direction(e.Limit.IngressRate, e.Limit.IngressBurst), cmp.Or(e.Limit.Class, limits.ClassNormal), by})
 		}
 		if *asJSON {
 			return printJSON(env.Stdout, limited)
 		}
-		return table(env.Stdout, "HOST\tCONTAINER\tIF\tIP\tEGRESS\tINGRESS\tSET BY", rows)
+		return table(env.Stdout, "HOST\tCONTAINER\tIF\tIP\tEGRESS\tINGRESS\tCLASS\tSET BY", rows)
 	case "set", "del", "delete", "rm":
 		if len(rest) != 2 {
 			return usagef(limitUsage)
@@ -81,7 +83,7 @@ func cmdLimit(ctx context.Context, env Env, args []string) error {
 	if rest[0] != "set" {
 		return withStore(admin, func(s *store.Store) error { return s.DeleteLimit(ctx, e.Host, e.ContainerID, e.IfName) })
 	}
-	l, err := setLimit(e.Limit, rates)
+	l, err := setLimit(e.Limit, rates, *class)
 	if err != nil {
 		return usageError{err}
 	}
@@ -101,11 +103,15 @@ func direction(rate, burst uint64) string {
 }
 
 // setLimit changes the directions given (egress, egress burst, ingress,
-// ingress burst; "" leaves one as it is) of the limit in force: a rate
-// given without a burst takes the default burst, "none" lifts a direction.
-func setLimit(l limits.Limit, given [4]*string) (limits.Limit, error) {
-	if *given[0] == "" && *given[1] == "" && *given[2] == "" && *given[3] == "" {
-		return l, errors.New("give --egress, --ingress or a burst: nothing to set")
+// ingress burst; "" leaves one as it is) and the class (the same) of the
+// limit in force: a rate given without a burst takes the default burst,
+// "none" lifts a direction.
+func setLimit(l limits.Limit, given [4]*string, class string) (limits.Limit, error) {
+	if *given[0] == "" && *given[1] == "" && *given[2] == "" && *given[3] == "" && class == "" {
+		return l, errors.New("give --egress, --ingress, a burst or --class: nothing to set")
+	}
+	if class != "" {
+		l.Class = class
 	}
 	dirs := []struct {
 		rate, burst *uint64

@@ -48,3 +48,30 @@ func TestAsked(t *testing.T) {
 		t.Error("a numeric mac was accepted")
 	}
 }
+
+// TestAskedClass: the QoS class is the network's ("qos"), or the one
+// CNI_ARGS SKIFF_QOS= asks for; an unknown class is an error, in the
+// network configuration too.
+func TestAskedClass(t *testing.T) {
+	for _, tc := range []struct{ conf, args, want, err string }{
+		{`{}`, "", "", ""},
+		{`{"qos":"low"}`, "", "low", ""},
+		{`{"qos":"low"}`, "IgnoreUnknown=1;SKIFF_QOS=high", "high", ""},
+		{`{}`, "SKIFF_QOS=urgent", "", "want high, normal or low"},
+	} {
+		var c NetConf
+		if err := json.Unmarshal([]byte(tc.conf), &c); err != nil {
+			t.Fatal(err)
+		}
+		a, err := c.asked(tc.args)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s %s: %v, want an error with %q", tc.conf, tc.args, err, tc.err)
+		case tc.err == "" && (err != nil || a.Class != tc.want):
+			t.Errorf("%s %s: class %q, %v; want %q", tc.conf, tc.args, a.Class, err, tc.want)
+		}
+	}
+	if _, err := ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"skiff-cni","qos":"gold"}`)); err == nil || !strings.Contains(err.Error(), "want high, normal or low") {
+		t.Errorf(`"qos":"gold": %v`, err)
+	}
+}

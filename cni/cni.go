@@ -70,6 +70,9 @@ type NetConf struct {
 	DefaultRoute *bool `json:"defaultRoute,omitempty"`
 	// TimeoutSeconds bounds each call to the agent (default 60).
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+	// QoS is the QoS class of this network's containers (high, normal or
+	// low; CNI_ARGS SKIFF_QOS= sets one container's).
+	QoS string `json:"qos,omitempty"`
 
 	limit *limits.Limit // runtimeConfig.bandwidth, checked by ParseConf
 }
@@ -96,6 +99,9 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket
 	}
+	if err := (limits.Limit{Class: conf.QoS}).Validate(); err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", err.Error())
+	}
 	if v, ok := conf.RuntimeConfig["bandwidth"]; ok {
 		var err error
 		if conf.limit, err = limits.FromCNI(v); err != nil {
@@ -117,8 +123,9 @@ func ParseConf(data []byte) (*NetConf, error) {
 // capabilities (runtimeConfig) or CNI_ARGS IP= and MAC= (podman --ip and
 // --mac-address, either way); unset when it asks for none.
 type Asked struct {
-	IP  netip.Addr
-	MAC net.HardwareAddr
+	IP    netip.Addr
+	MAC   net.HardwareAddr
+	Class string // QoS class: CNI_ARGS SKIFF_QOS=, else the network's
 }
 
 // asked reads what the runtime asks for. A malformed value, an IPv6
@@ -141,6 +148,7 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 		}
 	}
 	mac, _ = c.RuntimeConfig["mac"].(string)
+	class := c.QoS
 	for _, kv := range strings.Split(cniArgs, ";") {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -148,9 +156,14 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 			ips = append(ips, strings.Split(v, ",")...)
 		case "MAC":
 			mac = cmp.Or(mac, v)
+		case "SKIFF_QOS":
+			class = v
 		}
 	}
-	var a Asked
+	a := Asked{Class: class}
+	if err := (limits.Limit{Class: class}).Validate(); err != nil {
+		return Asked{}, err
+	}
 	for _, s := range ips {
 		s, _, _ = strings.Cut(s, "/") // the length is the subnet's
 		ip, err := netip.ParseAddr(s)
@@ -245,13 +258,14 @@ func Add(args *skel.CmdArgs) error {
 	defer cancel()
 	asked, err := conf.asked(args.Args)
 	if err != nil {
-		return types.NewError(types.ErrInvalidNetworkConfig, "invalid address or MAC asked for", err.Error())
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid address, MAC or QoS class asked for", err.Error())
 	}
 	req := api.AddRequest{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Cgroup: conf.Cgroup(), IP: asked.IP,
 		ClusterRoute: conf.DefaultRoute != nil && !*conf.DefaultRoute}
 	if conf.limit != nil {
 		req.Limit = conf.limit.Clamp()
 	}
+	req.Limit.Class = asked.Class
 	if asked.MAC != nil {
 		req.MAC = asked.MAC.String()
 	}

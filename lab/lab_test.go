@@ -518,6 +518,8 @@ func TestAgentBadInput(t *testing.T) {
 		{[]string{"--name", "h1", "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL(), "--etcd-insecure"}, "level=WARN msg=\"reaching the cluster store over plain HTTP"},
 		{[]string{"--cluster-cidr", "10.99.0.0/16", "--underlay-interface", "eth0", "--etcd-endpoints", l.etcdURL()}, "overlaps the underlay"},
 		{[]string{"--no-such-flag"}, "flag provided but not defined"},
+		{[]string{"--underlay-rate", "fast"}, `invalid value "fast" for flag -underlay-rate`},
+		{[]string{"--underlay-rate", "10bit"}, "below 8kbit"},
 		{[]string{"--cluster-cidr", "banana", "--underlay-interface", "eth0"}, "--cluster-cidr"},
 		{[]string{"--underlay-interface", "eth0"}, "no cluster store"},
 		{[]string{"--underlay-interface", "nope0", "--etcd-endpoints", l.etcdURL()}, "nope0"},

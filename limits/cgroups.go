@@ -83,6 +83,10 @@ func entry(l Limit) sklSklLimit {
 	if p := l.EgressRate / 8; p > 0 && p < math.MaxUint32 {
 		e.Pace = uint32(p)
 	}
+	if l.Marks() {
+		c := classes[l.Class]
+		e.Tos, e.Priority = uint32(c.tos), uint32(handle)<<16|uint32(c.minor)
+	}
 	return e
 }
 
@@ -104,16 +108,20 @@ func (c *Cgroups) Set(id uint64, l Limit) error {
 	if err := c.objs.SklLimits.Put(id, want); err != nil {
 		return fmt.Errorf("limit of cgroup %d: %w", id, err)
 	}
-	if found && cur.Pace != want.Pace || !found && want.Pace != math.MaxUint32 {
+	// Established host sockets follow a changed pacing rate or class.
+	if found && onSockets(cur) != onSockets(want) || !found && onSockets(want) != onSockets(entry(Limit{})) {
 		if err := c.pace(); err != nil {
 			return err
 		}
 	}
-	if l.None() {
+	if l.None() && !l.Marks() {
 		return c.Forget(id)
 	}
 	return c.unclassify()
 }
+
+// onSockets is what of an entry skl_pace sets on host sockets.
+func onSockets(e sklSklLimit) [3]uint32 { return [3]uint32{e.Pace, e.Tos, e.Priority} }
 
 // Forget removes what the maps and the IFB hold for a cgroup.
 func (c *Cgroups) Forget(id uint64) error {
@@ -146,6 +154,6 @@ func (c *Cgroups) Counters() (map[string]uint64, error) {
 	return map[string]uint64{
 		"passed": v[sklSklCounterSKL_PASSED], "egress_held": v[sklSklCounterSKL_EGRESS_HELD],
 		"egress_dropped": v[sklSklCounterSKL_EGRESS_DROPPED], "ingress_dropped": v[sklSklCounterSKL_INGRESS_DROPPED],
-		"paced": v[sklSklCounterSKL_PACED], "shaped": v[sklSklCounterSKL_SHAPED],
+		"paced": v[sklSklCounterSKL_PACED], "shaped": v[sklSklCounterSKL_SHAPED], "classed": v[sklSklCounterSKL_CLASSED],
 	}, nil
 }

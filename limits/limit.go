@@ -19,6 +19,9 @@ type Limit struct {
 	EgressBurst  uint64 `json:"egressBurst,omitempty"`  // bits
 	IngressRate  uint64 `json:"ingressRate,omitempty"`  // bit/s
 	IngressBurst uint64 `json:"ingressBurst,omitempty"` // bits
+	// Class is the QoS class (ClassHigh, ClassNormal, ClassLow; "" is
+	// normal): not a limit of rate, but set and stored with it.
+	Class string `json:"class,omitempty"`
 }
 
 // Bounds of what a limit may say.
@@ -37,7 +40,7 @@ func (l Limit) None() bool { return l.EgressRate == 0 && l.IngressRate == 0 }
 // Validate checks both directions: a rate needs a burst and a burst a rate
 // (the reference plugin's rule), both within bounds.
 func (l Limit) Validate() error {
-	return errors.Join(direction("egress", l.EgressRate, l.EgressBurst), direction("ingress", l.IngressRate, l.IngressBurst))
+	return errors.Join(direction("egress", l.EgressRate, l.EgressBurst), direction("ingress", l.IngressRate, l.IngressBurst), validClass(l.Class))
 }
 
 func direction(name string, rate, burst uint64) error {

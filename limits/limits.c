@@ -22,8 +22,10 @@
 //                egress rate from its establishment (SO_MAX_PACING_RATE:
 //                TCP's internal pacing, no fq needed), so one connection
 //                keeps to the rate smoothly and the bucket seldom acts.
+//                A container's QoS class gives its host sockets the class's
+//                TOS (DSCP) and priority (qos.c marks the VXLAN path).
 //   skl_pace     iter/tcp over the host's sockets: applies a changed rate
-//                to connections already established.
+//                or class to connections already established.
 // Both buckets see every packet of the cgroup's sockets in any namespace:
 // its container-namespace traffic, already shaped to the rate by HTB,
 // passes them within the headroom the agent gives (rates are set a little
@@ -220,17 +222,25 @@ static __always_inline __u64 sock_cgroup(struct tcp_sock *tp)
 	return ((struct sock *)tp)->sk_cgrp_data.cgroup->kn->id;
 }
 
-// pace sets a TCP socket's pacing rate from its cgroup's limit: the one
-// in force, or none (~0U) for a socket whose container has none.
-static __always_inline void pace(void *ctx_sk, struct tcp_sock *tp)
+#define SOL_IP 0
+#define IP_TOS 1
+#define SO_PRIORITY 12
+
+// apply sets a TCP socket's pacing rate, TOS and priority from its
+// cgroup's entry: the limit and QoS class in force, or none (~0U, 0, 0)
+// for a socket whose container has lost them.
+static __always_inline void apply(void *ctx_sk, struct tcp_sock *tp)
 {
 	__u64 cg = sock_cgroup(tp);
 	const struct skl_limit *l = bpf_map_lookup_elem(&skl_limits, &cg);
 	if (!l)
 		return;
-	int rate = l->pace;
+	int rate = l->pace, tos = l->tos, prio = l->priority;
 	if (bpf_setsockopt(ctx_sk, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) == 0)
 		count(SKL_PACED);
+	if (bpf_setsockopt(ctx_sk, SOL_IP, IP_TOS, &tos, sizeof(tos)) == 0 &&
+	    bpf_setsockopt(ctx_sk, SOL_SOCKET, SO_PRIORITY, &prio, sizeof(prio)) == 0 && tos)
+		count(SKL_CLASSED);
 }
 
 SEC("sockops")
@@ -247,7 +257,7 @@ int skl_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(bsk);
 	if (tp)
-		pace(skops, tp);
+		apply(skops, tp);
 	return 1;
 }
 
@@ -261,7 +271,7 @@ int skl_pace(struct bpf_iter__tcp *ctx)
 		return 0;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
 	if (tp)
-		pace(tp, tp);
+		apply(tp, tp);
 	return 0;
 }
 

@@ -11,11 +11,14 @@ enum skl_dir {
 // pace is the egress rate in bytes/s its host TCP sockets are paced at
 // (SO_MAX_PACING_RATE; ~0U: not paced). Packets for its host sockets are
 // shaped in the HTB class with minor class of the IFB device (0: not).
+// tos and priority are its QoS class's, for its host sockets (0: normal).
 struct skl_limit {
 	__u64 rate[2];
 	__u64 burst[2];
 	__u32 pace;
 	__u32 class;
+	__u32 tos;
+	__u32 priority;
 };
 
 // A container's buckets: tokens in bytes, refilled at the rate since last.
@@ -33,5 +36,6 @@ enum skl_counter {
 	SKL_INGRESS_DROPPED = 3,
 	SKL_PACED = 4,          // host sockets given a pacing rate
 	SKL_SHAPED = 5,         // packets for host sockets sent through the IFB's HTB
-	SKL_NCOUNTERS = 6,
+	SKL_CLASSED = 6,        // host sockets given a QoS class's TOS and priority
+	SKL_NCOUNTERS = 7,
 };

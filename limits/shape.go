@@ -45,9 +45,15 @@ func Shape(h *netlink.Handle, link netlink.Link, rate, burst uint64) error {
 // setClass adds or changes (in place) the class minor of skiff's HTB on
 // link: rate bit/s, bursts of burst bits.
 func setClass(h *netlink.Handle, link netlink.Link, minor uint16, rate, burst uint64) error {
+	return setClassUnder(h, link, 0, minor, rate, rate, burst, 0)
+}
+
+// setClassUnder is setClass for a class under the class parent (0: the
+// qdisc) that may borrow from it up to ceil, with the HTB priority prio.
+func setClassUnder(h *netlink.Handle, link netlink.Link, parent, minor uint16, rate, ceil, burst uint64, prio uint32) error {
 	bytes := min(burst/8, math.MaxUint32)
-	class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(handle, 0),
-		Handle: netlink.MakeHandle(handle, minor)}, netlink.HtbClassAttrs{Rate: rate, Ceil: rate, Buffer: uint32(bytes), Cbuffer: uint32(bytes)})
+	class := netlink.NewHtbClass(netlink.ClassAttrs{LinkIndex: link.Attrs().Index, Parent: netlink.MakeHandle(handle, parent),
+		Handle: netlink.MakeHandle(handle, minor)}, netlink.HtbClassAttrs{Rate: rate, Ceil: ceil, Buffer: uint32(bytes), Cbuffer: uint32(bytes), Prio: prio})
 	if err := h.ClassReplace(class); err != nil {
 		return fmt.Errorf("rate limit class %x:%x on %s: %w", handle, minor, link.Attrs().Name, err)
 	}

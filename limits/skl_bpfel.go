@@ -33,15 +33,18 @@ const (
 	sklSklCounterSKL_INGRESS_DROPPED sklSklCounter = 3
 	sklSklCounterSKL_PACED           sklSklCounter = 4
 	sklSklCounterSKL_SHAPED          sklSklCounter = 5
-	sklSklCounterSKL_NCOUNTERS       sklSklCounter = 6
+	sklSklCounterSKL_CLASSED         sklSklCounter = 6
+	sklSklCounterSKL_NCOUNTERS       sklSklCounter = 7
 )
 
 type sklSklLimit struct {
-	_     structs.HostLayout
-	Rate  [2]uint64
-	Burst [2]uint64
-	Pace  uint32
-	Class uint32
+	_        structs.HostLayout
+	Rate     [2]uint64
+	Burst    [2]uint64
+	Pace     uint32
+	Class    uint32
+	Tos      uint32
+	Priority uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -3,6 +3,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -16,7 +17,8 @@ import (
 // delete the one on its own interface.
 const repairEvery = 30 * time.Second
 
-// SyncLimits applies every local endpoint's rate limit as it stands now:
+// SyncLimits applies every local endpoint's rate limit and QoS class as
+// they stand now:
 // skiff limit changes one while its container runs (in place: HTB changes
 // the class, queued packets and connections stay), and every repairEvery
 // a qdisc removed from under skiff is put back. Between, an unchanged
@@ -28,7 +30,9 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 		o.repaired = time.Now()
 	}
 	shaped, failed := make(map[string]limits.Limit, len(eps)), map[string]string{}
+	classes := make(map[netip.Addr]string, len(eps))
 	for _, e := range eps {
+		classes[e.IP.Addr()] = e.Limit.Class
 		key := e.ContainerID + "/" + e.IfName
 		prev, seen := o.shaped[key]
 		if seen && prev == e.Limit && (!repair || e.Limit.None()) {
@@ -53,6 +57,12 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 		shaped[key] = e.Limit
 	}
 	o.shaped, o.limitErrs = shaped, failed
+	if o.qos == nil {
+		return
+	}
+	if err := o.qos.Sync(classes); err != nil {
+		o.log.Warn("QoS classes", "err", err)
+	}
 }
 
 // reshape applies e's limit, as it is now, to an endpoint built earlier
@@ -73,4 +83,12 @@ func reshape(e cluster.Endpoint, host netlink.Link) error {
 		return fmt.Errorf("container %s: %w", e.IfName, err)
 	}
 	return shape(h, c, host, e.Limit)
+}
+
+// QoSCounters are the QoS marking program's counters.
+func (o *Overlay) QoSCounters() (map[string]uint64, error) {
+	if o.qos == nil {
+		return nil, nil
+	}
+	return o.qos.Counters()
 }

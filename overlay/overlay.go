@@ -44,7 +44,10 @@ type Config struct {
 	Cluster  cluster.Config
 	Host     cluster.Host // this host, with its subnet and VTEP MAC
 	Underlay string       // name of the interface that carries Host.UnderlayIP
-	PinDir   string       // bpffs directory for the source check's maps and links
+	PinDir   string       // bpffs directory for the source check's and QoS's maps and links
+	// UnderlayRate, when set, shapes the underlay (bit/s) so that QoS
+	// classes keep their shares under contention (limits.QoS).
+	UnderlayRate uint64
 }
 
 // Overlay manages one host's part of the overlay.
@@ -56,6 +59,7 @@ type Overlay struct {
 	applied  *policy.Set // the rule set last enforced, nil before the first
 	guard    string      // the guard chains last written
 	src      *sourceCheck
+	qos      *limits.QoS
 	// shaped is the rate limit SyncLimits last applied to each local
 	// endpoint (container ID/interface), limitErrs why it could not.
 	shaped    map[string]limits.Limit
@@ -79,10 +83,14 @@ func New(cfg Config, log *slog.Logger) (*Overlay, error) {
 // Close releases this process's handles on the source check; its pinned
 // maps and links stay, and so does everything else the overlay built.
 func (o *Overlay) Close() error {
-	if o.src == nil {
-		return nil
+	var errs []error
+	if o.src != nil {
+		errs = append(errs, o.src.objs.Close())
 	}
-	return o.src.objs.Close()
+	if o.qos != nil {
+		errs = append(errs, o.qos.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // MTU is the container interface MTU: the underlay's minus the VXLAN overhead.
@@ -147,6 +155,16 @@ func (o *Overlay) Setup() error {
 			return err
 		}
 		o.src = src
+	}
+	if o.qos == nil {
+		q, err := limits.LoadQoS(o.cfg.PinDir, o.underlay, uint16(o.cfg.Cluster.VXLANPort), o.log)
+		if err != nil {
+			return err
+		}
+		o.qos = q
+	}
+	if err := o.qos.ShapeUnderlay(o.cfg.UnderlayRate); err != nil {
+		return err
 	}
 	if err := o.setupBridge(); err != nil {
 		return err

@@ -328,11 +328,11 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	return l.brokers.ensure(e, dir)
 }
 
-// limit puts a container's rate limit on its host sockets, which skip the
-// veth and its qdiscs (limits.Cgroups: token buckets on its cgroup, its
-// connections paced), or takes a lifted one off.
+// limit puts a container's rate limit and QoS class on its host sockets,
+// which skip the veth and its qdiscs (limits.Cgroups: token buckets on its
+// cgroup, its connections paced and marked), or takes lifted ones off.
 func (l *Layer) limit(id uint64, dir string, lim limits.Limit) error {
-	if lim.None() {
+	if lim.None() && !lim.Marks() {
 		if _, err := os.Stat(filepath.Join(l.linkDir(), cgroupLinks(id), "skl_egress")); err != nil {
 			return nil // never limited
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
@@ -63,6 +64,14 @@ func run(args []string) error {
 	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
 		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
 		_, err := fmt.Sscanf(v, "%d,%d,%d,%d", &capacity.EgressIPs, &capacity.EgressHosts, &capacity.Ingress, &capacity.Filter)
+		return err
+	})
+	var underlayRate uint64
+	fs.Func("underlay-rate", "the underlay's real rate (tc units: 1gbit): shaped to it, QoS classes keep their shares under contention (docs/limits.md); default: not shaped", func(v string) (err error) {
+		underlayRate, err = limits.ParseRate(v)
+		if err == nil && underlayRate != 0 && underlayRate < limits.MinRate {
+			err = fmt.Errorf("below %s", limits.FormatRate(limits.MinRate))
+		}
 		return err
 	})
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
@@ -136,7 +145,7 @@ func run(args []string) error {
 	}
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
-		BPFDir: *bpfDir, LayerOptions: map[string]any{
+		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: map[string]any{
 			"cache":   capacity,
 			"sockets": sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
 		},
