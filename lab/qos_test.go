@@ -27,14 +27,22 @@ func TestQoS(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	// together runs h1/c1 → h2/c1 and h1/c2 → h2/c2 at once for 5 s and
-	// returns their goodputs.
-	together := func() [2]float64 {
+	// returns their goodputs: on the containers' own sockets (the cache's
+	// path), or with the shim on host sockets.
+	together := func(hostSockets bool) [2]float64 {
 		var cmds [2]*exec.Cmd
 		var outs [2]bytes.Buffer
 		for i := range cmds {
 			ns, _ := l.Netns(fmt.Sprintf("h1/c%d", i+1))
 			ip, _ := l.IP(fmt.Sprintf("h2/c%d", i+1))
-			cmds[i] = exec.Command("ip", "netns", "exec", ns, "iperf3", "-4", "-J", "-c", ip.String(), "-p", fmt.Sprint(5400+i), "-t", "5", "-O", "1")
+			args := []string{"iperf3", "-4", "-J", "-c", ip.String(), "-p", fmt.Sprint(5400 + i), "-t", "5", "-O", "1"}
+			cmds[i] = exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+			if hostSockets {
+				var err error
+				if cmds[i], err = l.Command(t.Context(), fmt.Sprintf("h1/c%d", i+1), args[0], args[1:]...); err != nil {
+					t.Fatal(err)
+				}
+			}
 			cmds[i].Stdout = &outs[i]
 			if err := cmds[i].Start(); err != nil {
 				t.Fatal(err)
@@ -71,7 +79,7 @@ func TestQoS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := together()
+	got := together(false)
 	after, err := agentOf(t, l, "h1").Status(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -83,10 +91,17 @@ func TestQoS(t *testing.T) {
 	if after.QoS["marked"]-before.QoS["marked"] < 1000 {
 		t.Errorf("%d packets marked: the test shows nothing of the marking", after.QoS["marked"]-before.QoS["marked"])
 	}
+	// Host sockets carry the class too (IP_TOS and SO_PRIORITY from sockops).
+	got = together(true)
+	classed := socketsStatus(t, l, "h1").Counters["limit_classed"]
+	t.Logf("host sockets: high %.1f, low %.1f Mbit/s; %d sockets classed", got[0]/1e6, got[1]/1e6, classed)
+	if got[0] < 0.6*rate || got[0] < 2*got[1] || classed < 2 {
+		t.Errorf("host sockets: high %.1f and low %.1f Mbit/s, %d sockets classed", got[0]/1e6, got[1]/1e6, classed)
+	}
 	set("h1-c1", "normal")
 	set("h1-c2", "normal")
 	time.Sleep(time.Second)
-	got = together()
+	got = together(false)
 	t.Logf("both normal: %.1f and %.1f Mbit/s", got[0]/1e6, got[1]/1e6)
 	if got[0] < 0.3*rate || got[1] < 0.3*rate {
 		t.Errorf("two normal containers: %.1f and %.1f Mbit/s, want each about half of %.0f", got[0]/1e6, got[1]/1e6, rate/1e6)
