@@ -99,7 +99,7 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket
 	}
-	if err := (limits.Limit{Class: conf.QoS}).Validate(); err != nil {
+	if err := limits.ValidateClass(conf.QoS); err != nil {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", err.Error())
 	}
 	if v, ok := conf.RuntimeConfig["bandwidth"]; ok {
@@ -161,7 +161,7 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 		}
 	}
 	a := Asked{Class: class}
-	if err := (limits.Limit{Class: class}).Validate(); err != nil {
+	if err := limits.ValidateClass(class); err != nil {
 		return Asked{}, err
 	}
 	for _, s := range ips {

@@ -40,7 +40,7 @@ func (l Limit) None() bool { return l.EgressRate == 0 && l.IngressRate == 0 }
 // Validate checks both directions: a rate needs a burst and a burst a rate
 // (the reference plugin's rule), both within bounds.
 func (l Limit) Validate() error {
-	return errors.Join(direction("egress", l.EgressRate, l.EgressBurst), direction("ingress", l.IngressRate, l.IngressBurst), validClass(l.Class))
+	return errors.Join(direction("egress", l.EgressRate, l.EgressBurst), direction("ingress", l.IngressRate, l.IngressBurst), ValidateClass(l.Class))
 }
 
 func direction(name string, rate, burst uint64) error {

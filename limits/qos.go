@@ -38,8 +38,8 @@ var classes = map[string]struct {
 	ClassLow:    {skqSkqClassSKQ_LOW, 0x20, 2, 15, 2},  // CS1
 }
 
-// validClass checks a class name ("" is normal).
-func validClass(c string) error {
+// ValidateClass checks a QoS class name ("" is normal).
+func ValidateClass(c string) error {
 	if _, ok := classes[c]; !ok && c != "" {
 		return fmt.Errorf("QoS class %q: want high, normal or low", c)
 	}
