@@ -33,8 +33,8 @@ var classes = map[string]struct {
 	share uint64 // percent
 	prio  uint32 // HTB: excess goes to the lowest first
 }{
-	ClassHigh:   {skqSkqClassSKQ_HIGH, 0x80, 6, 50, 0},  // CS4
-	ClassNormal: {skqSkqClassSKQ_NORMAL, 0, 8, 35, 1}, // CS0
+	ClassHigh:   {skqSkqClassSKQ_HIGH, 0x80, 6, 50, 0}, // CS4
+	ClassNormal: {skqSkqClassSKQ_NORMAL, 0, 8, 35, 1},  // CS0
 	ClassLow:    {skqSkqClassSKQ_LOW, 0x20, 2, 15, 2},  // CS1
 }
 
