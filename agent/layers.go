@@ -13,6 +13,7 @@ import (
 
 	// The layers skiffd can run: importing a layer's package registers it.
 	_ "github.com/skiffnet/skiff/cache"
+	_ "github.com/skiffnet/skiff/channels"
 	_ "github.com/skiffnet/skiff/sockets"
 )
 

@@ -15,8 +15,8 @@ import (
 // down at start.
 func TestNewLayers(t *testing.T) {
 	for mode, want := range map[string]struct{ run, down []string }{
-		"overlay": {nil, []string{"cache", "sockets"}},
-		"cache":   {[]string{"cache"}, []string{"sockets"}},
+		"overlay": {nil, []string{"cache", "channels", "sockets"}},
+		"cache":   {[]string{"cache"}, []string{"channels", "sockets"}},
 	} {
 		chosen, _, err := layer.Choose(mode, nil, nil)
 		if err != nil {
@@ -61,11 +61,12 @@ func TestAutoLeavesOutWhatCannotRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(layers) != 1 || layers[0].name != "cache" || len(unwanted) != 1 || unwanted[0].Name != "sockets" {
-			t.Errorf("%s: runs %v, tears down %v; want cache, and sockets torn down", name, layers, unwanted)
+		// channels runs only when named: auto tears it down too.
+		if len(layers) != 1 || layers[0].name != "cache" || len(unwanted) != 2 || unwanted[0].Name != "channels" || unwanted[1].Name != "sockets" {
+			t.Errorf("%s: runs %v, tears down %v; want cache, and channels and sockets torn down", name, layers, unwanted)
 		}
-		if len(choices) != 2 || choices[1].On || !strings.Contains(choices[1].Reason, name) {
-			t.Errorf("choices %+v, want sockets off: %s", choices, name)
+		if len(choices) != 3 || choices[2].On || !strings.Contains(choices[2].Reason, name) || choices[1].On || !strings.Contains(choices[1].Reason, "only when named") {
+			t.Errorf("choices %+v, want channels off (only when named) and sockets off: %s", choices, name)
 		}
 		if _, _, err := layer.Choose("sockets", nil, options); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("mode sockets: %v, want %q", err, name)

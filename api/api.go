@@ -86,6 +86,8 @@ type Status struct {
 	// SourceDrops counts, by reason, the packets containers sent that the
 	// source check on their veths dropped (every mode).
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
+	// Channels is the channels layer's, when it runs.
+	Channels *ChannelsStatus `json:"channels,omitempty"`
 	// QoS counts the underlay packets of QoS-classed containers marked
 	// (marked) and the overlay packets of normal ones (unclassed).
 	QoS map[string]uint64 `json:"qos,omitempty"`
@@ -118,6 +120,14 @@ type Layer struct {
 	Name   string `json:"name"`
 	On     bool   `json:"on"`
 	Reason string `json:"reason,omitempty"` // why it is off
+}
+
+// ChannelsStatus is the channels layer of one host: its programs'
+// counters (channels.Counters) and the sockets in its map now (two a
+// channelled connection).
+type ChannelsStatus struct {
+	Counters map[string]uint64 `json:"counters"`
+	Sockets  int               `json:"sockets"`
 }
 
 // SocketsStatus is the sockets layer of one host.

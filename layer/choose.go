@@ -48,6 +48,8 @@ func choose(all []Registration, mode string, names []string, options map[string]
 		c := api.Layer{Name: r.Name, On: true}
 		if !auto && !slices.Contains(names, r.Name) {
 			c.On, c.Reason = false, "not in "+mode
+		} else if auto && r.Manual != "" {
+			c.On, c.Reason = false, r.Manual
 		} else if r.Probe != nil {
 			if err := r.Probe(options[r.Name]); err != nil {
 				if !auto {

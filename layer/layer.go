@@ -149,6 +149,9 @@ type Registration struct {
 	// New checks the layer's options (nil: defaults; else the type the
 	// layer package documents) and returns the layer, not started.
 	New func(options any) (Layer, error)
+	// Manual, when set, keeps the layer out of auto with this reason: it
+	// runs only when named (a mode of its name, or --layers).
+	Manual string
 	// Teardown removes what an earlier run of the layer left on the host
 	// (programs, pins, rules, helpers), without loading it: the layer is not
 	// wanted on this start. It reports whether there was anything.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	_ "github.com/skiffnet/skiff/cache"
+	_ "github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/sockets"
@@ -26,7 +27,9 @@ func TestChooseModes(t *testing.T) {
 		{"overlay", nil, nil},
 		{"cache", nil, []string{"cache"}},
 		{"sockets", nil, []string{"sockets"}},
+		{"channels", nil, []string{"channels"}},
 		{"", []string{"sockets", "cache"}, []string{"sockets", "cache"}},
+		{"", []string{"cache", "channels", "sockets"}, []string{"cache", "channels", "sockets"}},
 		{"", []string{}, nil},
 	} {
 		regs, choices, err := layer.Choose(tc.mode, tc.names, options)
@@ -40,7 +43,7 @@ func TestChooseModes(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("mode %q layers %q runs %v, want %v", tc.mode, tc.names, got, tc.want)
 		}
-		if len(choices) != 2 || choices[0].Name != "cache" || choices[1].Name != "sockets" {
+		if len(choices) != 3 || choices[0].Name != "cache" || choices[1].Name != "channels" || choices[2].Name != "sockets" {
 			t.Errorf("choices %+v, want one for each registered layer", choices)
 		}
 		for _, c := range choices {
@@ -63,7 +66,7 @@ func TestChooseModes(t *testing.T) {
 		{"Cache", nil, `mode "Cache" is not one of`},
 		{"cache,sockets", nil, `mode "cache,sockets" is not one of`},
 		{"auto", []string{"cache"}, "not both"},
-		{"", []string{"warp"}, `unknown layer "warp" (layers: cache, sockets)`},
+		{"", []string{"warp"}, `unknown layer "warp" (layers: cache, channels, sockets)`},
 		{"", []string{"cache", "Cache"}, `unknown layer "Cache"`},
 		{"", []string{"cache", "cache"}, `layer "cache" named twice`},
 		{"", []string{""}, `unknown layer ""`},

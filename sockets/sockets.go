@@ -20,16 +20,15 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/limits"
+	"github.com/skiffnet/skiff/overlay"
 )
 
 // Config describes the host the layer runs on.
@@ -74,7 +73,7 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err := spec.Assign(&s); err != nil {
 		return nil, fmt.Errorf("sockets programs: %w", err)
 	}
-	cookie, err := netnsCookie()
+	cookie, err := overlay.NetnsCookie()
 	if err != nil {
 		return nil, err
 	}
@@ -119,24 +118,6 @@ func mask(p netip.Prefix) [4]byte {
 // Mark tags overlay packets the layer sends to the host stack, for the
 // overlay's policy on INPUT (HostStackTOS routes them there).
 const Mark = 0x5c1ff
-
-// netnsCookie returns the cookie of the calling thread's network namespace,
-// which tells the programs host sockets from container ones.
-func netnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, fmt.Errorf("netns cookie: %w", err)
-	}
-	defer unix.Close(fd)
-	var cookie uint64
-	size := uint32(unsafe.Sizeof(cookie))
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE,
-		uintptr(unsafe.Pointer(&cookie)), uintptr(unsafe.Pointer(&size)), 0)
-	if errno != 0 {
-		return 0, fmt.Errorf("netns cookie: %w", errno)
-	}
-	return cookie, nil
-}
 
 // Pinned reports whether a sockets layer is pinned in dir.
 func Pinned(dir string) bool {

@@ -1,0 +1,187 @@
+//go:build ignore
+
+// Fast channels between containers of one host (DockNet §3.1, in the
+// kernel): when both ends of an established TCP connection are local
+// containers, what one end sends is queued straight on the other end's
+// socket (sk_msg redirect), skipping both TCP stacks, the veths and the
+// bridge.
+//   skch_sockops  sockops on the cgroup v2 root: an IPv4 TCP socket that
+//                 reaches ESTABLISHED in the namespace of a local
+//                 container, with that container's address, joins
+//                 skch_socks under its 4-tuple. Nothing else does.
+//   skch_msg      sk_msg verdict of skch_socks: a send goes to the peer's
+//                 socket (the reversed 4-tuple) when the peer is in the
+//                 map and both ends may take a channel (skch_ips: no rate
+//                 limit), else through TCP; per direction the choice is
+//                 made once and can only fall back (skch_state).
+//   skch_destroy  iter/tcp, run in a container's namespace: ends the
+//                 channelled connections a new policy denies
+//                 (bpf_sock_destroy), as the sockets layer ends its own.
+// A socket leaves the map when it closes (the kernel's sockmap close).
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "channels.h"
+
+char __license[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, struct skch_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_socks SEC(".maps");
+
+// Local containers' namespaces (netns cookie) and their addresses.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_netns SEC(".maps");
+
+// Addresses of local containers whose traffic may take a channel (not
+// those with a rate limit: a channel would skip it). A direction whose
+// either end is not here falls back to TCP at its next write.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_ips SEC(".maps");
+
+// The client side of each channelled connection (socket cookie → its own
+// 4-tuple), for the agent to judge by the policy: the side that connected
+// and the port it connected to.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct skch_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_clients SEC(".maps");
+
+// Sockets skch_destroy ends (socket cookies), written by the agent.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u8);
+} skch_kill SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, enum skch_state);
+} skch_dir SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SKCH_NCOUNTERS);
+	__type(key, enum skch_counter);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_stats SEC(".maps");
+
+static __always_inline void count(enum skch_counter c)
+{
+	__u32 k = c;
+	__u64 *v = bpf_map_lookup_elem(&skch_stats, &k);
+	if (v)
+		*v += 1;
+}
+
+SEC("sockops")
+int skch_sockops(struct bpf_sock_ops *skops)
+{
+	if (skops->op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && skops->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
+		return 1;
+	if (skops->family != 2 /* AF_INET */)
+		return 1;
+	__u64 ns = bpf_get_netns_cookie(skops);
+	__u32 *ip = bpf_map_lookup_elem(&skch_netns, &ns);
+	if (!ip || *ip != skops->local_ip4)
+		return 1;
+	struct skch_key k = {
+		.sip = skops->local_ip4,
+		.dip = skops->remote_ip4,
+		.sport = skops->local_port,
+		.dport = bpf_ntohl(skops->remote_port),
+	};
+	if (bpf_sock_hash_update(skops, &skch_socks, &k, BPF_NOEXIST)) {
+		count(SKCH_ADD_FAILED);
+		return 1;
+	}
+	count(SKCH_ADDED);
+	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
+		__u64 cookie = bpf_get_socket_cookie(skops);
+		bpf_map_update_elem(&skch_clients, &cookie, &k, BPF_ANY);
+	}
+	return 1;
+}
+
+SEC("sk_msg")
+int skch_msg(struct sk_msg_md *msg)
+{
+	enum skch_state *state = bpf_sk_storage_get(&skch_dir, msg->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!state || *state == SKCH_TCP)
+		return SK_PASS;
+	__u32 local = msg->local_ip4, remote = msg->remote_ip4;
+	if (!bpf_map_lookup_elem(&skch_ips, &local) || !bpf_map_lookup_elem(&skch_ips, &remote)) {
+		count(*state == SKCH_CHANNEL ? SKCH_FELL_BACK : SKCH_TCP_NO_PEER);
+		*state = SKCH_TCP;
+		return SK_PASS;
+	}
+	struct skch_key peer = {
+		.sip = remote,
+		.dip = local,
+		.sport = bpf_ntohl(msg->remote_port),
+		.dport = msg->local_port,
+	};
+	// No redirect set when the peer is not in the map: SK_PASS then sends
+	// through TCP.
+	if (bpf_msg_redirect_hash(msg, &skch_socks, &peer, BPF_F_INGRESS) == SK_PASS) {
+		*state = SKCH_CHANNEL;
+		count(SKCH_REDIRECTED);
+		return SK_PASS;
+	}
+	count(*state == SKCH_CHANNEL ? SKCH_FELL_BACK : SKCH_TCP_NO_PEER);
+	*state = SKCH_TCP;
+	return SK_PASS;
+}
+
+// Kernel types the socket iterator reads (CO-RE: only the fields named).
+struct seq_file;
+struct bpf_iter_meta {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+struct sock_common {
+	unsigned short skc_family;
+} __attribute__((preserve_access_index));
+struct bpf_iter__tcp {
+	struct bpf_iter_meta *meta;
+	struct sock_common *sk_common;
+} __attribute__((preserve_access_index));
+
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
+SEC("iter/tcp")
+int skch_destroy(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc || skc->skc_family != 2 /* AF_INET */)
+		return 0;
+	__u64 cookie = bpf_get_socket_cookie(skc);
+	if (!bpf_map_lookup_elem(&skch_kill, &cookie))
+		return 0;
+	if (bpf_sock_destroy(skc) == 0)
+		count(SKCH_DESTROYED);
+	return 0;
+}

@@ -1,0 +1,31 @@
+// Types shared by channels.c and the Go loader (bpf2go -type).
+#pragma once
+
+// A TCP socket in skch_socks, by its own 4-tuple: addresses in network
+// order, ports in host order.
+struct skch_key {
+	__u32 sip;
+	__u32 dip;
+	__u32 sport;
+	__u32 dport;
+};
+
+// Which way one direction of a connection goes: decided at its first
+// send, and it can only fall back (channel to TCP), never come back: the
+// receiver reads what the channel queued before what TCP brings, so a
+// direction that switched twice could reorder bytes.
+enum skch_state {
+	SKCH_UNDECIDED = 0,
+	SKCH_CHANNEL = 1,
+	SKCH_TCP = 2,
+};
+
+enum skch_counter {
+	SKCH_ADDED = 0,        // sockets joined to the channel map
+	SKCH_ADD_FAILED = 1,   // the map full, or the 4-tuple already there
+	SKCH_REDIRECTED = 2,   // messages sent socket to socket
+	SKCH_TCP_NO_PEER = 3,  // a direction on TCP: no peer in the map at its first send
+	SKCH_FELL_BACK = 4,    // a channelled direction back on TCP: the peer left, or an end got a rate limit
+	SKCH_DESTROYED = 5,    // channelled sockets ended: the policy denies their flow
+	SKCH_NCOUNTERS = 6,
+};

@@ -1,0 +1,275 @@
+// Package channels is skiff's channels layer: same-host fast channels
+// (channels.c). Two containers of one host that talk TCP have what one
+// sends queued on the other's socket, past both stacks, the veths and the
+// bridge. docs/channels.md.
+package channels
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/sockets"
+)
+
+func init() {
+	layer.Register(layer.Registration{Name: "channels",
+		Manual: "runs only when named (--layers ...,channels): a blocking read on a channelled socket can fail with EAGAIN on this kernel (docs/channels.md)",
+		Probe:  probe, New: newLayer, Teardown: teardown})
+}
+
+// probe checks for sockops, sk_msg redirects into a socket hash, socket
+// storage, ending sockets from an iterator, and cgroup v2 (sockops hooks
+// on its root).
+func probe(any) error {
+	return layer.First(
+		layer.Programs(ebpf.SockOps),
+		layer.Programs(ebpf.SkMsg, asm.FnMsgRedirectHash),
+		layer.Maps(ebpf.SockHash, ebpf.SkStorage, ebpf.LRUHash),
+		layer.KernelHas("bpf_sock_destroy, to end connections the policy denies", "bpf_sock_destroy"),
+		func() error { _, err := sockets.CgroupRoot(); return err },
+	)
+}
+
+// Layer is the channels layer as the agent drives it.
+type Layer struct {
+	objs skchObjects
+	env  layer.Env
+	log  *slog.Logger
+	eps  layer.Attached
+}
+
+// newLayer takes no options.
+func newLayer(options any) (layer.Layer, error) {
+	if options != nil {
+		return nil, fmt.Errorf("the channels layer takes no options, not %T", options)
+	}
+	return &Layer{}, nil
+}
+
+const sockopsLink = "skch_link_sockops"
+
+// Start loads the programs (maps pinned: channels of connections that
+// outlive the agent keep working), puts skch_msg on the socket hash and
+// skch_sockops on the cgroup v2 root.
+func (l *Layer) Start(_ context.Context, env layer.Env) error {
+	l.env, l.log = env, env.Log
+	spec, err := loadSkch()
+	if err != nil {
+		return fmt.Errorf("read channels programs: %w", err)
+	}
+	if err := bpffs.Load(spec, &l.objs, env.PinDir, env.Log); err != nil {
+		return fmt.Errorf("load channels programs: %w", err)
+	}
+	// Attaching replaces the program an earlier run put there.
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: l.objs.SkchSocks.FD(), Program: l.objs.SkchMsg,
+		Attach: ebpf.AttachSkMsgVerdict}); err != nil {
+		return fmt.Errorf("attach skch_msg: %w", err)
+	}
+	root, err := sockets.CgroupRoot()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(env.PinDir, sockopsLink)
+	if old, err := link.LoadPinnedLink(path, nil); err == nil {
+		defer old.Close()
+		if err := old.Update(l.objs.SkchSockops); err == nil {
+			return nil
+		}
+		old.Unpin()
+	}
+	lk, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: ebpf.AttachCGroupSockOps, Program: l.objs.SkchSockops})
+	if err != nil {
+		return fmt.Errorf("attach skch_sockops to %s: %w", root, err)
+	}
+	defer lk.Close()
+	return lk.Pin(path)
+}
+
+// teardown removes an earlier run's programs and maps: the sockops link
+// (so no new socket joins) and the pins (channelled connections end with
+// the map, when its last socket closes).
+func teardown(env layer.Env) (bool, error) {
+	path := filepath.Join(env.PinDir, sockopsLink)
+	if _, err := os.Stat(path); err != nil {
+		return false, nil
+	}
+	return true, bpffs.Unpin(env.PinDir, "skch_")
+}
+
+// ip32 is an address as the programs compare it (network order in memory).
+func ip32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func addr(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// errLimited is why a rate-limited container takes no channel.
+var errLimited = errors.New("rate limited: a channel would skip the limit")
+
+// attach registers a local container's namespace: its sockets with its
+// address join the channels. A rate-limited container's are taken out,
+// and its channelled connections fall back to TCP at their next write.
+func (l *Layer) attach(e cluster.Endpoint) error {
+	ip := ip32(e.IP.Addr())
+	if !e.Limit.None() {
+		err := l.forget(func(a netip.Addr) bool { return a == e.IP.Addr() })
+		if derr := l.objs.SkchIps.Delete(ip); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, derr)
+		}
+		return errors.Join(errLimited, err)
+	}
+	var cookie uint64
+	if err := overlay.InNetns(e, func() (err error) { cookie, err = overlay.NetnsCookie(); return err }); err != nil {
+		return err
+	}
+	return errors.Join(l.objs.SkchNetns.Put(cookie, ip), l.objs.SkchIps.Put(ip, uint8(1)))
+}
+
+func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error { return l.eps.Add(e, l.attach) }
+
+// RemoveEndpoint forgets a container's namespace (its sockets leave the
+// channels when they close, as the namespace goes).
+func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+	l.eps.Remove(e)
+	return l.forget(func(ip netip.Addr) bool { return ip == e.IP.Addr() })
+}
+
+// forget deletes the namespaces and addresses gone says.
+func (l *Layer) forget(gone func(netip.Addr) bool) error {
+	all, err := bpfmap.Entries[uint64, uint32](l.objs.SkchNetns)
+	if err != nil {
+		return err
+	}
+	var stale []uint64
+	for cookie, ip := range all {
+		if gone(addr(ip)) {
+			stale = append(stale, cookie)
+		}
+	}
+	_, err = bpfmap.Delete(l.objs.SkchNetns, stale)
+	ips, ierr := bpfmap.Entries[uint32, uint8](l.objs.SkchIps)
+	var staleIPs []uint32
+	for ip := range ips {
+		if gone(addr(ip)) {
+			staleIPs = append(staleIPs, ip)
+		}
+	}
+	_, derr := bpfmap.Delete(l.objs.SkchIps, staleIPs)
+	return errors.Join(err, ierr, derr)
+}
+
+func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
+	if err := l.eps.Err(e); err != nil {
+		return false, err.Error()
+	}
+	return true, ""
+}
+
+func (l *Layer) Sync(_ context.Context, v *layer.View) error {
+	l.eps.Sync(v.Local, l.attach, l.log)
+	return l.forget(func(ip netip.Addr) bool {
+		return !slices.ContainsFunc(v.Local, func(e cluster.Endpoint) bool { return e.IP.Addr() == ip && e.Limit.None() })
+	})
+}
+
+// Settle ends the channelled connections a changed policy denies: the
+// handshake of each passed the policy then in force, and its data passes
+// no rule now.
+func (l *Layer) Settle(_ context.Context, v *layer.View) error {
+	if !v.PolicyChanged {
+		return nil
+	}
+	return l.endDenied(v.Rules, v.Local)
+}
+
+func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
+	clients, err := bpfmap.Entries[uint64, skchSkchKey](l.objs.SkchClients)
+	if err != nil {
+		return err
+	}
+	var kill, gone []uint64
+	where := map[netip.Addr]bool{}
+	for cookie, k := range clients {
+		// A client that closed left the socket hash (and another socket
+		// may have its 4-tuple now): forgotten.
+		var now uint64
+		if err := l.objs.SkchSocks.Lookup(k, &now); err != nil || now != cookie {
+			gone = append(gone, cookie)
+			continue
+		}
+		f := policy.Flow{Src: addr(k.Sip), Dst: addr(k.Dip), Proto: policy.TCP, Port: uint16(k.Dport)}
+		if rules.Allowed(f) {
+			continue
+		}
+		kill = append(kill, cookie)
+		var peer uint64
+		if err := l.objs.SkchSocks.Lookup(skchSkchKey{Sip: k.Dip, Dip: k.Sip, Sport: k.Dport, Dport: k.Sport}, &peer); err == nil {
+			kill = append(kill, peer)
+		}
+		where[f.Src], where[f.Dst] = true, true
+	}
+	_, err = bpfmap.Delete(l.objs.SkchClients, append(gone, kill...))
+	var errs []error
+	// In batches of what skch_kill holds, run in each namespace involved.
+	for batch := int(l.objs.SkchKill.MaxEntries()); len(kill) > 0; kill = kill[min(batch, len(kill)):] {
+		part := kill[:min(batch, len(kill))]
+		for _, c := range part {
+			if err := l.objs.SkchKill.Put(c, uint8(1)); err != nil {
+				return fmt.Errorf("mark channelled sockets to end: %w", err)
+			}
+		}
+		for _, e := range local {
+			if where[e.IP.Addr()] {
+				errs = append(errs, overlay.InNetns(e, func() error { _, err := bpfmap.Iterate(l.objs.SkchDestroy); return err }))
+			}
+		}
+		_, derr := bpfmap.Delete(l.objs.SkchKill, part)
+		errs = append(errs, derr)
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// Counters names the programs' counters, in the order of enum skch_counter.
+var Counters = []string{"added", "add_failed", "redirected", "tcp_no_peer", "fell_back", "destroyed"}
+
+func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
+	sums, err := bpfmap.Counters(l.objs.SkchStats, len(Counters))
+	if err != nil {
+		return
+	}
+	st := &api.ChannelsStatus{Counters: map[string]uint64{}}
+	for i, name := range Counters {
+		st.Counters[name] = sums[i]
+	}
+	var k skchSkchKey
+	var v uint64
+	for it := l.objs.SkchSocks.Iterate(); it.Next(&k, &v); {
+		st.Sockets++
+	}
+	s.Channels = st
+}
+
+func (l *Layer) Close() error { return l.objs.Close() }

@@ -1,0 +1,182 @@
+package lab
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/policy"
+)
+
+// pyChanServer serves, on argv[1]: "bulk" — reads to EOF (the client
+// half-closes), answers the SHA-256 of what it read, then 1 MiB of known
+// bytes in writes of changing sizes and, with sendfile, another 1 MiB;
+// "short" — writes 8 bytes and closes at once.
+const pyChanServer = `
+import hashlib, os, socket, sys, tempfile
+mode, port = sys.argv[1], int(sys.argv[2])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("0.0.0.0", port))
+ls.listen(128)
+print("listening", flush=True)
+data = bytes(range(256)) * 4096
+f = tempfile.TemporaryFile()
+f.write(data)
+while True:
+    c, _ = ls.accept()
+    c.settimeout(30)
+    if mode == "short":
+        c.sendall(b"12345678")
+        c.close()
+        continue
+    h = hashlib.sha256()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        h.update(b)
+    c.sendall(h.hexdigest().encode() + b"\n")
+    i, n = 0, 1
+    while i < len(data):
+        c.sendall(data[i:i + n])
+        i, n = i + n, n * 7 % 65521 + 1
+    f.seek(0)
+    c.sendfile(f)
+    c.close()
+`
+
+// pyChanClient: "bulk" sends 4 MiB of random bytes in writes of 1 byte to
+// 300 KB, half-closes, and checks the server's answer byte for byte;
+// "short N" opens N connections and reads each to its end.
+const pyChanClient = `
+import hashlib, random, socket, sys
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "short":
+    bad = 0
+    for _ in range(int(sys.argv[4])):
+        s = socket.create_connection((host, port), timeout=10)
+        got = b""
+        while True:
+            b = s.recv(64)
+            if not b:
+                break
+            got += b
+        s.close()
+        bad += got != b"12345678"
+    print("ok" if bad == 0 else "bad %d" % bad, flush=True)
+    sys.exit(0)
+rnd = random.Random(1)
+data = rnd.randbytes(4 << 20)
+s = socket.create_connection((host, port), timeout=30)
+i = 0
+while i < len(data):
+    n = rnd.choice([1, 7, 100, 1448, 4096, 65536, 300000])
+    s.sendall(data[i:i + n])
+    i += n
+s.shutdown(socket.SHUT_WR)
+buf = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    buf += b
+line, _, rest = buf.partition(b"\n")
+want = bytes(range(256)) * 4096
+ok = line.decode() == hashlib.sha256(data).hexdigest() and rest == want + want
+print("ok" if ok else "bad %r %d" % (line[:16], len(rest)), flush=True)
+`
+
+func channelsStatus(t *testing.T, l *Lab, host string) *api.ChannelsStatus {
+	t.Helper()
+	st, err := agentOf(t, l, host).Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Channels == nil {
+		t.Fatalf("%s reports no channels layer (mode %s)", host, st.Mode)
+	}
+	return st.Channels
+}
+
+// TestChannels: two containers of one host get a fast channel: the data
+// goes socket to socket (counters), byte-exact both ways with small and
+// large writes, half-close and sendfile; the last bytes written before
+// close reach the reader on every one of 10 000 short connections; a deny
+// rule ends a channelled connection.
+func TestChannels(t *testing.T) {
+	l := newLab(t, Config{Name: "tchan", Hosts: 1, ContainersPerHost: 2, Mode: "channels"})
+	dst, _ := l.IP("h1/c1")
+	for _, mode := range []struct{ name, port string }{{"bulk", "7100"}, {"short", "7101"}} {
+		srv := startPy(t, l, "h1/c1", pyChanServer, nil, mode.name, mode.port)
+		if got := srv.line(t, 10*time.Second); got != "listening" {
+			t.Fatalf("server: %q", got)
+		}
+	}
+	before := channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("bulk transfer through a channel: %s", out)
+	}
+	after := channelsStatus(t, l, "h1").Counters
+	t.Logf("bulk: %d sockets joined, %d messages redirected, %d directions on TCP", after["added"]-before["added"],
+		after["redirected"]-before["redirected"], after["tcp_no_peer"]-before["tcp_no_peer"])
+	if after["added"]-before["added"] != 2 || after["redirected"]-before["redirected"] < 100 {
+		t.Errorf("the bulk connection did not take a channel: %v then %v", before, after)
+	}
+	start := time.Now()
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "short", dst.String(), "7101", "10000"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("10 000 short connections: %s", out)
+	}
+	end := channelsStatus(t, l, "h1").Counters
+	t.Logf("10 000 short connections in %v: %d sockets joined, %d messages redirected", time.Since(start).Round(time.Millisecond),
+		end["added"]-after["added"], end["redirected"]-after["redirected"])
+	if end["redirected"]-after["redirected"] < 9000 {
+		t.Errorf("short connections took the channel %d times of 10 000", end["redirected"]-after["redirected"])
+	}
+
+	// A rate-limited container takes no channel: a channel would skip
+	// the limit (its traffic stays on the veth's qdiscs).
+	skiff := skiffLimit(t)
+	if out, err := skiff("set", l.prefix()+"h1-c2", "--egress", "1gbit"); err != nil {
+		t.Fatalf("skiff limit set: %v\n%s", err, out)
+	}
+	time.Sleep(time.Second)
+	limited := channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("bulk transfer from a limited container: %s", out)
+	}
+	// (The unlimited server's socket joins; the client's does not, and
+	// neither direction takes the channel.)
+	if got := channelsStatus(t, l, "h1").Counters; got["redirected"] != limited["redirected"] || got["added"] != limited["added"]+1 {
+		t.Errorf("a limited container's connection took a channel: %v then %v", limited, got)
+	}
+	if out, err := skiff("del", l.prefix()+"h1-c2"); err != nil {
+		t.Fatalf("skiff limit del: %v\n%s", err, out)
+	}
+	time.Sleep(time.Second)
+
+	// A deny rule ends a channelled connection.
+	echoServer(t, l, "h1/c1", echoPort)
+	hold := startPy(t, l, "h1/c2", pyHold, nil, dst.String(), "7000")
+	hold.line(t, 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	if s := channelsStatus(t, l, "h1"); s.Sockets < 2 {
+		t.Fatalf("%d sockets in the channel map with a connection held", s.Sockets)
+	}
+	deny := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Src: netip.MustParsePrefix("10.244.0.0/16"), Dst: netip.PrefixFrom(dst, 32)}
+	if err := l.PutPolicy(context.Background(), deny); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	if got := hold.line(t, converges); !strings.HasPrefix(got, "err") {
+		t.Errorf("the channelled connection after the deny rule: %q", got)
+	} else {
+		t.Logf("ended %v after the rule: %s", time.Since(cut).Round(time.Millisecond), got)
+	}
+	if n := channelsStatus(t, l, "h1").Counters["destroyed"]; n == 0 {
+		t.Error("no channelled socket destroyed")
+	}
+}
