@@ -100,6 +100,15 @@ var Modes = map[string]Mode{
 		Placement:   ContainerPlacement,
 		Description: "containers with every layer on (--mode auto): host sockets for TCP, the cache for the rest",
 	},
+	// Same-host fast channels (asked for by name, with --same-host: across
+	// hosts it is the overlay).
+	"channels": {
+		Name:        "channels",
+		LabMode:     "channels",
+		Placement:   ContainerPlacement,
+		Description: "containers of one host on fast channels (sk_msg socket to socket); with --same-host",
+		Explicit:    true,
+	},
 	// The lab runs a sockets-mode container's commands with the shim
 	// preloaded (lab.Command), so the mode needs no Wrap of its own.
 	"sockets": {
