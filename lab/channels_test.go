@@ -105,8 +105,9 @@ func channelsStatus(t *testing.T, l *Lab, host string) *api.ChannelsStatus {
 // TestChannels: two containers of one host get a fast channel: the data
 // goes socket to socket (counters), byte-exact both ways with small and
 // large writes, half-close and sendfile; the last bytes written before
-// close reach the reader on every one of 10 000 short connections; a deny
-// rule ends a channelled connection.
+// close reach the reader on every one of 10 000 short connections; an
+// agent restart keeps channels; a rate-limited container takes none; a
+// deny rule ends a channelled connection.
 func TestChannels(t *testing.T) {
 	l := newLab(t, Config{Name: "tchan", Hosts: 1, ContainersPerHost: 2, Mode: "channels"})
 	dst, _ := l.IP("h1/c1")
@@ -137,6 +138,23 @@ func TestChannels(t *testing.T) {
 		t.Errorf("short connections took the channel %d times of 10 000", end["redirected"]-after["redirected"])
 	}
 
+	// An agent restart keeps the channels: a connection held across it
+	// goes on, and new ones take a channel.
+	echoServer(t, l, "h1/c1", echoPort)
+	held := startPy(t, l, "h1/c2", pyHold, nil, dst.String(), "7000")
+	held.line(t, 10*time.Second)
+	restartAgents(t, l, "channels")
+	restarted := channelsStatus(t, l, "h1").Counters
+	if err := held.exited(); err != nil {
+		t.Fatalf("the connection held across the restart ended: %v", err)
+	}
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("bulk transfer after an agent restart: %s", out)
+	}
+	if got := channelsStatus(t, l, "h1").Counters; got["redirected"]-restarted["redirected"] < 100 {
+		t.Errorf("after an agent restart no channel: %v then %v", restarted, got)
+	}
+
 	// A rate-limited container takes no channel: a channel would skip
 	// the limit (its traffic stays on the veth's qdiscs).
 	skiff := skiffLimit(t)
@@ -158,10 +176,9 @@ func TestChannels(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 
-	// A deny rule ends a channelled connection.
-	echoServer(t, l, "h1/c1", echoPort)
-	hold := startPy(t, l, "h1/c2", pyHold, nil, dst.String(), "7000")
-	hold.line(t, 10*time.Second)
+	// A deny rule ends a channelled connection (the one held since before
+	// the restart).
+	hold := held
 	time.Sleep(200 * time.Millisecond)
 	if s := channelsStatus(t, l, "h1"); s.Sockets < 2 {
 		t.Fatalf("%d sockets in the channel map with a connection held", s.Sockets)
