@@ -148,7 +148,9 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 	return errors.Join(l.objs.SkchNetns.Put(cookie, ip), l.objs.SkchIps.Put(ip, uint8(1)))
 }
 
-func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error { return l.eps.Add(e, l.attach) }
+func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
+	return l.eps.Add(e, l.attach)
+}
 
 // RemoveEndpoint forgets a container's namespace (its sockets leave the
 // channels when they close, as the namespace goes).
