@@ -157,20 +157,7 @@ int skch_msg(struct sk_msg_md *msg)
 	return SK_PASS;
 }
 
-// Kernel types the socket iterator reads (CO-RE: only the fields named).
-struct seq_file;
-struct bpf_iter_meta {
-	struct seq_file *seq;
-} __attribute__((preserve_access_index));
-struct sock_common {
-	unsigned short skc_family;
-} __attribute__((preserve_access_index));
-struct bpf_iter__tcp {
-	struct bpf_iter_meta *meta;
-	struct sock_common *sk_common;
-} __attribute__((preserve_access_index));
-
-extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+#include "iter_tcp.h"
 
 SEC("iter/tcp")
 int skch_destroy(struct bpf_iter__tcp *ctx)

@@ -198,18 +198,7 @@ struct sock_cgroup_data {
 struct sock {
 	struct sock_cgroup_data sk_cgrp_data;
 } __attribute__((preserve_access_index));
-struct seq_file;
-struct bpf_iter_meta {
-	struct seq_file *seq;
-} __attribute__((preserve_access_index));
-struct sock_common {
-	unsigned short skc_family;
-} __attribute__((preserve_access_index));
-struct bpf_iter__tcp {
-	struct bpf_iter_meta *meta;
-	struct sock_common *sk_common;
-} __attribute__((preserve_access_index));
-struct tcp_sock;
+#include "iter_tcp.h"
 
 #define SOL_SOCKET 1
 #define SO_MAX_PACING_RATE 47

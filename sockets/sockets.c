@@ -1155,22 +1155,7 @@ int sks_from_host(struct __sk_buff *skb)
 	return into_lo(ip);
 }
 
-// Kernel types the socket iterator reads (CO-RE: only the fields named).
-struct seq_file;
-struct bpf_iter_meta {
-	struct seq_file *seq;
-} __attribute__((preserve_access_index));
-struct sock_common {
-	unsigned short skc_family;
-	volatile unsigned char skc_state;
-} __attribute__((preserve_access_index));
-struct bpf_iter__tcp {
-	struct bpf_iter_meta *meta;
-	struct sock_common *sk_common;
-} __attribute__((preserve_access_index));
-struct tcp_sock;
-
-extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+#include "iter_tcp.h"
 
 static __always_inline struct sks_info *iter_info(struct sock_common *skc, struct tcp_sock **tp)
 {
