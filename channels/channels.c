@@ -14,6 +14,10 @@
 //                 map and both ends may take a channel (skch_ips: no rate
 //                 limit), else through TCP; per direction the choice is
 //                 made once and can only fall back (skch_state).
+//   skch_setsockopt cgroup/setsockopt on the cgroup v2 root: a socket that
+//                 asks for zero-copy sends (SO_ZEROCOPY: their completions
+//                 would never come from a channel) or an upper layer
+//                 protocol (TCP_ULP: kTLS) sends through TCP from then on.
 //   skch_destroy  iter/tcp, run in a container's namespace: ends the
 //                 channelled connections a new policy denies
 //                 (bpf_sock_destroy), as the sockets layer ends its own.
@@ -158,6 +162,29 @@ int skch_msg(struct sk_msg_md *msg)
 }
 
 #include "iter_tcp.h"
+
+#define SOL_SOCKET 1
+#define SO_ZEROCOPY 60
+#define SOL_TCP 6
+#define TCP_ULP 31
+
+SEC("cgroup/setsockopt")
+int skch_setsockopt(struct bpf_sockopt *ctx)
+{
+	if (!(ctx->level == SOL_SOCKET && ctx->optname == SO_ZEROCOPY) && !(ctx->level == SOL_TCP && ctx->optname == TCP_ULP))
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk || sk->family != 2 /* AF_INET */ || sk->protocol != 6 /* TCP */)
+		return 1;
+	enum skch_state *state = bpf_sk_storage_get(&skch_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (state && *state != SKCH_TCP) {
+		if (*state == SKCH_CHANNEL)
+			count(SKCH_FELL_BACK);
+		*state = SKCH_TCP;
+		count(SKCH_SOCKOPT);
+	}
+	return 1;
+}
 
 SEC("iter/tcp")
 int skch_destroy(struct bpf_iter__tcp *ctx)

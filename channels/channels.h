@@ -27,5 +27,6 @@ enum skch_counter {
 	SKCH_TCP_NO_PEER = 3,  // a direction on TCP: no peer in the map at its first send
 	SKCH_FELL_BACK = 4,    // a channelled direction back on TCP: the peer left, or an end got a rate limit
 	SKCH_DESTROYED = 5,    // channelled sockets ended: the policy denies their flow
-	SKCH_NCOUNTERS = 6,
+	SKCH_SOCKOPT = 6,      // sockets sent to TCP for an option a channel cannot honour
+	SKCH_NCOUNTERS = 7,
 };

@@ -29,10 +29,11 @@ import (
 	"github.com/skiffnet/skiff/sockets"
 )
 
+// Manual is why auto leaves the layer off.
+const Manual = "runs only when named (--layers ...,channels): a blocking read on a channelled socket can fail with EAGAIN on this kernel (docs/channels.md)"
+
 func init() {
-	layer.Register(layer.Registration{Name: "channels",
-		Manual: "runs only when named (--layers ...,channels): a blocking read on a channelled socket can fail with EAGAIN on this kernel (docs/channels.md)",
-		Probe:  probe, New: newLayer, Teardown: teardown})
+	layer.Register(layer.Registration{Name: "channels", Manual: Manual, Probe: probe, New: newLayer, Teardown: teardown})
 }
 
 // probe checks for sockops, sk_msg redirects into a socket hash, socket
@@ -48,20 +49,41 @@ func probe(any) error {
 	)
 }
 
+// Options are the layer's (skiffd --channels-capacity).
+type Options struct {
+	// Capacity is how many sockets the channel map holds (two a
+	// connection); past it, connections stay on TCP. 0: DefaultCapacity.
+	Capacity int
+}
+
+// DefaultCapacity is the channel map's size by default.
+const DefaultCapacity = 65536
+
 // Layer is the channels layer as the agent drives it.
 type Layer struct {
-	objs skchObjects
+	capacity int
+	objs     skchObjects
 	env  layer.Env
 	log  *slog.Logger
 	eps  layer.Attached
 }
 
-// newLayer takes no options.
+// newLayer takes Options (nil: the defaults).
 func newLayer(options any) (layer.Layer, error) {
-	if options != nil {
-		return nil, fmt.Errorf("the channels layer takes no options, not %T", options)
+	o := Options{Capacity: DefaultCapacity}
+	switch v := options.(type) {
+	case nil:
+	case Options:
+		if v.Capacity < 0 || v.Capacity > 1<<24 {
+			return nil, fmt.Errorf("channels capacity %d: want 0 to %d", v.Capacity, 1<<24)
+		}
+		if v.Capacity > 0 {
+			o = v
+		}
+	default:
+		return nil, fmt.Errorf("channels layer options are channels.Options, not %T", options)
 	}
-	return &Layer{}, nil
+	return &Layer{capacity: o.Capacity}, nil
 }
 
 const sockopsLink = "skch_link_sockops"
@@ -75,6 +97,9 @@ func (l *Layer) Start(_ context.Context, env layer.Env) error {
 	if err != nil {
 		return fmt.Errorf("read channels programs: %w", err)
 	}
+	if l.capacity > 0 {
+		spec.Maps["skch_socks"].MaxEntries = uint32(l.capacity)
+	}
 	if err := bpffs.Load(spec, &l.objs, env.PinDir, env.Log); err != nil {
 		return fmt.Errorf("load channels programs: %w", err)
 	}
@@ -87,17 +112,31 @@ func (l *Layer) Start(_ context.Context, env layer.Env) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(env.PinDir, sockopsLink)
+	for name, p := range map[string]struct {
+		prog   *ebpf.Program
+		attach ebpf.AttachType
+	}{sockopsLink: {l.objs.SkchSockops, ebpf.AttachCGroupSockOps}, "skch_link_setsockopt": {l.objs.SkchSetsockopt, ebpf.AttachCGroupSetsockopt}} {
+		if err := pinnedLink(filepath.Join(env.PinDir, name), root, p.prog, p.attach); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pinnedLink attaches prog to the cgroup root with a link pinned at path,
+// or updates the link an earlier run pinned there (the hook never goes
+// without a program).
+func pinnedLink(path, root string, prog *ebpf.Program, attach ebpf.AttachType) error {
 	if old, err := link.LoadPinnedLink(path, nil); err == nil {
 		defer old.Close()
-		if err := old.Update(l.objs.SkchSockops); err == nil {
+		if err := old.Update(prog); err == nil {
 			return nil
 		}
 		old.Unpin()
 	}
-	lk, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: ebpf.AttachCGroupSockOps, Program: l.objs.SkchSockops})
+	lk, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: attach, Program: prog})
 	if err != nil {
-		return fmt.Errorf("attach skch_sockops to %s: %w", root, err)
+		return fmt.Errorf("attach %s to %s: %w", prog, root, err)
 	}
 	defer lk.Close()
 	return lk.Pin(path)
@@ -255,7 +294,7 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 }
 
 // Counters names the programs' counters, in the order of enum skch_counter.
-var Counters = []string{"added", "add_failed", "redirected", "tcp_no_peer", "fell_back", "destroyed"}
+var Counters = []string{"added", "add_failed", "redirected", "tcp_no_peer", "fell_back", "destroyed", "sockopt"}
 
 func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
 	sums, err := bpfmap.Counters(l.objs.SkchStats, len(Counters))

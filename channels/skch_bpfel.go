@@ -22,7 +22,8 @@ const (
 	skchSkchCounterSKCH_TCP_NO_PEER skchSkchCounter = 3
 	skchSkchCounterSKCH_FELL_BACK   skchSkchCounter = 4
 	skchSkchCounterSKCH_DESTROYED   skchSkchCounter = 5
-	skchSkchCounterSKCH_NCOUNTERS   skchSkchCounter = 6
+	skchSkchCounterSKCH_SOCKOPT     skchSkchCounter = 6
+	skchSkchCounterSKCH_NCOUNTERS   skchSkchCounter = 7
 )
 
 type skchSkchKey struct {
@@ -45,16 +46,17 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	skchMapSkchClients  = "skch_clients"
-	skchMapSkchDir      = "skch_dir"
-	skchMapSkchIps      = "skch_ips"
-	skchMapSkchKill     = "skch_kill"
-	skchMapSkchNetns    = "skch_netns"
-	skchMapSkchSocks    = "skch_socks"
-	skchMapSkchStats    = "skch_stats"
-	skchProgSkchDestroy = "skch_destroy"
-	skchProgSkchMsg     = "skch_msg"
-	skchProgSkchSockops = "skch_sockops"
+	skchMapSkchClients     = "skch_clients"
+	skchMapSkchDir         = "skch_dir"
+	skchMapSkchIps         = "skch_ips"
+	skchMapSkchKill        = "skch_kill"
+	skchMapSkchNetns       = "skch_netns"
+	skchMapSkchSocks       = "skch_socks"
+	skchMapSkchStats       = "skch_stats"
+	skchProgSkchDestroy    = "skch_destroy"
+	skchProgSkchMsg        = "skch_msg"
+	skchProgSkchSetsockopt = "skch_setsockopt"
+	skchProgSkchSockops    = "skch_sockops"
 )
 
 // loadSkch returns the embedded CollectionSpec for skch.
@@ -99,9 +101,10 @@ type skchSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type skchProgramSpecs struct {
-	SkchDestroy *ebpf.ProgramSpec `ebpf:"skch_destroy"`
-	SkchMsg     *ebpf.ProgramSpec `ebpf:"skch_msg"`
-	SkchSockops *ebpf.ProgramSpec `ebpf:"skch_sockops"`
+	SkchDestroy    *ebpf.ProgramSpec `ebpf:"skch_destroy"`
+	SkchMsg        *ebpf.ProgramSpec `ebpf:"skch_msg"`
+	SkchSetsockopt *ebpf.ProgramSpec `ebpf:"skch_setsockopt"`
+	SkchSockops    *ebpf.ProgramSpec `ebpf:"skch_sockops"`
 }
 
 // skchMapSpecs contains maps before they are loaded into the kernel.
@@ -174,15 +177,17 @@ type skchVariables struct {
 //
 // It can be passed to loadSkchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type skchPrograms struct {
-	SkchDestroy *ebpf.Program `ebpf:"skch_destroy"`
-	SkchMsg     *ebpf.Program `ebpf:"skch_msg"`
-	SkchSockops *ebpf.Program `ebpf:"skch_sockops"`
+	SkchDestroy    *ebpf.Program `ebpf:"skch_destroy"`
+	SkchMsg        *ebpf.Program `ebpf:"skch_msg"`
+	SkchSetsockopt *ebpf.Program `ebpf:"skch_setsockopt"`
+	SkchSockops    *ebpf.Program `ebpf:"skch_sockops"`
 }
 
 func (p *skchPrograms) Close() error {
 	return _SkchClose(
 		p.SkchDestroy,
 		p.SkchMsg,
+		p.SkchSetsockopt,
 		p.SkchSockops,
 	)
 }

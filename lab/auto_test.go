@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -92,7 +93,8 @@ func TestAutoPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []api.Layer{{Name: "cache", On: true}, {Name: "sockets", On: true}}; st.Mode != "auto" || fmt.Sprint(st.Layers) != fmt.Sprint(want) {
+	want := []api.Layer{{Name: "cache", On: true}, {Name: "channels", Reason: channels.Manual}, {Name: "sockets", On: true}}
+	if st.Mode != "auto" || fmt.Sprint(st.Layers) != fmt.Sprint(want) {
 		t.Fatalf("mode %q layers %+v, want auto with %+v", st.Mode, st.Layers, want)
 	}
 	// Every container serves a replaced echo server (the shim) on 7000 and

@@ -138,9 +138,27 @@ func TestChannels(t *testing.T) {
 		t.Errorf("short connections took the channel %d times of 10 000", end["redirected"]-after["redirected"])
 	}
 
+	// A socket asking for zero-copy sends (whose completions a channel
+	// would never give) sends through TCP.
+	echoServer(t, l, "h1/c1", echoPort)
+	zc := channelsStatus(t, l, "h1").Counters
+	out := runPy(t, l, "h1/c2", `
+import socket, sys
+s = socket.create_connection((sys.argv[1], 7000), timeout=10)
+s.setsockopt(socket.SOL_SOCKET, 60, 1)  # SO_ZEROCOPY
+for _ in range(100):
+    s.sendall(b"x" * 1000)
+    got = b""
+    while len(got) < 1000:
+        got += s.recv(1000 - len(got))
+print("ok", flush=True)
+`, nil, dst.String())
+	if got := channelsStatus(t, l, "h1").Counters; strings.TrimSpace(out) != "ok" || got["sockopt"]-zc["sockopt"] != 1 {
+		t.Errorf("SO_ZEROCOPY: %q, counters %v then %v", out, zc, got)
+	}
+
 	// An agent restart keeps the channels: a connection held across it
 	// goes on, and new ones take a channel.
-	echoServer(t, l, "h1/c1", echoPort)
 	held := startPy(t, l, "h1/c2", pyHold, nil, dst.String(), "7000")
 	held.line(t, 10*time.Second)
 	restartAgents(t, l, "channels")
@@ -195,5 +213,32 @@ func TestChannels(t *testing.T) {
 	}
 	if n := channelsStatus(t, l, "h1").Counters["destroyed"]; n == 0 {
 		t.Error("no channelled socket destroyed")
+	}
+}
+
+// TestChannelsFull: with the channel map full (capacity 2: one
+// connection), a second connection stays on TCP, byte-exact.
+func TestChannelsFull(t *testing.T) {
+	l := newLab(t, Config{Name: "tchfull", Hosts: 1, ContainersPerHost: 2, Mode: "channels", AgentArgs: []string{"--channels-capacity", "2"}})
+	dst, _ := l.IP("h1/c1")
+	echoServer(t, l, "h1/c1", echoPort)
+	hold := startPy(t, l, "h1/c2", pyHold, nil, dst.String(), "7000")
+	hold.line(t, 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	if s := channelsStatus(t, l, "h1"); s.Sockets != 2 {
+		t.Fatalf("%d sockets in a map of 2 with one connection held", s.Sockets)
+	}
+	srv := startPy(t, l, "h1/c1", pyChanServer, nil, "bulk", "7100")
+	srv.line(t, 10*time.Second)
+	before := channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("bulk transfer with the channel map full: %s", out)
+	}
+	after := channelsStatus(t, l, "h1").Counters
+	if after["add_failed"]-before["add_failed"] != 2 || after["redirected"] != before["redirected"] {
+		t.Errorf("with the map full: %v then %v, want 2 failed joins and no redirect", before, after)
+	}
+	if err := hold.exited(); err != nil {
+		t.Errorf("the channelled connection: %v", err)
 	}
 }

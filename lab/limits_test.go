@@ -201,9 +201,27 @@ func udpAndNeighbours(t *testing.T, l *Lab, ns, server string, free float64) {
 	go func() { rates <- iperfRun(t, flood()) }()
 	within("TCP beside a UDP flood", iperfRun(t, tcp), 50e6)
 	within("UDP flood beside a TCP flow", <-rates, 100e6)
-	for _, id := range []string{ns, c1} {
-		skiff("del", id)
+	skiff("del", c1)
+
+	// 10 Mbit/s both ways, to a container of the same host.
+	if out, err := skiff("set", ns, "--egress", "10mbit", "--ingress", "10mbit"); err != nil {
+		t.Fatalf("skiff limit set: %v\n%s", err, out)
 	}
+	near, err := l.Command(ctx, "h1/c1", "iperf3", "-4", "-s", "-p", "5402")
+	if err != nil {
+		t.Fatal(err)
+	}
+	np := startProc(t, near, false)
+	nearIP, _ := l.IP("h1/c1")
+	waitListener(t, l, "h1", netip.AddrPortFrom(nearIP, 5402), np.exited)
+	time.Sleep(time.Second)
+	for _, reverse := range []bool{false, true} {
+		args := iperfArgs(nearIP.String(), reverse)
+		args[6] = "5402" // -p
+		within(map[bool]string{false: "same host, egress", true: "same host, ingress"}[reverse],
+			iperfRun(t, exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)), 10e6)
+	}
+	skiff("del", ns)
 }
 
 // skiffLimit runs skiff limit (on the lab's store and first agent).

@@ -16,6 +16,7 @@ import (
 	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
@@ -74,6 +75,7 @@ func run(args []string) error {
 		}
 		return err
 	})
+	chanCapacity := fs.Int("channels-capacity", channels.DefaultCapacity, "channels layer: sockets its map holds (two a connection); connections past it stay on TCP")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -146,8 +148,9 @@ func run(args []string) error {
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
 		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: map[string]any{
-			"cache":   capacity,
-			"sockets": sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
+			"cache":    capacity,
+			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
+			"channels": channels.Options{Capacity: *chanCapacity},
 		},
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)
