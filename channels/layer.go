@@ -63,9 +63,9 @@ const DefaultCapacity = 65536
 type Layer struct {
 	capacity int
 	objs     skchObjects
-	env  layer.Env
-	log  *slog.Logger
-	eps  layer.Attached
+	env      layer.Env
+	log      *slog.Logger
+	eps      layer.Attached
 }
 
 // newLayer takes Options (nil: the defaults).
