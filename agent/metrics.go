@@ -86,6 +86,19 @@ func renderMetrics(st api.Status) string {
 			fmt.Fprintf(b, "skiff_cache_packets_total{program=%q,outcome=%q} %d\n", r.Program, r.Outcome, st.Cache[r.Name])
 		}
 	}
+	if c := st.Channels; c != nil {
+		family("skiff_channels_events_total", "counter", "Events of the channels layer's programs (docs/channels.md, Status).")
+		for _, name := range slices.Sorted(maps.Keys(c.Counters)) {
+			fmt.Fprintf(b, "skiff_channels_events_total{event=%q} %d\n", name, c.Counters[name])
+		}
+		gauge("skiff_channels_sockets", "Sockets in the channel map now (two a channelled connection).", float64(c.Sockets))
+	}
+	if len(st.QoS) > 0 {
+		family("skiff_qos_packets_total", "counter", "Underlay packets of QoS-classed containers marked, and of normal ones (docs/limits.md).")
+		for _, name := range slices.Sorted(maps.Keys(st.QoS)) {
+			fmt.Fprintf(b, "skiff_qos_packets_total{outcome=%q} %d\n", name, st.QoS[name])
+		}
+	}
 	if s := st.Sockets; s != nil {
 		family("skiff_sockets_events_total", "counter", "Events of the sockets layer's programs (docs/sockets.md, Operating it).")
 		for _, name := range slices.Sorted(maps.Keys(s.Counters)) {

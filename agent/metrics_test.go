@@ -108,3 +108,24 @@ func TestRenderSourceDrops(t *testing.T) {
 		t.Error("source check metrics without counters")
 	}
 }
+
+// TestRenderChannelsAndQoSMetrics: the channels layer's counters and map
+// size, and the QoS marking counters, as Prometheus reads them.
+func TestRenderChannelsAndQoSMetrics(t *testing.T) {
+	st := api.Status{Channels: &api.ChannelsStatus{Counters: map[string]uint64{"redirected": 7, "added": 4}, Sockets: 2},
+		QoS: map[string]uint64{"marked": 9, "unclassed": 1}}
+	text := renderMetrics(st)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"skiff_channels_events_total", map[string]string{"event": "redirected"}, 7},
+		{"skiff_channels_sockets", nil, 2},
+		{"skiff_qos_packets_total", map[string]string{"outcome": "marked"}, 9},
+	} {
+		if got := value(t, text, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
@@ -63,7 +64,6 @@ const DefaultCapacity = 65536
 type Layer struct {
 	capacity int
 	objs     skchObjects
-	env      layer.Env
 	log      *slog.Logger
 	eps      layer.Attached
 }
@@ -92,7 +92,7 @@ const sockopsLink = "skch_link_sockops"
 // outlive the agent keep working), puts skch_msg on the socket hash and
 // skch_sockops on the cgroup v2 root.
 func (l *Layer) Start(_ context.Context, env layer.Env) error {
-	l.env, l.log = env, env.Log
+	l.log = env.Log
 	spec, err := loadSkch()
 	if err != nil {
 		return fmt.Errorf("read channels programs: %w", err)
@@ -112,11 +112,11 @@ func (l *Layer) Start(_ context.Context, env layer.Env) error {
 	if err != nil {
 		return err
 	}
-	for name, p := range map[string]struct {
-		prog   *ebpf.Program
-		attach ebpf.AttachType
-	}{sockopsLink: {l.objs.SkchSockops, ebpf.AttachCGroupSockOps}, "skch_link_setsockopt": {l.objs.SkchSetsockopt, ebpf.AttachCGroupSetsockopt}} {
-		if err := pinnedLink(filepath.Join(env.PinDir, name), root, p.prog, p.attach); err != nil {
+	for name, p := range map[string]limits.Program{
+		sockopsLink:            {Prog: l.objs.SkchSockops, Attach: ebpf.AttachCGroupSockOps},
+		"skch_link_setsockopt": {Prog: l.objs.SkchSetsockopt, Attach: ebpf.AttachCGroupSetsockopt},
+	} {
+		if err := pinnedLink(filepath.Join(env.PinDir, name), root, p.Prog, p.Attach); err != nil {
 			return err
 		}
 	}

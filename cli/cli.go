@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
@@ -276,6 +277,17 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 	}
 	if st.Sockets != nil {
 		printSockets(env, st.Sockets)
+	}
+	if c := st.Channels; c != nil {
+		fmt.Fprintf(w, "channels: %d sockets channelled now\n", c.Sockets)
+		var rows [][]string
+		for _, name := range channels.Counters {
+			rows = append(rows, []string{"  " + name, fmt.Sprint(c.Counters[name])})
+		}
+		table(w, "  COUNTER\tCOUNT", rows)
+	}
+	if len(st.QoS) > 0 {
+		fmt.Fprintf(w, "QoS: %d underlay packets of classed containers marked, %d of normal ones\n", st.QoS["marked"], st.QoS["unclassed"])
 	}
 	return nil
 }
