@@ -344,3 +344,77 @@ func limitChangesLive(t *testing.T, id string, was, to float64, cmd *exec.Cmd) {
 		t.Errorf("rate %.1f Mbit/s before the change (limit %.0f) and %.1f after (limit %.0f)", before/1e6, was/1e6, after/1e6, to/1e6)
 	}
 }
+
+// TestRateLimitsPerLayer: a container's limit holds with each layer alone
+// as it does with all of them: the overlay and the cache on the
+// container's own sockets (a runtime's CNI limit), the sockets layer on
+// its host sockets (a limit set with skiff limit).
+func TestRateLimitsPerLayer(t *testing.T) {
+	const rate = 40e6
+	for _, mode := range []string{"overlay", "cache", "sockets"} {
+		t.Run(mode, func(t *testing.T) {
+			l := newLab(t, Config{Name: "tlim" + mode[:2], Hosts: 2, ContainersPerHost: 1, Mode: mode})
+			ctx := context.Background()
+			server, _ := l.IP("h2/c1")
+			srv, err := l.Command(ctx, "h2/c1", "iperf3", "-4", "-s", "-p", "5400")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := startProc(t, srv, false)
+			if mode == "sockets" {
+				waitListener(t, l, "h2", netip.AddrPortFrom(server, 5400), p.exited)
+			} else {
+				time.Sleep(500 * time.Millisecond)
+			}
+			client := func(reverse bool) *exec.Cmd {
+				args := iperfArgs(server.String(), reverse)
+				cmd, err := l.Command(ctx, "h1/c1", args[0], args[1:]...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return cmd
+			}
+			if mode == "sockets" {
+				if out, err := skiffLimit(t)("set", l.prefix()+"h1-c1", "--egress", "40mbit", "--ingress", "40mbit"); err != nil {
+					t.Fatalf("skiff limit set: %v\n%s", err, out)
+				}
+				time.Sleep(time.Second)
+			} else {
+				cc, list, err := l.cni("h1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, rc, err := runtimeAdd(t, cc, list, l, "lim", "eth0", map[string]any{
+					"bandwidth": map[string]any{"egressRate": rate, "egressBurst": 1e6, "ingressRate": rate, "ingressBurst": 1e6}}, nil)
+				if err != nil {
+					t.Fatalf("ADD with a bandwidth limit: %v", err)
+				}
+				client = func(reverse bool) *exec.Cmd {
+					return exec.Command("ip", append([]string{"netns", "exec", rc.ContainerID}, iperfArgs(server.String(), reverse)...)...)
+				}
+			}
+			for _, reverse := range []bool{false, true} {
+				var before map[string]uint64
+				if mode == "cache" {
+					before = cacheStats(t, l, "h1")
+				}
+				got := iperfRun(t, client(reverse))
+				name := map[bool]string{false: "egress", true: "ingress"}[reverse]
+				if mode == "cache" && reverse {
+					if n := cacheStats(t, l, "h1")["from_underlay/hit_shaped"] - before["from_underlay/hit_shaped"]; n < 1000 {
+						t.Errorf("cache, ingress: %d shaped hits, the fast path not shown", n)
+					}
+				}
+				t.Logf("%s, %s: %.1f Mbit/s with a %.0f Mbit/s limit", mode, name, got/1e6, rate/1e6)
+				if got < 0.9*rate || got > 1.1*rate {
+					t.Errorf("%s, %s: goodput %.1f Mbit/s, want %.0f ±10 %%", mode, name, got/1e6, rate/1e6)
+				}
+			}
+			if mode == "sockets" {
+				if n := socketsStatus(t, l, "h1").Counters["connect_fast"]; n < 2 {
+					t.Errorf("%d connections on host sockets: the test shows nothing of them", n)
+				}
+			}
+		})
+	}
+}
