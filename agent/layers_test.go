@@ -61,12 +61,12 @@ func TestAutoLeavesOutWhatCannotRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// channels runs only when named: auto tears it down too.
+		// channels serves the sockets layer's host sockets in auto: off too.
 		if len(layers) != 1 || layers[0].name != "cache" || len(unwanted) != 2 || unwanted[0].Name != "channels" || unwanted[1].Name != "sockets" {
 			t.Errorf("%s: runs %v, tears down %v; want cache, and channels and sockets torn down", name, layers, unwanted)
 		}
-		if len(choices) != 3 || choices[2].On || !strings.Contains(choices[2].Reason, name) || choices[1].On || !strings.Contains(choices[1].Reason, "only when named") {
-			t.Errorf("choices %+v, want channels off (only when named) and sockets off: %s", choices, name)
+		if len(choices) != 3 || choices[2].On || !strings.Contains(choices[2].Reason, name) || choices[1].On || choices[1].Reason != "serves layer sockets, which is off" {
+			t.Errorf("choices %+v, want channels off (serves sockets) and sockets off: %s", choices, name)
 		}
 		if _, _, err := layer.Choose("sockets", nil, options); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("mode sockets: %v, want %q", err, name)

@@ -8,12 +8,16 @@
 //   skch_sockops  sockops on the cgroup v2 root: an IPv4 TCP socket that
 //                 reaches ESTABLISHED in the namespace of a local
 //                 container, with that container's address, joins
-//                 skch_socks under its 4-tuple. Nothing else does.
+//                 skch_socks under its 4-tuple (when the agent registers
+//                 the containers' namespaces: Options.Containers); so does a host
+//                 socket of the sockets layer (host namespace, in a local
+//                 container's cgroup). Nothing else does.
 //   skch_msg      sk_msg verdict of skch_socks: a send goes to the peer's
 //                 socket (the reversed 4-tuple) when the peer is in the
-//                 map and both ends may take a channel (skch_ips: no rate
-//                 limit), else through TCP; per direction the choice is
-//                 made once and can only fall back (skch_state).
+//                 map and both ends' containers may take a channel
+//                 (skch_ips: no rate limit), else through TCP; per
+//                 direction the choice is made once and can only fall
+//                 back (skch_state).
 //   skch_setsockopt cgroup/setsockopt on the cgroup v2 root: a socket that
 //                 asks for zero-copy sends (SO_ZEROCOPY: their completions
 //                 would never come from a channel) or an upper layer
@@ -32,6 +36,8 @@
 
 char __license[] SEC("license") = "GPL";
 
+volatile const __u64 cfg_host_netns; // the host's namespace: host sockets
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKHASH);
 	__uint(max_entries, 65536);
@@ -48,6 +54,27 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skch_netns SEC(".maps");
+
+// Local containers' cgroups (cgroup v2 id) and their addresses: a host
+// socket in one is that container's (the sockets layer's broker made it).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_cgroups SEC(".maps");
+
+// The container of each host socket in skch_socks, by its key: what the
+// peer's sends check (entries of closed sockets age out; a missing one
+// sends through TCP).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct skch_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_owners SEC(".maps");
 
 // Addresses of local containers whose traffic may take a channel (not
 // those with a rate limit: a channel would skip it). A direction whose
@@ -83,7 +110,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, enum skch_state);
+	__type(value, struct skch_sock);
 } skch_dir SEC(".maps");
 
 struct {
@@ -102,6 +129,30 @@ static __always_inline void count(enum skch_counter c)
 		*v += 1;
 }
 
+#include "sock_cgroup.h"
+#include "iter_tcp.h"
+
+// owner returns the local container a socket that reached ESTABLISHED
+// belongs to (its address), or 0: a socket in a registered container
+// namespace with that container's address, or a host socket in a
+// registered container cgroup.
+static __always_inline __u32 owner(struct bpf_sock_ops *skops, bool *host)
+{
+	__u64 ns = bpf_get_netns_cookie(skops);
+	if (ns == cfg_host_netns) {
+		struct bpf_sock *bsk = skops->sk;
+		if (!bsk)
+			return 0;
+		__u64 cg = sock_cgroup(bpf_skc_to_tcp_sock(bsk));
+		__u32 *ip = bpf_map_lookup_elem(&skch_cgroups, &cg);
+		*host = true;
+		return ip ? *ip : 0;
+	}
+	__u32 *ip = bpf_map_lookup_elem(&skch_netns, &ns);
+	*host = false;
+	return ip && *ip == skops->local_ip4 ? *ip : 0;
+}
+
 SEC("sockops")
 int skch_sockops(struct bpf_sock_ops *skops)
 {
@@ -109,59 +160,82 @@ int skch_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	if (skops->family != 2 /* AF_INET */)
 		return 1;
-	__u64 ns = bpf_get_netns_cookie(skops);
-	__u32 *ip = bpf_map_lookup_elem(&skch_netns, &ns);
-	if (!ip || *ip != skops->local_ip4)
+	bool host;
+	__u32 ip = owner(skops, &host);
+	if (!ip)
 		return 1;
 	struct skch_key k = {
 		.sip = skops->local_ip4,
 		.dip = skops->remote_ip4,
 		.sport = skops->local_port,
 		.dport = bpf_ntohl(skops->remote_port),
+		.host = host,
 	};
+	if (host) {
+		struct bpf_sock *bsk = skops->sk;
+		struct skch_sock *s = bsk ? bpf_sk_storage_get(&skch_dir, bsk, 0, BPF_SK_STORAGE_GET_F_CREATE) : NULL;
+		if (!s || bpf_map_update_elem(&skch_owners, &k, &ip, BPF_ANY)) {
+			count(SKCH_ADD_FAILED);
+			return 1;
+		}
+		s->host = 1;
+		s->ip = ip;
+	}
 	if (bpf_sock_hash_update(skops, &skch_socks, &k, BPF_NOEXIST)) {
 		count(SKCH_ADD_FAILED);
 		return 1;
 	}
 	count(SKCH_ADDED);
-	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
+	// The policy judges container sockets' channels here; host sockets'
+	// connections are the sockets layer's to judge and end.
+	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && !host) {
 		__u64 cookie = bpf_get_socket_cookie(skops);
 		bpf_map_update_elem(&skch_clients, &cookie, &k, BPF_ANY);
 	}
 	return 1;
 }
 
+// fall_back sends a direction through TCP from now on.
+static __always_inline int fall_back(struct skch_sock *s)
+{
+	count(s->state == SKCH_CHANNEL ? SKCH_FELL_BACK : SKCH_TCP_NO_PEER);
+	s->state = SKCH_TCP;
+	return SK_PASS;
+}
+
 SEC("sk_msg")
 int skch_msg(struct sk_msg_md *msg)
 {
-	enum skch_state *state = bpf_sk_storage_get(&skch_dir, msg->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!state || *state == SKCH_TCP)
+	struct skch_sock *s = bpf_sk_storage_get(&skch_dir, msg->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s || s->state == SKCH_TCP)
 		return SK_PASS;
 	__u32 local = msg->local_ip4, remote = msg->remote_ip4;
-	if (!bpf_map_lookup_elem(&skch_ips, &local) || !bpf_map_lookup_elem(&skch_ips, &remote)) {
-		count(*state == SKCH_CHANNEL ? SKCH_FELL_BACK : SKCH_TCP_NO_PEER);
-		*state = SKCH_TCP;
-		return SK_PASS;
-	}
 	struct skch_key peer = {
 		.sip = remote,
 		.dip = local,
 		.sport = bpf_ntohl(msg->remote_port),
 		.dport = msg->local_port,
+		.host = s->host,
 	};
+	// The containers at both ends: a container socket's addresses, or the
+	// owners recorded for host sockets.
+	if (s->host) {
+		__u32 *other = bpf_map_lookup_elem(&skch_owners, &peer);
+		if (!other)
+			return fall_back(s);
+		local = s->ip;
+		remote = *other;
+	}
+	if (!bpf_map_lookup_elem(&skch_ips, &local) || !bpf_map_lookup_elem(&skch_ips, &remote))
+		return fall_back(s);
 	// No redirect set when the peer is not in the map: SK_PASS then sends
 	// through TCP.
-	if (bpf_msg_redirect_hash(msg, &skch_socks, &peer, BPF_F_INGRESS) == SK_PASS) {
-		*state = SKCH_CHANNEL;
-		count(SKCH_REDIRECTED);
-		return SK_PASS;
-	}
-	count(*state == SKCH_CHANNEL ? SKCH_FELL_BACK : SKCH_TCP_NO_PEER);
-	*state = SKCH_TCP;
+	if (bpf_msg_redirect_hash(msg, &skch_socks, &peer, BPF_F_INGRESS) != SK_PASS)
+		return fall_back(s);
+	s->state = SKCH_CHANNEL;
+	count(SKCH_REDIRECTED);
 	return SK_PASS;
 }
-
-#include "iter_tcp.h"
 
 #define SOL_SOCKET 1
 #define SO_ZEROCOPY 60
@@ -176,11 +250,11 @@ int skch_setsockopt(struct bpf_sockopt *ctx)
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk || sk->family != 2 /* AF_INET */ || sk->protocol != 6 /* TCP */)
 		return 1;
-	enum skch_state *state = bpf_sk_storage_get(&skch_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (state && *state != SKCH_TCP) {
-		if (*state == SKCH_CHANNEL)
+	struct skch_sock *s = bpf_sk_storage_get(&skch_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (s && s->state != SKCH_TCP) {
+		if (s->state == SKCH_CHANNEL)
 			count(SKCH_FELL_BACK);
-		*state = SKCH_TCP;
+		s->state = SKCH_TCP;
 		count(SKCH_SOCKOPT);
 	}
 	return 1;

@@ -1,13 +1,16 @@
 // Types shared by channels.c and the Go loader (bpf2go -type).
 #pragma once
 
-// A TCP socket in skch_socks, by its own 4-tuple: addresses in network
-// order, ports in host order.
+// A TCP socket in skch_socks, by its own 4-tuple (addresses in network
+// order, ports in host order) and its kind: a container-namespace socket
+// (0) or a host socket of the sockets layer (1). A socket's peer is of its
+// own kind: the kinds' addresses cannot meet.
 struct skch_key {
 	__u32 sip;
 	__u32 dip;
 	__u32 sport;
 	__u32 dport;
+	__u32 host;
 };
 
 // Which way one direction of a connection goes: decided at its first
@@ -18,6 +21,15 @@ enum skch_state {
 	SKCH_UNDECIDED = 0,
 	SKCH_CHANNEL = 1,
 	SKCH_TCP = 2,
+};
+
+// A socket's channel state (socket storage): its sending direction, and,
+// for a host socket, the container it serves (a container socket's own
+// address says that).
+struct skch_sock {
+	enum skch_state state;
+	__u32 host;
+	__u32 ip; // the container's address, network order (host sockets)
 };
 
 enum skch_counter {

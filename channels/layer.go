@@ -5,11 +5,13 @@
 package channels
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -30,11 +32,16 @@ import (
 	"github.com/skiffnet/skiff/sockets"
 )
 
-// Manual is why auto leaves the layer off.
-const Manual = "runs only when named (--layers ...,channels): a blocking read on a channelled socket can fail with EAGAIN on this kernel (docs/channels.md)"
-
 func init() {
-	layer.Register(layer.Registration{Name: "channels", Manual: Manual, Probe: probe, New: newLayer, Teardown: teardown})
+	layer.Register(layer.Registration{Name: "channels", Probe: probe, With: with, New: newLayer, Teardown: teardown})
+}
+
+// with: a layer for host sockets alone serves the sockets layer.
+func with(options any) []string {
+	if o, ok := options.(Options); ok && o.Containers {
+		return nil
+	}
+	return []string{"sockets"}
 }
 
 // probe checks for sockops, sk_msg redirects into a socket hash, socket
@@ -50,11 +57,21 @@ func probe(any) error {
 	)
 }
 
-// Options are the layer's (skiffd --channels-capacity).
+// Options are the layer's (skiffd --channels-capacity,
+// --channels-containers).
 type Options struct {
 	// Capacity is how many sockets the channel map holds (two a
 	// connection); past it, connections stay on TCP. 0: DefaultCapacity.
 	Capacity int
+	// Containers joins the sockets of containers' own namespaces too, not
+	// only the sockets layer's host sockets. A blocking read on a
+	// channelled socket can fail with EAGAIN on this kernel; the sockets
+	// layer's shim retries it, a program without the shim may not
+	// (docs/channels.md).
+	Containers bool
+	// CgroupRoot is the cgroup v2 mount containers' cgroups are under
+	// (sockets.Options.CgroupRoot; default: found or mounted).
+	CgroupRoot string
 }
 
 // DefaultCapacity is the channel map's size by default.
@@ -62,10 +79,11 @@ const DefaultCapacity = 65536
 
 // Layer is the channels layer as the agent drives it.
 type Layer struct {
-	capacity int
-	objs     skchObjects
-	log      *slog.Logger
-	eps      layer.Attached
+	opts Options
+	root string // cgroup v2 mount
+	objs skchObjects
+	log  *slog.Logger
+	eps  layer.Attached
 }
 
 // newLayer takes Options (nil: the defaults).
@@ -77,13 +95,12 @@ func newLayer(options any) (layer.Layer, error) {
 		if v.Capacity < 0 || v.Capacity > 1<<24 {
 			return nil, fmt.Errorf("channels capacity %d: want 0 to %d", v.Capacity, 1<<24)
 		}
-		if v.Capacity > 0 {
-			o = v
-		}
+		o = v
+		o.Capacity = cmp.Or(v.Capacity, DefaultCapacity)
 	default:
 		return nil, fmt.Errorf("channels layer options are channels.Options, not %T", options)
 	}
-	return &Layer{capacity: o.Capacity}, nil
+	return &Layer{opts: o}, nil
 }
 
 const sockopsLink = "skch_link_sockops"
@@ -97,26 +114,44 @@ func (l *Layer) Start(_ context.Context, env layer.Env) error {
 	if err != nil {
 		return fmt.Errorf("read channels programs: %w", err)
 	}
-	if l.capacity > 0 {
-		spec.Maps["skch_socks"].MaxEntries = uint32(l.capacity)
+	for _, m := range []string{"skch_socks", "skch_owners"} {
+		spec.Maps[m].MaxEntries = uint32(l.opts.Capacity)
+	}
+	host, err := overlay.NetnsCookie()
+	if err != nil {
+		return err
+	}
+	if err := spec.Variables["cfg_host_netns"].Set(host); err != nil {
+		return fmt.Errorf("configure channels programs: %w", err)
+	}
+	if l.root = l.opts.CgroupRoot; l.root == "" {
+		if l.root, err = sockets.CgroupRoot(); err != nil {
+			return err
+		}
 	}
 	if err := bpffs.Load(spec, &l.objs, env.PinDir, env.Log); err != nil {
 		return fmt.Errorf("load channels programs: %w", err)
+	}
+	if !l.opts.Containers {
+		// An earlier run joined containers' own sockets: not this one.
+		all, err := bpfmap.Entries[uint64, uint32](l.objs.SkchNetns)
+		if err == nil {
+			_, err = bpfmap.Delete(l.objs.SkchNetns, slices.Collect(maps.Keys(all)))
+		}
+		if err != nil {
+			return fmt.Errorf("forget containers' namespaces: %w", err)
+		}
 	}
 	// Attaching replaces the program an earlier run put there.
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: l.objs.SkchSocks.FD(), Program: l.objs.SkchMsg,
 		Attach: ebpf.AttachSkMsgVerdict}); err != nil {
 		return fmt.Errorf("attach skch_msg: %w", err)
 	}
-	root, err := sockets.CgroupRoot()
-	if err != nil {
-		return err
-	}
 	for name, p := range map[string]limits.Program{
 		sockopsLink:            {Prog: l.objs.SkchSockops, Attach: ebpf.AttachCGroupSockOps},
 		"skch_link_setsockopt": {Prog: l.objs.SkchSetsockopt, Attach: ebpf.AttachCGroupSetsockopt},
 	} {
-		if err := pinnedLink(filepath.Join(env.PinDir, name), root, p.Prog, p.Attach); err != nil {
+		if err := pinnedLink(filepath.Join(env.PinDir, name), l.root, p.Prog, p.Attach); err != nil {
 			return err
 		}
 	}
@@ -168,9 +203,11 @@ func addr(v uint32) netip.Addr {
 // errLimited is why a rate-limited container takes no channel.
 var errLimited = errors.New("rate limited: a channel would skip the limit")
 
-// attach registers a local container's namespace: its sockets with its
-// address join the channels. A rate-limited container's are taken out,
-// and its channelled connections fall back to TCP at their next write.
+// attach registers a local container: its host sockets (by its cgroup,
+// when it has one) and, with Options.Containers, the sockets of its
+// namespace with its address join the channels. A rate-limited
+// container's are taken out, and its channelled connections fall back to
+// TCP at their next write.
 func (l *Layer) attach(e cluster.Endpoint) error {
 	ip := ip32(e.IP.Addr())
 	if !e.Limit.None() {
@@ -180,11 +217,29 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 		}
 		return errors.Join(errLimited, err)
 	}
-	var cookie uint64
-	if err := overlay.InNetns(e, func() (err error) { cookie, err = overlay.NetnsCookie(); return err }); err != nil {
-		return err
+	if sockets.Replaced(e) {
+		dir, err := sockets.CgroupDir(l.root, e)
+		if err != nil {
+			return err
+		}
+		id, err := sockets.CgroupID(dir)
+		if err != nil {
+			return err
+		}
+		if err := l.objs.SkchCgroups.Put(id, ip); err != nil {
+			return fmt.Errorf("register the cgroup of %s: %w", e.ContainerID, err)
+		}
 	}
-	return errors.Join(l.objs.SkchNetns.Put(cookie, ip), l.objs.SkchIps.Put(ip, uint8(1)))
+	if l.opts.Containers {
+		var cookie uint64
+		if err := overlay.InNetns(e, func() (err error) { cookie, err = overlay.NetnsCookie(); return err }); err != nil {
+			return err
+		}
+		if err := l.objs.SkchNetns.Put(cookie, ip); err != nil {
+			return fmt.Errorf("register the namespace of %s: %w", e.ContainerID, err)
+		}
+	}
+	return l.objs.SkchIps.Put(ip, uint8(1))
 }
 
 func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
@@ -198,19 +253,20 @@ func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 	return l.forget(func(ip netip.Addr) bool { return ip == e.IP.Addr() })
 }
 
-// forget deletes the namespaces and addresses gone says.
+// forget deletes the namespaces, cgroups and addresses gone says.
 func (l *Layer) forget(gone func(netip.Addr) bool) error {
-	all, err := bpfmap.Entries[uint64, uint32](l.objs.SkchNetns)
-	if err != nil {
-		return err
-	}
-	var stale []uint64
-	for cookie, ip := range all {
-		if gone(addr(ip)) {
-			stale = append(stale, cookie)
+	var errs []error
+	for _, m := range []*ebpf.Map{l.objs.SkchNetns, l.objs.SkchCgroups} {
+		all, err := bpfmap.Entries[uint64, uint32](m)
+		var stale []uint64
+		for key, ip := range all {
+			if gone(addr(ip)) {
+				stale = append(stale, key)
+			}
 		}
+		_, derr := bpfmap.Delete(m, stale)
+		errs = append(errs, err, derr)
 	}
-	_, err = bpfmap.Delete(l.objs.SkchNetns, stale)
 	ips, ierr := bpfmap.Entries[uint32, uint8](l.objs.SkchIps)
 	var staleIPs []uint32
 	for ip := range ips {
@@ -219,12 +275,15 @@ func (l *Layer) forget(gone func(netip.Addr) bool) error {
 		}
 	}
 	_, derr := bpfmap.Delete(l.objs.SkchIps, staleIPs)
-	return errors.Join(err, ierr, derr)
+	return errors.Join(append(errs, ierr, derr)...)
 }
 
 func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
 	if err := l.eps.Err(e); err != nil {
 		return false, err.Error()
+	}
+	if !sockets.Replaced(e) && !l.opts.Containers {
+		return false, "no host sockets (no cgroupPath), and its own sockets are not joined (--channels-containers)"
 	}
 	return true, ""
 }

@@ -16,7 +16,11 @@ import (
 func TestStartAgain(t *testing.T) {
 	env := layer.Env{PinDir: bpffstest.Dir(t), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for i := range 2 {
-		l := &Layer{}
+		nl, err := newLayer(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := nl.(*Layer)
 		if err := l.Start(context.Background(), env); err != nil {
 			t.Fatalf("start %d: %v", i+1, err)
 		}

@@ -32,6 +32,14 @@ type skchSkchKey struct {
 	Dip   uint32
 	Sport uint32
 	Dport uint32
+	Host  uint32
+}
+
+type skchSkchSock struct {
+	_     structs.HostLayout
+	State skchSkchState
+	Host  uint32
+	Ip    uint32
 }
 
 type skchSkchState uint32
@@ -46,17 +54,20 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	skchMapSkchCgroups     = "skch_cgroups"
 	skchMapSkchClients     = "skch_clients"
 	skchMapSkchDir         = "skch_dir"
 	skchMapSkchIps         = "skch_ips"
 	skchMapSkchKill        = "skch_kill"
 	skchMapSkchNetns       = "skch_netns"
+	skchMapSkchOwners      = "skch_owners"
 	skchMapSkchSocks       = "skch_socks"
 	skchMapSkchStats       = "skch_stats"
 	skchProgSkchDestroy    = "skch_destroy"
 	skchProgSkchMsg        = "skch_msg"
 	skchProgSkchSetsockopt = "skch_setsockopt"
 	skchProgSkchSockops    = "skch_sockops"
+	skchVarCfgHostNetns    = "cfg_host_netns"
 )
 
 // loadSkch returns the embedded CollectionSpec for skch.
@@ -111,11 +122,13 @@ type skchProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type skchMapSpecs struct {
+	SkchCgroups *ebpf.MapSpec `ebpf:"skch_cgroups"`
 	SkchClients *ebpf.MapSpec `ebpf:"skch_clients"`
 	SkchDir     *ebpf.MapSpec `ebpf:"skch_dir"`
 	SkchIps     *ebpf.MapSpec `ebpf:"skch_ips"`
 	SkchKill    *ebpf.MapSpec `ebpf:"skch_kill"`
 	SkchNetns   *ebpf.MapSpec `ebpf:"skch_netns"`
+	SkchOwners  *ebpf.MapSpec `ebpf:"skch_owners"`
 	SkchSocks   *ebpf.MapSpec `ebpf:"skch_socks"`
 	SkchStats   *ebpf.MapSpec `ebpf:"skch_stats"`
 }
@@ -124,6 +137,7 @@ type skchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type skchVariableSpecs struct {
+	CfgHostNetns *ebpf.VariableSpec `ebpf:"cfg_host_netns"`
 }
 
 // skchObjects contains all objects after they have been loaded into the kernel.
@@ -146,22 +160,26 @@ func (o *skchObjects) Close() error {
 //
 // It can be passed to loadSkchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type skchMaps struct {
+	SkchCgroups *ebpf.Map `ebpf:"skch_cgroups"`
 	SkchClients *ebpf.Map `ebpf:"skch_clients"`
 	SkchDir     *ebpf.Map `ebpf:"skch_dir"`
 	SkchIps     *ebpf.Map `ebpf:"skch_ips"`
 	SkchKill    *ebpf.Map `ebpf:"skch_kill"`
 	SkchNetns   *ebpf.Map `ebpf:"skch_netns"`
+	SkchOwners  *ebpf.Map `ebpf:"skch_owners"`
 	SkchSocks   *ebpf.Map `ebpf:"skch_socks"`
 	SkchStats   *ebpf.Map `ebpf:"skch_stats"`
 }
 
 func (m *skchMaps) Close() error {
 	return _SkchClose(
+		m.SkchCgroups,
 		m.SkchClients,
 		m.SkchDir,
 		m.SkchIps,
 		m.SkchKill,
 		m.SkchNetns,
+		m.SkchOwners,
 		m.SkchSocks,
 		m.SkchStats,
 	)
@@ -171,6 +189,7 @@ func (m *skchMaps) Close() error {
 //
 // It can be passed to loadSkchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type skchVariables struct {
+	CfgHostNetns *ebpf.Variable `ebpf:"cfg_host_netns"`
 }
 
 // skchPrograms contains all programs after they have been loaded into the kernel.

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
-	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -93,7 +92,7 @@ func TestAutoPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []api.Layer{{Name: "cache", On: true}, {Name: "channels", Reason: channels.Manual}, {Name: "sockets", On: true}}
+	want := []api.Layer{{Name: "cache", On: true}, {Name: "channels", On: true}, {Name: "sockets", On: true}}
 	if st.Mode != "auto" || fmt.Sprint(st.Layers) != fmt.Sprint(want) {
 		t.Fatalf("mode %q layers %+v, want auto with %+v", st.Mode, st.Layers, want)
 	}

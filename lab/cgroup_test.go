@@ -67,11 +67,12 @@ func TestCgroupPathPerEndpoint(t *testing.T) {
 			path, why := paths(e)
 			switch e.ContainerID {
 			case "tcg-good":
-				if path != "cache,sockets" {
-					return fmt.Errorf("systemd cgroupPath: layers %s (%s), want cache and sockets", path, why)
+				if path != "cache,channels,sockets" {
+					return fmt.Errorf("systemd cgroupPath: layers %s (%s), want cache, channels and sockets", path, why)
 				}
 			case "tcg-bad":
-				if path != "cache" || !strings.Contains(why, "sockets: cgroup skifftest-nopod.slice:cri-containerd:bad is not a cgroup v2 directory") {
+				if path != "cache" || !strings.Contains(why, "sockets: cgroup skifftest-nopod.slice:cri-containerd:bad is not a cgroup v2 directory") ||
+					!strings.Contains(why, "channels: cgroup skifftest-nopod.slice:cri-containerd:bad is not a cgroup v2 directory") {
 					return fmt.Errorf("unusable cgroupPath: layers %s, off: %s", path, why)
 				}
 			}

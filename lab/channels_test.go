@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +51,10 @@ while True:
 `
 
 // pyChanClient: "bulk" sends 4 MiB of random bytes in writes of 1 byte to
-// 300 KB, half-closes, and checks the server's answer byte for byte;
-// "short N" opens N connections and reads each to its end.
+// 300 KB, half-closes, and checks the server's answer byte for byte
+// ("blocking": the same on a blocking socket, whose reads after the
+// half-close the kernel can fail with EAGAIN); "short N" opens N
+// connections and reads each to its end.
 const pyChanClient = `
 import hashlib, random, socket, sys
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -71,7 +74,7 @@ if mode == "short":
     sys.exit(0)
 rnd = random.Random(1)
 data = rnd.randbytes(4 << 20)
-s = socket.create_connection((host, port), timeout=30)
+s = socket.create_connection((host, port), timeout=None if mode == "blocking" else 30)
 i = 0
 while i < len(data):
     n = rnd.choice([1, 7, 100, 1448, 4096, 65536, 300000])
@@ -240,5 +243,113 @@ func TestChannelsFull(t *testing.T) {
 	}
 	if err := hold.exited(); err != nil {
 		t.Errorf("the channelled connection: %v", err)
+	}
+}
+
+// TestChannelsHostSockets: in auto, the host sockets of two containers of
+// one host (the sockets layer's, through the shim) get a channel:
+// byte-exact both ways; a blocking reader after its own half-close gets
+// every byte (the shim retries the kernel's spurious EAGAIN); the last
+// bytes of 10 000 short connections arrive. Sockets of the containers'
+// own namespaces take none in auto; a limited container takes none; an
+// agent restart keeps a channel; a deny rule ends a channelled connection
+// (the sockets layer ends it).
+func TestChannelsHostSockets(t *testing.T) {
+	l := newLab(t, Config{Name: "tchhost", Hosts: 1, ContainersPerHost: 2, Mode: "auto"})
+	dst, _ := l.IP("h1/c1")
+	for _, mode := range []struct{ name, port string }{{"bulk", "7100"}, {"short", "7101"}} {
+		srv := startPy(t, l, "h1/c1", pyChanServer, nil, mode.name, mode.port)
+		if got := srv.line(t, 10*time.Second); got != "listening" {
+			t.Fatalf("server: %q", got)
+		}
+		to := netip.MustParseAddrPort(dst.String() + ":" + mode.port)
+		waitListener(t, l, "h1", to, srv.exited)
+		appWaitRoute(t, l, "h1/c2", to, 10*time.Second)
+	}
+	fast := counter(t, l, "h1", "connect_fast")
+	for _, mode := range []string{"bulk", "blocking"} {
+		before := channelsStatus(t, l, "h1").Counters
+		if out := runPy(t, l, "h1/c2", pyChanClient, nil, mode, dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+			t.Errorf("%s transfer through a channel of host sockets: %s", mode, out)
+		}
+		after := channelsStatus(t, l, "h1").Counters
+		t.Logf("%s: %d sockets joined, %d messages redirected", mode, after["added"]-before["added"], after["redirected"]-before["redirected"])
+		if after["added"]-before["added"] != 2 || after["redirected"]-before["redirected"] < 100 {
+			t.Errorf("%s: the connection of host sockets took no channel: %v then %v", mode, before, after)
+		}
+	}
+	if n := counter(t, l, "h1", "connect_fast") - fast; n != 2 {
+		t.Errorf("%d connections on host sockets, want 2", n)
+	}
+	start := time.Now()
+	before := channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "short", dst.String(), "7101", "10000"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("10 000 short connections: %s", out)
+	}
+	after := channelsStatus(t, l, "h1").Counters
+	t.Logf("10 000 short connections in %v: %d sockets joined, %d messages redirected", time.Since(start).Round(time.Millisecond),
+		after["added"]-before["added"], after["redirected"]-before["redirected"])
+	if after["redirected"]-before["redirected"] < 9000 {
+		t.Errorf("short connections took the channel %d times of 10 000", after["redirected"]-before["redirected"])
+	}
+
+	// Without the shim (container sockets), auto joins nothing: a
+	// blocking reader there has no one to retry EAGAIN.
+	echoServer(t, l, "h1/c1", echoPort)
+	before = channelsStatus(t, l, "h1").Counters
+	off := []string{"SKIFF_SOCKETS=off"}
+	if out := runPy(t, l, "h1/c2", pyOnce, off, dst.String(), strconv.Itoa(echoPort)); !strings.HasPrefix(out, "ok") {
+		t.Errorf("container sockets: %s", out)
+	}
+	if after := channelsStatus(t, l, "h1").Counters; after["added"] != before["added"] {
+		t.Errorf("container sockets joined a channel in auto: %v then %v", before, after)
+	}
+
+	// A rate-limited container takes no channel.
+	skiff := skiffLimit(t)
+	if out, err := skiff("set", l.prefix()+"h1-c2", "--egress", "1gbit"); err != nil {
+		t.Fatalf("skiff limit set: %v\n%s", err, out)
+	}
+	time.Sleep(time.Second)
+	before = channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("bulk transfer from a limited container: %s", out)
+	}
+	if got := channelsStatus(t, l, "h1").Counters; got["redirected"] != before["redirected"] || got["added"] != before["added"]+1 {
+		t.Errorf("a limited container's connection took a channel: %v then %v", before, got)
+	}
+	if out, err := skiff("del", l.prefix()+"h1-c2"); err != nil {
+		t.Fatalf("skiff limit del: %v\n%s", err, out)
+	}
+	time.Sleep(time.Second)
+
+	// A deny rule ends a channelled connection of host sockets.
+	echo := startPy(t, l, "h1/c1", pyEcho, nil, dst.String(), "7002")
+	to := netip.AddrPortFrom(dst, 7002)
+	waitListener(t, l, "h1", to, echo.exited)
+	appWaitRoute(t, l, "h1/c2", to, 10*time.Second)
+	before = channelsStatus(t, l, "h1").Counters
+	hold := startPy(t, l, "h1/c2", pyHold, nil, dst.String(), "7002")
+	hold.line(t, 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	if got := channelsStatus(t, l, "h1").Counters; got["redirected"]-before["redirected"] < 2 {
+		t.Fatalf("the held connection took no channel: %v then %v", before, got)
+	}
+	// An agent restart keeps it on the channel.
+	restartAgents(t, l, "auto")
+	restarted := channelsStatus(t, l, "h1").Counters
+	time.Sleep(300 * time.Millisecond)
+	if got := channelsStatus(t, l, "h1").Counters; hold.exited() != nil || got["redirected"]-restarted["redirected"] < 2 || got["fell_back"] != restarted["fell_back"] {
+		t.Errorf("the held connection after an agent restart: %v, counters %v then %v", hold.exited(), restarted, got)
+	}
+	deny := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Src: netip.MustParsePrefix("10.244.0.0/16"), Dst: netip.PrefixFrom(dst, 32)}
+	if err := l.PutPolicy(context.Background(), deny); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	if got := hold.line(t, converges); !strings.HasPrefix(got, "err") {
+		t.Errorf("the channelled connection after the deny rule: %q", got)
+	} else {
+		t.Logf("ended %v after the rule: %s", time.Since(cut).Round(time.Millisecond), got)
 	}
 }

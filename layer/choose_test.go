@@ -46,6 +46,62 @@ func TestChooseProbes(t *testing.T) {
 	}
 }
 
+// TestChooseManual: auto leaves a manual layer off with its reason; named,
+// it runs.
+func TestChooseManual(t *testing.T) {
+	all := []Registration{{Name: "a"}, {Name: "m", Manual: "runs only when named"}}
+	run, choices, err := choose(all, Auto, nil, nil)
+	if err != nil || len(run) != 1 || run[0].Name != "a" || choices[1].On || choices[1].Reason != "runs only when named" {
+		t.Errorf("auto: runs %v (%v), choices %+v", run, err, choices)
+	}
+	if run, _, err := choose(all, "m", nil, nil); err != nil || len(run) != 1 || run[0].Name != "m" {
+		t.Errorf("mode m: %v %v", run, err)
+	}
+}
+
+// TestChooseWith: a layer that serves another (With, from its options)
+// runs beside it only: off in auto when the other is off, an error when
+// named without it; options that serve nothing let it run alone.
+func TestChooseWith(t *testing.T) {
+	with := func(o any) []string {
+		if o == "alone" {
+			return nil
+		}
+		return []string{"s"}
+	}
+	ch := Registration{Name: "ch", With: with}
+	for _, tc := range []struct {
+		sErr    error
+		options map[string]any
+		want    []string
+		reason  string
+	}{
+		{nil, nil, []string{"ch", "s"}, ""},
+		{errors.New("no broker"), nil, nil, "serves layer s, which is off"},
+		{errors.New("no broker"), map[string]any{"ch": "alone"}, []string{"ch"}, ""},
+	} {
+		all := []Registration{ch, {Name: "s", Probe: func(any) error { return tc.sErr }}}
+		run, choices, err := choose(all, Auto, nil, tc.options)
+		var names []string
+		for _, r := range run {
+			names = append(names, r.Name)
+		}
+		if err != nil || !slices.Equal(names, tc.want) || choices[0].Reason != tc.reason {
+			t.Errorf("s probe %v, options %v: runs %v (%v), choices %+v; want %v, reason %q", tc.sErr, tc.options, names, err, choices, tc.want, tc.reason)
+		}
+	}
+	all := []Registration{ch, {Name: "s"}}
+	if _, _, err := choose(all, "ch", nil, nil); err == nil || err.Error() != "layer ch serves layer s: run both (--layers)" {
+		t.Errorf("mode ch without s: %v", err)
+	}
+	if run, _, err := choose(all, "", []string{"s", "ch"}, nil); err != nil || len(run) != 2 {
+		t.Errorf("layers s,ch: %v %v", run, err)
+	}
+	if run, _, err := choose(all, "ch", nil, map[string]any{"ch": "alone"}); err != nil || len(run) != 1 {
+		t.Errorf("mode ch alone: %v %v", run, err)
+	}
+}
+
 // TestFirstStopsAtAFailure: checks after a failed one do not run (they
 // may change the host).
 func TestFirstStopsAtAFailure(t *testing.T) {

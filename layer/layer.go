@@ -146,6 +146,10 @@ type Registration struct {
 	// file system, a binary), or nil when it can run; options as for New.
 	// It attaches nothing. Nil: the layer runs wherever skiff does.
 	Probe func(options any) error
+	// With names the layers this one serves with its options: it runs
+	// only beside them (off in auto, an error when named, without them).
+	// Nil: none.
+	With func(options any) []string
 	// New checks the layer's options (nil: defaults; else the type the
 	// layer package documents) and returns the layer, not started.
 	New func(options any) (Layer, error)

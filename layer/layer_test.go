@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	_ "github.com/skiffnet/skiff/cache"
-	_ "github.com/skiffnet/skiff/channels"
+	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/sockets"
@@ -17,13 +17,14 @@ import (
 // this machine (which has what both need).
 func TestChooseModes(t *testing.T) {
 	// The test binary stands in for the broker.
-	options := map[string]any{"sockets": sockets.Options{Secure: true, Broker: os.Args[0]}}
+	// (skiffd's: channels for containers' own sockets when named.)
+	options := map[string]any{"sockets": sockets.Options{Secure: true, Broker: os.Args[0]}, "channels": channels.Options{Containers: true}}
 	for _, tc := range []struct {
 		mode  string
 		names []string
 		want  []string
 	}{
-		{"auto", nil, []string{"cache", "sockets"}},
+		{"auto", nil, []string{"cache", "channels", "sockets"}},
 		{"overlay", nil, nil},
 		{"cache", nil, []string{"cache"}},
 		{"sockets", nil, []string{"sockets"}},

@@ -185,31 +185,11 @@ int skl_ingress(struct __sk_buff *skb)
 	return 0;
 }
 
-// Kernel types read to find a socket's cgroup (CO-RE: only the fields named).
-struct kernfs_node {
-	__u64 id;
-} __attribute__((preserve_access_index));
-struct cgroup {
-	struct kernfs_node *kn;
-} __attribute__((preserve_access_index));
-struct sock_cgroup_data {
-	struct cgroup *cgroup;
-} __attribute__((preserve_access_index));
-struct sock {
-	struct sock_cgroup_data sk_cgrp_data;
-} __attribute__((preserve_access_index));
+#include "sock_cgroup.h"
 #include "iter_tcp.h"
 
 #define SOL_SOCKET 1
 #define SO_MAX_PACING_RATE 47
-
-// sock_cgroup returns the cgroup v2 id of a socket (0 for none).
-static __always_inline __u64 sock_cgroup(struct tcp_sock *tp)
-{
-	if (!tp)
-		return 0;
-	return ((struct sock *)tp)->sk_cgrp_data.cgroup->kn->id;
-}
 
 #define SOL_IP 0
 #define IP_TOS 1

@@ -304,11 +304,11 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if !Replaced(e) {
 		return nil
 	}
-	dir, err := l.cgroupDir(e)
+	dir, err := CgroupDir(l.cfg.CgroupRoot, e)
 	if err != nil {
 		return err
 	}
-	id, err := cgroupID(dir)
+	id, err := CgroupID(dir)
 	if err != nil {
 		return err
 	}
@@ -360,10 +360,10 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		err = fmt.Errorf("end the sockets of %s: %w", ip, err)
 	}
-	dir, gone := l.cgroupDir(e)
+	dir, gone := CgroupDir(l.cfg.CgroupRoot, e)
 	var id uint64
 	if gone == nil {
-		id, gone = cgroupID(dir)
+		id, gone = CgroupID(dir)
 	}
 	if gone != nil {
 		// The cgroup is gone, and its links with it (PruneEndpoints
@@ -460,8 +460,8 @@ func (l *Layer) unpinCgroup(id uint64) error {
 func (l *Layer) PruneEndpoints(local []cluster.Endpoint) error {
 	keep := map[string]bool{}
 	for _, e := range local {
-		if dir, err := l.cgroupDir(e); err == nil {
-			if id, err := cgroupID(dir); err == nil {
+		if dir, err := CgroupDir(l.cfg.CgroupRoot, e); err == nil {
+			if id, err := CgroupID(dir); err == nil {
 				keep[cgroupLinks(id)] = true
 			}
 		}

@@ -67,17 +67,17 @@ func MountCgroup2(dir string) error {
 	return nil
 }
 
-// cgroupDir resolves a container's cgroup as runtimes pass it in CNI
+// CgroupDir resolves a container's cgroup as runtimes pass it in CNI
 // cgroupPath: an absolute path on a cgroup v2 mount, a path relative to
-// the layer's cgroup root, or what the systemd cgroup driver names
-// (SystemdPath).
-func (l *Layer) cgroupDir(e cluster.Endpoint) (string, error) {
+// root (the cgroup v2 mount containers' cgroups are under), or what the
+// systemd cgroup driver names (SystemdPath).
+func CgroupDir(root string, e cluster.Endpoint) (string, error) {
 	dir := e.Cgroup
 	if p, ok := SystemdPath(dir); ok {
 		dir = p
 	}
 	if !filepath.IsAbs(dir) || !isCgroup2(dir) {
-		dir = filepath.Join(l.cfg.CgroupRoot, dir)
+		dir = filepath.Join(root, dir)
 	}
 	if !isCgroup2(dir) {
 		return "", fmt.Errorf("cgroup %s is not a cgroup v2 directory (%s)", e.Cgroup, dir)
@@ -132,8 +132,8 @@ func sliceDir(slice string) (string, error) {
 	return filepath.Join(append(dirs, slice)...), nil
 }
 
-// cgroupID is what bpf_get_current_cgroup_id returns for dir: its inode.
-func cgroupID(dir string) (uint64, error) {
+// CgroupID is what bpf_get_current_cgroup_id returns for dir: its inode.
+func CgroupID(dir string) (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return 0, fmt.Errorf("cgroup %s: %w", dir, err)

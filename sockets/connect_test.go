@@ -85,7 +85,7 @@ func containerHost(t *testing.T, programs ...string) (l *Layer, python func(scri
 		}
 		t.Cleanup(func() { lk.Close() })
 	}
-	id, err := cgroupID(cg)
+	id, err := CgroupID(cg)
 	if err != nil {
 		t.Fatal(err)
 	}

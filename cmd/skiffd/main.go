@@ -76,6 +76,7 @@ func run(args []string) error {
 		return err
 	})
 	chanCapacity := fs.Int("channels-capacity", channels.DefaultCapacity, "channels layer: sockets its map holds (two a connection); connections past it stay on TCP")
+	chanContainers := fs.Bool("channels-containers", false, "channels layer: join the sockets of containers' own namespaces too, not only host sockets (default: on when the layer is named by --mode or --layers, off in auto; docs/channels.md)")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -93,6 +94,9 @@ func run(args []string) error {
 		if *layers != "none" {
 			layerList = append(layerList, splitList(*layers)...)
 		}
+	}
+	if !set(fs, "channels-containers") {
+		*chanContainers = *mode != "auto"
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -150,7 +154,7 @@ func run(args []string) error {
 		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: map[string]any{
 			"cache":    capacity,
 			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
-			"channels": channels.Options{Capacity: *chanCapacity},
+			"channels": channels.Options{Capacity: *chanCapacity, Containers: *chanContainers, CgroupRoot: *cgroupRoot},
 		},
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)

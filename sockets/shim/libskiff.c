@@ -36,6 +36,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,6 +68,14 @@ static int (*r_dup3)(int, int, int);
 static int (*r_fcntl)(int, int, ...);
 static int (*r_fcntl64)(int, int, ...);
 static int (*r_epoll_ctl)(int, int, int, struct epoll_event *);
+static ssize_t (*r_read)(int, void *, size_t);
+static ssize_t (*r_readv)(int, const struct iovec *, int);
+static ssize_t (*r_recv)(int, void *, size_t, int);
+static ssize_t (*r_recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
+static ssize_t (*r_recvmsg)(int, struct msghdr *, int);
+static ssize_t (*r_read_chk)(int, void *, size_t, size_t);
+static ssize_t (*r_recv_chk)(int, void *, size_t, size_t, int);
+static ssize_t (*r_recvfrom_chk)(int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *);
 
 /* raw syscalls for the shim's own housekeeping: never interposed, never recurse */
 static int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
@@ -94,6 +103,14 @@ static void resolve(void)
 	if (!r_fcntl64) r_fcntl64 = sym("fcntl64");
 	if (!r_fcntl64) r_fcntl64 = r_fcntl;
 	if (!r_epoll_ctl) r_epoll_ctl = sym("epoll_ctl");
+	if (!r_read) r_read = sym("read");
+	if (!r_readv) r_readv = sym("readv");
+	if (!r_recv) r_recv = sym("recv");
+	if (!r_recvfrom) r_recvfrom = sym("recvfrom");
+	if (!r_recvmsg) r_recvmsg = sym("recvmsg");
+	if (!r_read_chk) r_read_chk = sym("__read_chk");
+	if (!r_recv_chk) r_recv_chk = sym("__recv_chk");
+	if (!r_recvfrom_chk) r_recvfrom_chk = sym("__recvfrom_chk");
 	if (!r_socket) r_socket = sym("socket");   /* last: used as "resolved" marker */
 }
 #define RESOLVE(p) do { if (__builtin_expect(!(p), 0)) resolve(); } while (0)
@@ -1094,4 +1111,59 @@ __attribute__((destructor)) static void skiff_fini(void)
 	if (g_bfd >= 0) broker_send_locked(SKIFF_OP_FLUSH, SKIFF_R_FLUSH);
 	pthread_mutex_unlock(&g_broker_mu);
 	errno = saved;
+}
+
+/* ---------- reads on channelled sockets ----------
+ * A blocking read of a socket the channels layer joined (an sk_msg
+ * redirect) returns -1 EAGAIN on Linux 6.18 when the reader is woken
+ * without data: by its own shutdown(SHUT_WR), or another thread's wait for
+ * send space (docs/channels.md).  A blocking stream socket without a
+ * receive timeout never gives that answer in POSIX, and programs take it
+ * for an error: the shim waits for input and reads again.  Only a read
+ * that failed with EAGAIN costs anything more. */
+static int spurious_eagain(int fd, int flags)
+{
+	if (errno != EAGAIN || (flags & MSG_DONTWAIT)) return 0;
+	int fl = sys_fcntl(fd, F_GETFL, 0), type = 0;
+	struct timeval tv = {0};
+	socklen_t tl = sizeof type, vl = sizeof tv;
+	if (fl < 0 || (fl & O_NONBLOCK) || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM ||
+	    getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &vl) != 0 || tv.tv_sec || tv.tv_usec) {
+		errno = EAGAIN;
+		return 0;
+	}
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	int r;
+	while ((r = poll(&p, 1, -1)) < 0 && errno == EINTR)
+		;
+	errno = EAGAIN;
+	return r > 0;
+}
+
+#define RETRY_READ(real, fd, flags, ...) do { \
+	RESOLVE(real); \
+	if (!real) { errno = ENOSYS; return -1; } \
+	ssize_t got_; \
+	while ((got_ = real(fd, __VA_ARGS__)) < 0 && spurious_eagain(fd, flags)) \
+		; \
+	return got_; \
+} while (0)
+
+EXPORT ssize_t read(int fd, void *buf, size_t len) { RETRY_READ(r_read, fd, 0, buf, len); }
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int n) { RETRY_READ(r_readv, fd, 0, iov, n); }
+EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags) { RETRY_READ(r_recv, fd, flags, buf, len, flags); }
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *sa, socklen_t *sl)
+{
+	RETRY_READ(r_recvfrom, fd, flags, buf, len, flags, sa, sl);
+}
+EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags) { RETRY_READ(r_recvmsg, fd, flags, m, flags); }
+/* what programs built with _FORTIFY_SOURCE call */
+EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen) { RETRY_READ(r_read_chk, fd, 0, buf, len, buflen); }
+EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
+{
+	RETRY_READ(r_recv_chk, fd, flags, buf, len, buflen, flags);
+}
+EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *sa, socklen_t *sl)
+{
+	RETRY_READ(r_recvfrom_chk, fd, flags, buf, len, buflen, flags, sa, sl);
 }

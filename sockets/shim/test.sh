@@ -65,7 +65,7 @@ start_broker() { # extra args
 T0=$(date +%s)
 
 [ "$(id -u)" = 0 ] || { echo "test.sh must run as root"; exit 1; }
-for f in libskiff.so skiff-broker sockcheck failsock.so; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
+for f in libskiff.so skiff-broker sockcheck failsock.so eagain.so; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
 for ns in $H $C $X; do ip netns del $ns 2>/dev/null; done
 
 # ---------------- topology ----------------
@@ -683,6 +683,65 @@ stats_move() {
 }
 for _ in $(seq 40); do [ "$(stat_slot "$TMP/stats" 5)" = 0 ] && break; sleep 0.05; done
 check stats-counters-move stats_move
+
+# ---------------- EAGAIN on blocking reads ----------------
+# eagain.so fails each stream socket's first read with EAGAIN, as a
+# channelled socket's blocking read can on Linux 6.18: the shim waits and
+# reads again for a blocking socket (every read call); a non-blocking
+# socket, MSG_DONTWAIT and a receive timeout still see EAGAIN.
+cat >"$TMP/eagain.py" <<'EOF'
+import os, socket, struct, sys, threading, time
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(16)
+def serve():
+    while True:
+        c, _ = ls.accept()
+        time.sleep(0.1)
+        c.sendall(b"hello")
+        time.sleep(0.3)
+        c.close()
+threading.Thread(target=serve, daemon=True).start()
+def conn():
+    return socket.create_connection(ls.getsockname())
+reads = {
+    "recv": lambda s: s.recv(5),
+    "recvfrom": lambda s: s.recvfrom(5)[0],
+    "recvmsg": lambda s: s.recvmsg(5)[0],
+    "read": lambda s: os.read(s.fileno(), 5),
+    "readv": lambda s: (lambda b: b[:os.readv(s.fileno(), [b])])(bytearray(5)),
+}
+bad = 0
+for name, rd in reads.items():
+    s = conn()
+    try:
+        got = bytes(rd(s))
+    except OSError as e:
+        got = repr(e)
+    print(name, got)
+    bad += got != b"hello"
+    s.close()
+def eagain(setup, rd):
+    s = conn()
+    time.sleep(0.2)
+    setup(s)
+    try:
+        rd(s)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        s.close()
+for name, ok in [
+        ("non-blocking", eagain(lambda s: s.setblocking(False), lambda s: s.recv(5))),
+        ("MSG_DONTWAIT", eagain(lambda s: None, lambda s: s.recv(5, socket.MSG_DONTWAIT))),
+        ("SO_RCVTIMEO", eagain(lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 0)), lambda s: s.recv(5)))]:
+    print(name, "EAGAIN" if ok else "no EAGAIN")
+    bad += not ok
+print("ok" if bad == 0 else "FAIL %d" % bad)
+EOF
+check eagain-injected-without-shim sh -c "! ip netns exec $C env LD_PRELOAD=$DIR/eagain.so $PY $TMP/eagain.py | grep -q '^ok'"
+check shim-retries-eagain-on-blocking-reads sc_ok ip netns exec $C env LD_PRELOAD="$SHIM $DIR/eagain.so" SKIFF_SOCKETS=off $PY "$TMP/eagain.py"
 
 # ---------------- broker gone ----------------
 # a long-running process keeps working while the broker is killed and restarted
