@@ -5,7 +5,8 @@
 // containers, what one end sends is queued straight on the other end's
 // socket (sk_msg redirect), skipping both TCP stacks, the veths and the
 // bridge.
-//   skch_sockops  sockops on the cgroup v2 root: an IPv4 TCP socket that
+//   skch_sockops  sockops on the cgroup v2 root: a TCP socket of an IPv4
+//                 connection (AF_INET, or AF_INET6 with mapped addresses) that
 //                 reaches ESTABLISHED in the namespace of a local
 //                 container, with that container's address, joins
 //                 skch_socks under its 4-tuple (when the agent registers
@@ -153,12 +154,25 @@ static __always_inline __u32 owner(struct bpf_sock_ops *skops, bool *host)
 	return ip && *ip == skops->local_ip4 ? *ip : 0;
 }
 
+// An IPv4 connection: of an AF_INET socket, or of an AF_INET6 one with
+// IPv4-mapped addresses (a dual-stack listener's, as Go's and nginx's
+// [::] listeners make), whose IPv4 addresses the kernel keeps as an
+// AF_INET socket's.
+static __always_inline bool ipv4(struct bpf_sock_ops *skops)
+{
+	if (skops->family == 2 /* AF_INET */)
+		return true;
+	return skops->family == 10 /* AF_INET6 */ && !skops->local_ip6[0] && !skops->local_ip6[1] &&
+	       skops->local_ip6[2] == bpf_htonl(0xffff) && !skops->remote_ip6[0] && !skops->remote_ip6[1] &&
+	       skops->remote_ip6[2] == bpf_htonl(0xffff);
+}
+
 SEC("sockops")
 int skch_sockops(struct bpf_sock_ops *skops)
 {
 	if (skops->op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && skops->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
 		return 1;
-	if (skops->family != 2 /* AF_INET */)
+	if (!ipv4(skops))
 		return 1;
 	bool host;
 	__u32 ip = owner(skops, &host);
@@ -248,7 +262,7 @@ int skch_setsockopt(struct bpf_sockopt *ctx)
 	if (!(ctx->level == SOL_SOCKET && ctx->optname == SO_ZEROCOPY) && !(ctx->level == SOL_TCP && ctx->optname == TCP_ULP))
 		return 1;
 	struct bpf_sock *sk = ctx->sk;
-	if (!sk || sk->family != 2 /* AF_INET */ || sk->protocol != 6 /* TCP */)
+	if (!sk || (sk->family != 2 /* AF_INET */ && sk->family != 10 /* AF_INET6 */) || sk->protocol != 6 /* TCP */)
 		return 1;
 	struct skch_sock *s = bpf_sk_storage_get(&skch_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (s && s->state != SKCH_TCP) {
@@ -264,7 +278,7 @@ SEC("iter/tcp")
 int skch_destroy(struct bpf_iter__tcp *ctx)
 {
 	struct sock_common *skc = ctx->sk_common;
-	if (!skc || skc->skc_family != 2 /* AF_INET */)
+	if (!skc || (skc->skc_family != 2 /* AF_INET */ && skc->skc_family != 10 /* AF_INET6 */))
 		return 0;
 	__u64 cookie = bpf_get_socket_cookie(skc);
 	if (!bpf_map_lookup_elem(&skch_kill, &cookie))

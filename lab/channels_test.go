@@ -141,11 +141,49 @@ func TestChannels(t *testing.T) {
 		t.Errorf("short connections took the channel %d times of 10 000", end["redirected"]-after["redirected"])
 	}
 
+	// A dual-stack listener's connections (AF_INET6 sockets with
+	// IPv4-mapped addresses, as Go's and nginx's [::] listeners make) take
+	// channels too.
+	dual := startPy(t, l, "h1/c1", `
+import socket
+ls = socket.socket(socket.AF_INET6)
+ls.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+ls.bind(("::", 7102))
+ls.listen(16)
+print("listening", flush=True)
+while True:
+    c, _ = ls.accept()
+    c.sendall(b"hi")
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+`, nil)
+	dual.line(t, 10*time.Second)
+	before = channelsStatus(t, l, "h1").Counters
+	out := runPy(t, l, "h1/c2", `
+import socket, sys
+s = socket.create_connection((sys.argv[1], 7102), timeout=10)
+assert s.recv(2) == b"hi"
+for i in range(100):
+    s.sendall(bytes([i]) * 1000)
+    got = b""
+    while len(got) < 1000:
+        got += s.recv(1000 - len(got))
+    assert got == bytes([i]) * 1000
+print("ok", flush=True)
+`, nil, dst.String())
+	if got := channelsStatus(t, l, "h1").Counters; strings.TrimSpace(out) != "ok" || got["added"]-before["added"] != 2 || got["redirected"]-before["redirected"] < 200 {
+		t.Errorf("dual-stack listener: %q, counters %v then %v; want 2 sockets joined and the echoes redirected", out, before, got)
+	}
+
 	// A socket asking for zero-copy sends (whose completions a channel
 	// would never give) sends through TCP.
 	echoServer(t, l, "h1/c1", echoPort)
 	zc := channelsStatus(t, l, "h1").Counters
-	out := runPy(t, l, "h1/c2", `
+	out = runPy(t, l, "h1/c2", `
 import socket, sys
 s = socket.create_connection((sys.argv[1], 7000), timeout=10)
 s.setsockopt(socket.SOL_SOCKET, 60, 1)  # SO_ZEROCOPY
