@@ -15,6 +15,7 @@ import (
 	_ "github.com/skiffnet/skiff/cache"
 	_ "github.com/skiffnet/skiff/channels"
 	_ "github.com/skiffnet/skiff/sockets"
+	_ "github.com/skiffnet/skiff/steering"
 )
 
 // newLayers makes the chosen layers with their options (not started yet),

@@ -15,8 +15,8 @@ import (
 // down at start.
 func TestNewLayers(t *testing.T) {
 	for mode, want := range map[string]struct{ run, down []string }{
-		"overlay": {nil, []string{"cache", "channels", "sockets"}},
-		"cache":   {[]string{"cache"}, []string{"channels", "sockets"}},
+		"overlay": {nil, []string{"cache", "channels", "sockets", "steering"}},
+		"cache":   {[]string{"cache"}, []string{"channels", "sockets", "steering"}},
 	} {
 		chosen, _, err := layer.Choose(mode, nil, nil)
 		if err != nil {
@@ -62,10 +62,11 @@ func TestAutoLeavesOutWhatCannotRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		// channels serves the sockets layer's host sockets in auto: off too.
-		if len(layers) != 1 || layers[0].name != "cache" || len(unwanted) != 2 || unwanted[0].Name != "channels" || unwanted[1].Name != "sockets" {
-			t.Errorf("%s: runs %v, tears down %v; want cache, and channels and sockets torn down", name, layers, unwanted)
+		// (steering runs only when named.)
+		if len(layers) != 1 || layers[0].name != "cache" || len(unwanted) != 3 || unwanted[0].Name != "channels" || unwanted[1].Name != "sockets" {
+			t.Errorf("%s: runs %v, tears down %v; want cache, and channels, sockets and steering torn down", name, layers, unwanted)
 		}
-		if len(choices) != 3 || choices[2].On || !strings.Contains(choices[2].Reason, name) || choices[1].On || choices[1].Reason != "serves layer sockets, which is off" {
+		if len(choices) != 4 || choices[2].On || !strings.Contains(choices[2].Reason, name) || choices[1].On || choices[1].Reason != "serves layer sockets, which is off" {
 			t.Errorf("choices %+v, want channels off (serves sockets) and sockets off: %s", choices, name)
 		}
 		if _, _, err := layer.Choose("sockets", nil, options); err == nil || !strings.Contains(err.Error(), name) {

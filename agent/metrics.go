@@ -93,6 +93,22 @@ func renderMetrics(st api.Status) string {
 		}
 		gauge("skiff_channels_sockets", "Sockets in the channel map now (two a channelled connection).", float64(c.Sockets))
 	}
+	if s := st.Steering; s != nil {
+		family("skiff_steering_stage_packets_total", "counter", "Packets of overlay flows each stage of the receive path processed, by CPU (docs/steering.md).")
+		for _, stage := range s.Stages {
+			for cpu, n := range stage.Packets {
+				fmt.Fprintf(b, "skiff_steering_stage_packets_total{stage=%q,cpu=\"%d\"} %d\n", stage.Name, cpu, n)
+			}
+		}
+		family("skiff_steering_decisions_total", "counter", "The steering programs' decisions and what they left alone, by reason.")
+		for _, name := range slices.Sorted(maps.Keys(s.Decisions)) {
+			fmt.Fprintf(b, "skiff_steering_decisions_total{decision=%q} %d\n", name, s.Decisions[name])
+		}
+		family("skiff_steering_cpu_load", "gauge", "Each steering CPU's load as last sampled (percent, smoothed).")
+		for _, cpu := range slices.Sorted(maps.Keys(s.Load)) {
+			fmt.Fprintf(b, "skiff_steering_cpu_load{cpu=\"%d\"} %d\n", cpu, s.Load[cpu])
+		}
+	}
 	if len(st.QoS) > 0 {
 		family("skiff_qos_packets_total", "counter", "Underlay packets of QoS-classed containers marked, and of normal ones (docs/limits.md).")
 		for _, name := range slices.Sorted(maps.Keys(st.QoS)) {

@@ -88,6 +88,8 @@ type Status struct {
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
 	// Channels is the channels layer's, when it runs.
 	Channels *ChannelsStatus `json:"channels,omitempty"`
+	// Steering is the steering layer's, when it runs.
+	Steering *SteeringStatus `json:"steering,omitempty"`
 	// QoS counts the underlay packets of QoS-classed containers marked
 	// (marked) and the overlay packets of normal ones (unclassed).
 	QoS map[string]uint64 `json:"qos,omitempty"`
@@ -120,6 +122,26 @@ type Layer struct {
 	Name   string `json:"name"`
 	On     bool   `json:"on"`
 	Reason string `json:"reason,omitempty"` // why it is off
+}
+
+// SteeringStatus is the steering layer of one host: the CPUs the stages
+// of overlay flows are spread over, the two-choice threshold, each
+// stage's packets per CPU (where it ran), the decisions by reason, and
+// each CPU's load as last sampled (percent).
+type SteeringStatus struct {
+	CPUs      []int             `json:"cpus"`
+	Threshold int               `json:"threshold"`
+	Stages    []SteeringStage   `json:"stages"`
+	Decisions map[string]uint64 `json:"decisions"`
+	Load      map[int]uint32    `json:"load,omitempty"`
+}
+
+// SteeringStage is one stage of the overlay's receive path: its device
+// and the packets it processed on each CPU.
+type SteeringStage struct {
+	Name    string   `json:"name"`
+	Device  string   `json:"device"`
+	Packets []uint64 `json:"packets"` // by CPU
 }
 
 // ChannelsStatus is the channels layer of one host: its programs'

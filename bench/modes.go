@@ -109,6 +109,14 @@ var Modes = map[string]Mode{
 		Description: "containers of one host on fast channels (sk_msg socket to socket); with --same-host",
 		Explicit:    true,
 	},
+	// One overlay flow's receive stages over the CPUs (asked for by name).
+	"steering": {
+		Name:        "steering",
+		LabMode:     "steering",
+		Placement:   ContainerPlacement,
+		Description: "containers on the overlay with each receive stage of a flow on its own CPU (Falcon)",
+		Explicit:    true,
+	},
 	// The lab runs a sockets-mode container's commands with the shim
 	// preloaded (lab.Command), so the mode needs no Wrap of its own.
 	"sockets": {

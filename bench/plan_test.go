@@ -45,7 +45,7 @@ func TestWorkloadNames(t *testing.T) {
 		t.Errorf("quick = %v", quick)
 	}
 	full := WorkloadNames(false)
-	want := []string{"tcp_stream", "tcp_stream_4", "udp_stream", "tcp_rr", "udp_rr", "tcp_crr", "connect",
+	want := []string{"tcp_stream", "tcp_stream_4", "udp_stream", "udp_stress", "udp_stress_64", "udp_stress_8k", "tcp_rr", "udp_rr", "tcp_crr", "connect",
 		"memcached", "memcached_crr", "nginx", "nginx_crr"}
 	if !slices.Equal(full, want) {
 		t.Errorf("full = %v", full)
@@ -89,7 +89,7 @@ func TestResolveModes(t *testing.T) {
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
 		{"default on a sockets lab: no host-sockets", nil, "sockets", []string{"host", "sockets"}, ""},
 		{"host-sockets asked for", []string{"host", "sockets", "host-sockets"}, "overlay+sockets", []string{"host", "sockets", "host-sockets"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, cache, channels, host-sockets, overlay, sockets)`},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, cache, channels, host-sockets, overlay, sockets, steering)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {

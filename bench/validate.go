@@ -10,7 +10,7 @@ import (
 
 // Known units (SCHEMA.md).
 var (
-	knownUnits    = []string{unitGbps, unitPercent, unitTxnPerSec, unitReqPerSec, unitOpsPerSec, unitMicros}
+	knownUnits    = []string{unitGbps, unitPercent, unitTxnPerSec, unitPktPerSec, unitReqPerSec, unitOpsPerSec, unitMicros}
 	knownCPUUnits = []string{cpuPerGbit, cpuPerTxn}
 )
 

@@ -22,6 +22,7 @@ const (
 	unitGbps      = "Gbit/s"
 	unitPercent   = "%"
 	unitTxnPerSec = "txn/s"
+	unitPktPerSec = "pkt/s"
 	unitReqPerSec = "req/s"
 	unitOpsPerSec = "ops/s"
 	unitMicros    = "us"
@@ -102,9 +103,14 @@ func (w *workload) cpuScale() float64 {
 
 // workloads is the registry, in report order.
 var workloads = []*workload{
-	iperfStream("tcp_stream", 1, false, true),
-	iperfStream("tcp_stream_4", 4, false, false),
-	iperfStream("udp_stream", 1, true, false),
+	iperfStream("tcp_stream", 1, 0, false, true),
+	iperfStream("tcp_stream_4", 4, 0, false, false),
+	iperfStream("udp_stream", 1, 1400, true, false),
+	// Several senders overloading one UDP receiver (Falcon's and mFlow's
+	// stress method): datagrams delivered a second, and loss.
+	iperfStream("udp_stress", 3, 1400, true, false),
+	iperfStream("udp_stress_64", 3, 64, true, false),
+	iperfStream("udp_stress_8k", 3, 8192, true, false),
 	perfWorkload("tcp_rr", "tcp_rr", true, latencyMetrics(unitTxnPerSec)),
 	perfWorkload("udp_rr", "udp_rr", true, latencyMetrics(unitTxnPerSec)),
 	perfWorkload("tcp_crr", "tcp_crr", true, []metricDef{{"rate", unitTxnPerSec, HigherIsBetter}}),
@@ -187,10 +193,17 @@ func hostPort(ip netip.Addr, port int) string {
 
 // --- iperf3 streams ---------------------------------------------------------
 
-func iperfStream(name string, flows int, udp, quick bool) *workload {
+// iperfStream is iperf3 with flows parallel streams; UDP datagrams of size
+// bytes at an unlimited rate. A UDP stress (flows > 1) reports its
+// delivered datagrams a second first.
+func iperfStream(name string, flows, size int, udp, quick bool) *workload {
 	metrics := []metricDef{{"throughput", unitGbps, HigherIsBetter}}
 	if udp {
 		metrics = append(metrics, metricDef{"loss", unitPercent, LowerIsBetter})
+	}
+	stress := udp && flows > 1
+	if stress {
+		metrics = append([]metricDef{{"rate", unitPktPerSec, HigherIsBetter}}, metrics...)
 	}
 	return &workload{
 		Name: name, Metrics: metrics, CPUUnit: cpuPerGbit, Quick: quick, Tools: []string{toolIperf3},
@@ -208,7 +221,7 @@ func iperfStream(name string, flows int, udp, quick bool) *workload {
 					argv = append(argv, "-P", strconv.Itoa(flows))
 				}
 				if udp {
-					argv = append(argv, "-u", "-b", "0", "-l", "1400")
+					argv = append(argv, "-u", "-b", "0", "-l", strconv.Itoa(size))
 				}
 				return argv
 			}
@@ -226,6 +239,9 @@ func iperfStream(name string, flows int, udp, quick bool) *workload {
 			values := map[string]float64{"throughput": r.BitsPerSecond / 1e9}
 			if udp {
 				values["loss"] = r.LostPercent
+			}
+			if stress {
+				values["rate"] = r.BitsPerSecond / 8 / float64(size)
 			}
 			return sample{Values: values, Work: gbit}, nil
 		},

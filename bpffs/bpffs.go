@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -154,6 +155,29 @@ func compatible(ms *ebpf.MapSpec, m *ebpf.Map) error {
 		if err != nil {
 			return fmt.Errorf("inner map %d: %w", i, err)
 		}
+	}
+	return nil
+}
+
+// PinLink keeps prog attached with a link pinned at path: it updates the
+// link an earlier run pinned there (the hook never goes without a
+// program), or, when there is none or its target is gone (a recreated
+// device or cgroup), attaches anew and pins the link.
+func PinLink(path string, prog *ebpf.Program, attach func() (link.Link, error)) error {
+	if old, err := link.LoadPinnedLink(path, nil); err == nil {
+		defer old.Close()
+		if err := old.Update(prog); err == nil {
+			return nil
+		}
+		old.Unpin()
+	}
+	lk, err := attach()
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", prog, err)
+	}
+	defer lk.Close()
+	if err := lk.Pin(path); err != nil {
+		return fmt.Errorf("pin link %s: %w", path, err)
 	}
 	return nil
 }

@@ -159,22 +159,11 @@ func (l *Layer) Start(_ context.Context, env layer.Env) error {
 }
 
 // pinnedLink attaches prog to the cgroup root with a link pinned at path,
-// or updates the link an earlier run pinned there (the hook never goes
-// without a program).
+// or updates the link an earlier run pinned there.
 func pinnedLink(path, root string, prog *ebpf.Program, attach ebpf.AttachType) error {
-	if old, err := link.LoadPinnedLink(path, nil); err == nil {
-		defer old.Close()
-		if err := old.Update(prog); err == nil {
-			return nil
-		}
-		old.Unpin()
-	}
-	lk, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: attach, Program: prog})
-	if err != nil {
-		return fmt.Errorf("attach %s to %s: %w", prog, root, err)
-	}
-	defer lk.Close()
-	return lk.Pin(path)
+	return bpffs.PinLink(path, prog, func() (link.Link, error) {
+		return link.AttachCgroup(link.CgroupOptions{Path: root, Attach: attach, Program: prog})
+	})
 }
 
 // teardown removes an earlier run's programs and maps: the sockops link

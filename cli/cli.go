@@ -22,6 +22,7 @@ import (
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -286,10 +287,45 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		}
 		table(w, "  COUNTER\tCOUNT", rows)
 	}
+	if s := st.Steering; s != nil {
+		printSteering(w, s)
+	}
 	if len(st.QoS) > 0 {
 		fmt.Fprintf(w, "QoS: %d underlay packets of classed containers marked, %d of normal ones\n", st.QoS["marked"], st.QoS["unclassed"])
 	}
 	return nil
+}
+
+// printSteering shows where the stages of overlay flows ran, by CPU, and
+// the decisions that put them there.
+func printSteering(w io.Writer, s *api.SteeringStatus) {
+	var loads []string
+	for _, c := range s.CPUs {
+		loads = append(loads, fmt.Sprintf("cpu%d %d%%", c, s.Load[c]))
+	}
+	fmt.Fprintf(w, "steering: CPUs %v, second choice above %d%% load; load now: %s\n", s.CPUs, s.Threshold, strings.Join(loads, ", "))
+	header := "  STAGE\tDEVICE"
+	ncpu := 0
+	for _, st := range s.Stages {
+		ncpu = max(ncpu, len(st.Packets))
+	}
+	for c := range ncpu {
+		header += fmt.Sprintf("\tCPU%d", c)
+	}
+	var rows [][]string
+	for _, st := range s.Stages {
+		r := []string{"  " + st.Name, st.Device}
+		for _, n := range st.Packets {
+			r = append(r, fmt.Sprint(n))
+		}
+		rows = append(rows, r)
+	}
+	table(w, header, rows)
+	rows = nil
+	for _, name := range steering.Decisions {
+		rows = append(rows, []string{"  " + name, fmt.Sprint(s.Decisions[name])})
+	}
+	table(w, "  DECISION\tPACKETS", rows)
 }
 
 // printSockets shows the sockets layer: listeners, containers, counters.

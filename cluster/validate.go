@@ -11,7 +11,7 @@ import (
 
 // Modes the data plane can run in: auto (every layer the host can run),
 // overlay (none), or one layer alone (package layer).
-var Modes = []string{"auto", "overlay", "cache", "sockets", "channels"}
+var Modes = []string{"auto", "overlay", "cache", "sockets", "channels", "steering"}
 
 // ValidMode reports whether m is one of Modes.
 func ValidMode(m string) bool {

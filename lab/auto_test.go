@@ -15,6 +15,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/steering"
 )
 
 // pyRoundTrips connects to argv[2]:argv[1] and the destinations after it in
@@ -92,7 +93,7 @@ func TestAutoPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []api.Layer{{Name: "cache", On: true}, {Name: "channels", On: true}, {Name: "sockets", On: true}}
+	want := []api.Layer{{Name: "cache", On: true}, {Name: "channels", On: true}, {Name: "sockets", On: true}, {Name: "steering", Reason: steering.Manual}}
 	if st.Mode != "auto" || fmt.Sprint(st.Layers) != fmt.Sprint(want) {
 		t.Fatalf("mode %q layers %+v, want auto with %+v", st.Mode, st.Layers, want)
 	}

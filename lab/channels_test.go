@@ -216,24 +216,7 @@ print("ok", flush=True)
 
 	// A rate-limited container takes no channel: a channel would skip
 	// the limit (its traffic stays on the veth's qdiscs).
-	skiff := skiffLimit(t)
-	if out, err := skiff("set", l.prefix()+"h1-c2", "--egress", "1gbit"); err != nil {
-		t.Fatalf("skiff limit set: %v\n%s", err, out)
-	}
-	time.Sleep(time.Second)
-	limited := channelsStatus(t, l, "h1").Counters
-	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
-		t.Errorf("bulk transfer from a limited container: %s", out)
-	}
-	// (The unlimited server's socket joins; the client's does not, and
-	// neither direction takes the channel.)
-	if got := channelsStatus(t, l, "h1").Counters; got["redirected"] != limited["redirected"] || got["added"] != limited["added"]+1 {
-		t.Errorf("a limited container's connection took a channel: %v then %v", limited, got)
-	}
-	if out, err := skiff("del", l.prefix()+"h1-c2"); err != nil {
-		t.Fatalf("skiff limit del: %v\n%s", err, out)
-	}
-	time.Sleep(time.Second)
+	limitedTakesNoChannel(t, l, dst)
 
 	// A deny rule ends a channelled connection (the one held since before
 	// the restart).
@@ -255,6 +238,30 @@ print("ok", flush=True)
 	if n := channelsStatus(t, l, "h1").Counters["destroyed"]; n == 0 {
 		t.Error("no channelled socket destroyed")
 	}
+}
+
+// limitedTakesNoChannel: with a limit on h1/c2, its bulk transfer to dst
+// is byte-exact and takes no channel (the unlimited server's socket joins,
+// the client's does not, and neither direction takes the channel); the
+// limit is lifted after.
+func limitedTakesNoChannel(t *testing.T, l *Lab, dst netip.Addr) {
+	t.Helper()
+	skiff := skiffLimit(t)
+	if out, err := skiff("set", l.prefix()+"h1-c2", "--egress", "1gbit"); err != nil {
+		t.Fatalf("skiff limit set: %v\n%s", err, out)
+	}
+	time.Sleep(time.Second)
+	before := channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("bulk transfer from a limited container: %s", out)
+	}
+	if got := channelsStatus(t, l, "h1").Counters; got["redirected"] != before["redirected"] || got["added"] != before["added"]+1 {
+		t.Errorf("a limited container's connection took a channel: %v then %v", before, got)
+	}
+	if out, err := skiff("del", l.prefix()+"h1-c2"); err != nil {
+		t.Fatalf("skiff limit del: %v\n%s", err, out)
+	}
+	time.Sleep(time.Second)
 }
 
 // TestChannelsFull: with the channel map full (capacity 2: one
@@ -344,22 +351,7 @@ func TestChannelsHostSockets(t *testing.T) {
 	}
 
 	// A rate-limited container takes no channel.
-	skiff := skiffLimit(t)
-	if out, err := skiff("set", l.prefix()+"h1-c2", "--egress", "1gbit"); err != nil {
-		t.Fatalf("skiff limit set: %v\n%s", err, out)
-	}
-	time.Sleep(time.Second)
-	before = channelsStatus(t, l, "h1").Counters
-	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "bulk", dst.String(), "7100"); strings.TrimSpace(out) != "ok" {
-		t.Errorf("bulk transfer from a limited container: %s", out)
-	}
-	if got := channelsStatus(t, l, "h1").Counters; got["redirected"] != before["redirected"] || got["added"] != before["added"]+1 {
-		t.Errorf("a limited container's connection took a channel: %v then %v", before, got)
-	}
-	if out, err := skiff("del", l.prefix()+"h1-c2"); err != nil {
-		t.Fatalf("skiff limit del: %v\n%s", err, out)
-	}
-	time.Sleep(time.Second)
+	limitedTakesNoChannel(t, l, dst)
 
 	// A deny rule ends a channelled connection of host sockets.
 	echo := startPy(t, l, "h1/c1", pyEcho, nil, dst.String(), "7002")

@@ -11,6 +11,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/sockets"
+	_ "github.com/skiffnet/skiff/steering"
 )
 
 // TestChooseModes: the registered layers, chosen by mode and by name, on
@@ -29,6 +30,7 @@ func TestChooseModes(t *testing.T) {
 		{"cache", nil, []string{"cache"}},
 		{"sockets", nil, []string{"sockets"}},
 		{"channels", nil, []string{"channels"}},
+		{"steering", nil, []string{"steering"}},
 		{"", []string{"sockets", "cache"}, []string{"sockets", "cache"}},
 		{"", []string{"cache", "channels", "sockets"}, []string{"cache", "channels", "sockets"}},
 		{"", []string{}, nil},
@@ -44,7 +46,7 @@ func TestChooseModes(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("mode %q layers %q runs %v, want %v", tc.mode, tc.names, got, tc.want)
 		}
-		if len(choices) != 3 || choices[0].Name != "cache" || choices[1].Name != "channels" || choices[2].Name != "sockets" {
+		if len(choices) != 4 || choices[0].Name != "cache" || choices[1].Name != "channels" || choices[2].Name != "sockets" || choices[3].Name != "steering" {
 			t.Errorf("choices %+v, want one for each registered layer", choices)
 		}
 		for _, c := range choices {
@@ -67,7 +69,7 @@ func TestChooseModes(t *testing.T) {
 		{"Cache", nil, `mode "Cache" is not one of`},
 		{"cache,sockets", nil, `mode "cache,sockets" is not one of`},
 		{"auto", []string{"cache"}, "not both"},
-		{"", []string{"warp"}, `unknown layer "warp" (layers: cache, channels, sockets)`},
+		{"", []string{"warp"}, `unknown layer "warp" (layers: cache, channels, sockets, steering)`},
 		{"", []string{"cache", "Cache"}, `unknown layer "Cache"`},
 		{"", []string{"cache", "cache"}, `layer "cache" named twice`},
 		{"", []string{""}, `unknown layer ""`},
@@ -95,7 +97,7 @@ func TestRegisterRefuses(t *testing.T) {
 	for name, r := range map[string]layer.Registration{
 		"duplicate": {Name: "cache", New: func(any) (layer.Layer, error) { return nil, nil },
 			Teardown: func(layer.Env) (bool, error) { return false, nil }},
-		"no teardown": {Name: "steering", New: func(any) (layer.Layer, error) { return nil, nil }},
+		"no teardown": {Name: "warp", New: func(any) (layer.Layer, error) { return nil, nil }},
 		"no name":     {},
 	} {
 		func() {
@@ -107,7 +109,7 @@ func TestRegisterRefuses(t *testing.T) {
 			layer.Register(r)
 		}()
 	}
-	if _, _, err := layer.Choose("", []string{"steering"}, nil); err == nil {
+	if _, _, err := layer.Choose("", []string{"warp"}, nil); err == nil {
 		t.Error("a refused registration is known")
 	}
 }

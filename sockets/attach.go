@@ -234,24 +234,7 @@ func removeHostStackRoutes(keep netip.Prefix) {
 // earlier run) is updated in place, so the hook never goes without a
 // program; otherwise attach creates the link and it is pinned.
 func (l *Layer) pinnedLink(name string, prog *ebpf.Program, attach func() (link.Link, error)) error {
-	path := filepath.Join(l.linkDir(), name)
-	if old, err := link.LoadPinnedLink(path, nil); err == nil {
-		defer old.Close()
-		if err := old.Update(prog); err == nil {
-			return nil
-		}
-		// A link whose target is gone (a recreated cgroup): replace it.
-		old.Unpin()
-	}
-	lk, err := attach()
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", name, err)
-	}
-	defer lk.Close()
-	if err := lk.Pin(path); err != nil {
-		return fmt.Errorf("pin link %s: %w", name, err)
-	}
-	return nil
+	return bpffs.PinLink(filepath.Join(l.linkDir(), name), prog, attach)
 }
 
 // cgroupPrograms are the programs attached to each container's cgroup.

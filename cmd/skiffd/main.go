@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -77,6 +79,19 @@ func run(args []string) error {
 	})
 	chanCapacity := fs.Int("channels-capacity", channels.DefaultCapacity, "channels layer: sockets its map holds (two a connection); connections past it stay on TCP")
 	chanContainers := fs.Bool("channels-containers", false, "channels layer: join the sockets of containers' own namespaces too, not only host sockets (default: on when the layer is named by --mode or --layers, off in auto; docs/channels.md)")
+	var steer steering.Options
+	fs.Func("steering-cpus", "steering layer: the CPUs the stages of overlay flows are spread over, comma-separated (default: every CPU)", func(v string) error {
+		for _, f := range splitList(v) {
+			c, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("CPU %q: not a number", f)
+			}
+			steer.CPUs = append(steer.CPUs, c)
+		}
+		return nil
+	})
+	fs.IntVar(&steer.Threshold, "steering-threshold", steering.DefaultThreshold, "steering layer: a CPU's load (percent) at which a stage takes its second choice")
+	fs.IntVar(&steer.HeavyBytes, "steering-heavy", steering.DefaultHeavyBytes, "steering layer: bytes a flow carries in a millisecond before its stages spread (-1: every flow)")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -155,6 +170,7 @@ func run(args []string) error {
 			"cache":    capacity,
 			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
 			"channels": channels.Options{Capacity: *chanCapacity, Containers: *chanContainers, CgroupRoot: *cgroupRoot},
+			"steering": steer,
 		},
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)

@@ -1,0 +1,323 @@
+// Package steering is skiff's steering layer: the stages of one overlay
+// flow's receive path (underlay and decapsulation, forwarding and bridge,
+// the container's stack) run on different CPUs, chosen per stage by
+// hashing the flow with the stage's device and avoiding loaded CPUs
+// (Falcon, paper 003 ch. 3), on a stock kernel: per-device RPS masks and
+// tc programs that write the hash RPS follows (steering.c).
+// docs/steering.md.
+package steering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/bpffs"
+	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/overlay"
+)
+
+// Manual is why auto leaves the layer off.
+const Manual = "runs only when named (--layers ...,steering or --mode steering): each stage moved to another CPU costs a hand-over, which pays only for heavy flows on hosts with cores to spare (docs/steering.md)"
+
+func init() {
+	layer.Register(layer.Registration{Name: "steering", Manual: Manual, Probe: probe, New: newLayer, Teardown: teardown})
+}
+
+// probe checks for tc programs that set the hash, TCX, per-CPU maps and
+// RPS (CONFIG_RPS: receive queues have rps_cpus).
+func probe(any) error {
+	return layer.First(
+		layer.Programs(ebpf.SchedCLS, asm.FnSetHash),
+		layer.Maps(ebpf.PerCPUArray),
+		layer.KernelHas("TCX", "tcx_prog_attach"),
+		func() error {
+			if _, err := os.Stat("/sys/class/net/lo/queues/rx-0/rps_cpus"); err != nil {
+				return fmt.Errorf("no RPS in this kernel (CONFIG_RPS): %w", err)
+			}
+			return nil
+		},
+	)
+}
+
+// Options are the layer's (skiffd --steering-cpus, --steering-threshold).
+type Options struct {
+	// CPUs take part in the stages (ascending); nil: every online CPU.
+	CPUs []int
+	// Threshold is the load (percent) at which a stage's first CPU gives
+	// way to its second (Falcon's two-choice rule); 0: DefaultThreshold.
+	Threshold int
+	// Interval is how often the CPUs' loads are sampled; 0: 10 ms.
+	Interval time.Duration
+	// HeavyBytes is how many bytes a flow carries in a millisecond at a
+	// stage's device before its next stage moves to another CPU; lighter
+	// flows (request/response) stay on the CPU they are on. 0:
+	// DefaultHeavyBytes; -1: every flow is steered.
+	HeavyBytes int
+}
+
+// DefaultHeavyBytes: 32 KiB a millisecond, 262 Mbit/s.
+const DefaultHeavyBytes = 32 << 10
+
+// DefaultThreshold is the two-choice rule's load threshold by default.
+const DefaultThreshold = 80
+
+// staleAfter: loads older than this are not believed (the agent stopped).
+const staleAfter = 200 * time.Millisecond
+
+// Layer is the steering layer as the agent drives it.
+type Layer struct {
+	opts  Options
+	objs  stxObjects
+	env   layer.Env
+	log   *slog.Logger
+	eps   layer.Attached
+	loads atomic.Pointer[stxStxLoad]
+}
+
+func newLayer(options any) (layer.Layer, error) {
+	var o Options
+	switch v := options.(type) {
+	case nil:
+	case Options:
+		o = v
+	default:
+		return nil, fmt.Errorf("steering layer options are steering.Options, not %T", options)
+	}
+	if o.CPUs == nil {
+		o.CPUs = onlineCPUs()
+	}
+	o.CPUs = slices.Compact(slices.Sorted(slices.Values(o.CPUs)))
+	if len(o.CPUs) == 0 || o.CPUs[0] < 0 || o.CPUs[len(o.CPUs)-1] >= MaxCPUs {
+		return nil, fmt.Errorf("steering CPUs %v: want CPUs 0 to %d", o.CPUs, MaxCPUs-1)
+	}
+	if o.Threshold == 0 {
+		o.Threshold = DefaultThreshold
+	}
+	if o.Threshold < 1 || o.Threshold > 100 {
+		return nil, fmt.Errorf("steering threshold %d: want 1 to 100 (percent)", o.Threshold)
+	}
+	if o.Interval == 0 {
+		o.Interval = 10 * time.Millisecond
+	}
+	switch {
+	case o.HeavyBytes == 0:
+		o.HeavyBytes = DefaultHeavyBytes
+	case o.HeavyBytes == -1:
+	case o.HeavyBytes < 0:
+		return nil, fmt.Errorf("steering heavy flows %d bytes a millisecond: want 0 or more (-1: every flow)", o.HeavyBytes)
+	}
+	return &Layer{opts: o}, nil
+}
+
+// onlineCPUs are the CPUs this process may run on.
+func onlineCPUs() []int {
+	var cpus []int
+	for i := range min(runtime.NumCPU(), MaxCPUs) {
+		cpus = append(cpus, i)
+	}
+	return cpus
+}
+
+func (l *Layer) linkDir() string { return filepath.Join(l.env.PinDir, "stx_links") }
+
+// Start loads the programs, writes the configuration, attaches the
+// underlay's and skiff.vxlan's programs, gives skiff.vxlan the RPS mask of
+// the CPUs taking part, and samples the CPUs' loads until ctx ends.
+func (l *Layer) Start(ctx context.Context, env layer.Env) error {
+	l.env, l.log = env, env.Log
+	spec, err := loadStx()
+	if err != nil {
+		return fmt.Errorf("read steering programs: %w", err)
+	}
+	for name, v := range map[string]any{
+		"cfg_vxlan_port":  swap16(uint16(env.Cluster.VXLANPort)),
+		"cfg_vni":         uint32(env.Cluster.VNI),
+		"cfg_underlay_ip": ip32(env.Host.UnderlayIP),
+	} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("configure steering programs: %s: %w", name, err)
+		}
+	}
+	if err := bpffs.Load(spec, &l.objs, env.PinDir, env.Log); err != nil {
+		return fmt.Errorf("load steering programs: %w", err)
+	}
+	cfg := stxStxCfg{N: uint32(len(l.opts.CPUs)), Threshold: uint32(l.opts.Threshold), StaleNs: uint64(staleAfter),
+		HeavyBytes: uint32(max(l.opts.HeavyBytes, 0)), WindowNs: uint32(time.Millisecond)}
+	for i, c := range l.opts.CPUs {
+		cfg.Cpus[i] = uint32(c)
+	}
+	if err := l.objs.StxConfig.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("configure steering: %w", err)
+	}
+	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
+		return err
+	}
+	for name, at := range map[string]struct {
+		dev  string
+		prog *ebpf.Program
+	}{"underlay": {env.Underlay, l.objs.StxUnderlay}, "vxlan": {overlay.VXLANName, l.objs.StxVxlan}} {
+		if err := l.attachTCX(name, at.dev, at.prog, ebpf.AttachTCXIngress); err != nil {
+			return err
+		}
+	}
+	w, err := readWritten(env.StateDir)
+	if err != nil {
+		return fmt.Errorf("steering state: %w", err)
+	}
+	if err := w.steerDevice(env.StateDir, "", overlay.VXLANName, FormatMask(l.opts.CPUs)); err != nil {
+		return err
+	}
+	go l.sample(ctx, l.opts.Interval)
+	return nil
+}
+
+// attachTCX keeps prog on the TCX hook of dev (in the calling thread's
+// namespace) with a link pinned as name: a restart updates it in place, a
+// link whose device is gone is replaced.
+func (l *Layer) attachTCX(name, dev string, prog *ebpf.Program, attach ebpf.AttachType) error {
+	d, err := netlink.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("steering: device %s: %w", dev, err)
+	}
+	return bpffs.PinLink(filepath.Join(l.linkDir(), name), prog, func() (link.Link, error) {
+		return link.AttachTCX(link.TCXOptions{Interface: d.Attrs().Index, Program: prog, Attach: attach})
+	})
+}
+
+// endpointLinks names a container's links.
+func endpointLinks(e cluster.Endpoint) string {
+	return "ep-" + strings.NewReplacer("/", "_", ".", "_").Replace(e.ContainerID+"-"+e.IfName)
+}
+
+// attach steers a local container's stage: the host veth's egress writes
+// the hash its eth0's RPS follows; its eth0 counts the stage and gets the
+// mask of the CPUs taking part.
+func (l *Layer) attach(e cluster.Endpoint) error {
+	name := endpointLinks(e)
+	if err := l.attachTCX(name+"-veth", e.Veth, l.objs.StxToContainer, ebpf.AttachTCXEgress); err != nil {
+		return err
+	}
+	ns, err := overlay.OpenNetns(e)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	err = overlay.InNetns(e, func() error {
+		return l.attachTCX(name+"-eth", e.IfName, l.objs.StxContainer, ebpf.AttachTCXIngress)
+	})
+	if err != nil {
+		return err
+	}
+	mask := FormatMask(l.opts.CPUs)
+	if err := inSysfs(&ns, func(sys string) error { return setRPS(sys, e.IfName, mask) }); err != nil {
+		return err
+	}
+	w, err := readWritten(l.env.StateDir)
+	if err != nil {
+		return err
+	}
+	w.Masks[maskKey(e.Netns, e.IfName)] = mask
+	return w.save(l.env.StateDir)
+}
+
+func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
+	return l.eps.Add(e, l.attach)
+}
+
+// RemoveEndpoint unpins a container's links (its devices go with it).
+func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+	l.eps.Remove(e)
+	return l.forget(e)
+}
+
+func (l *Layer) forget(e cluster.Endpoint) error {
+	err := bpffs.Unpin(l.linkDir(), endpointLinks(e)+"-")
+	w, werr := readWritten(l.env.StateDir)
+	if werr == nil {
+		delete(w.Masks, maskKey(e.Netns, e.IfName))
+		werr = w.save(l.env.StateDir)
+	}
+	return errors.Join(err, werr)
+}
+
+func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
+	if err := l.eps.Err(e); err != nil {
+		return false, err.Error()
+	}
+	return true, ""
+}
+
+func (l *Layer) Sync(_ context.Context, v *layer.View) error {
+	l.eps.Sync(v.Local, l.attach, l.log)
+	return nil
+}
+
+func (l *Layer) Settle(context.Context, *layer.View) error { return nil }
+
+// Stages names the stages, in the order of enum stx_stage, with the
+// device each runs on.
+var Stages = []struct{ Name, Device string }{
+	{"underlay", "underlay (IP, UDP, VXLAN decapsulation)"},
+	{"vxlan", overlay.VXLANName + " (forwarding, bridge, host veth)"},
+	{"container", "container eth0 (IP, TCP/UDP, socket)"},
+}
+
+// Decisions names the programs' counters, in the order of enum stx_reason.
+var Decisions = []string{"first", "second", "self_avoided", "stale_load", "not_vxlan", "not_ipv4", "malformed", "fragment", "light"}
+
+func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
+	st := &api.SteeringStatus{CPUs: l.opts.CPUs, Threshold: l.opts.Threshold, Decisions: map[string]uint64{}}
+	if sums, err := bpfmap.Counters(l.objs.StxStats, len(Decisions)); err == nil {
+		for i, name := range Decisions {
+			st.Decisions[name] = sums[i]
+		}
+	}
+	for i, stage := range Stages {
+		var per []uint64
+		if err := l.objs.StxStages.Lookup(uint32(i), &per); err != nil {
+			return
+		}
+		st.Stages = append(st.Stages, api.SteeringStage{Name: stage.Name, Device: stage.Device, Packets: per})
+	}
+	if v := l.loads.Load(); v != nil {
+		st.Load = map[int]uint32{}
+		for _, c := range l.opts.CPUs {
+			st.Load[c] = v.Pct[c]
+		}
+	}
+	s.Steering = st
+}
+
+func (l *Layer) Close() error { return l.objs.Close() }
+
+// teardown removes an earlier run's programs (unpinning the links detaches
+// them) and maps, and puts the kernel's default RPS back on the devices it
+// steered.
+func teardown(env layer.Env) (bool, error) {
+	w, err := readWritten(env.StateDir)
+	if err != nil {
+		return false, err
+	}
+	_, statErr := os.Stat(filepath.Join(env.PinDir, "stx_links"))
+	if statErr != nil && len(w.Masks) == 0 {
+		return false, nil
+	}
+	return true, errors.Join(bpffs.Unpin(env.PinDir, "stx_"), w.restore(env.StateDir))
+}
