@@ -141,8 +141,9 @@ static __always_inline __u32 owner(struct bpf_sock_ops *skops, bool *host)
 {
 	__u64 ns = bpf_get_netns_cookie(skops);
 	if (ns == cfg_host_netns) {
+		// The sockets layer's brokers make AF_INET sockets only.
 		struct bpf_sock *bsk = skops->sk;
-		if (!bsk)
+		if (!bsk || skops->family != 2 /* AF_INET */)
 			return 0;
 		__u64 cg = sock_cgroup(bpf_skc_to_tcp_sock(bsk));
 		__u32 *ip = bpf_map_lookup_elem(&skch_cgroups, &cg);
@@ -196,6 +197,8 @@ int skch_sockops(struct bpf_sock_ops *skops)
 		s->ip = ip;
 	}
 	if (bpf_sock_hash_update(skops, &skch_socks, &k, BPF_NOEXIST)) {
+		if (host)
+			bpf_map_delete_elem(&skch_owners, &k);
 		count(SKCH_ADD_FAILED);
 		return 1;
 	}

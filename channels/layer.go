@@ -315,7 +315,7 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 		}
 		kill = append(kill, cookie)
 		var peer uint64
-		if err := l.objs.SkchSocks.Lookup(skchSkchKey{Sip: k.Dip, Dip: k.Sip, Sport: k.Dport, Dport: k.Sport}, &peer); err == nil {
+		if err := l.objs.SkchSocks.Lookup(skchSkchKey{Sip: k.Dip, Dip: k.Sip, Sport: k.Dport, Dport: k.Sport, Host: k.Host}, &peer); err == nil {
 			kill = append(kill, peer)
 		}
 		where[f.Src], where[f.Dst] = true, true

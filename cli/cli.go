@@ -61,6 +61,7 @@ func init() {
 		"limit":     {summary: "limit set|del|list: containers' rate limits, changed while they run", run: cmdLimit},
 		"lab":       {summary: "lab up|down|exec|ip|status|cni: an emulated cluster on this machine", run: cmdLab},
 		"cache":     {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
+		"steering":  {summary: "show where the stages of overlay flows ran, by CPU, and why (steering layer)", run: cmdSteering},
 		"cert":      {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":     {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {

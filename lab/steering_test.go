@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/lab/labtest"
 )
 
 func steeringStatus(t *testing.T, l *Lab, host string) *api.SteeringStatus {
@@ -100,8 +101,9 @@ func iperf(t *testing.T, l *Lab, udp bool) map[string]any {
 // vxlan stage goes to the other CPU (the first choice never stays on the
 // CPU running the stage before), the container's stage back to CPU 0;
 // TCP and UDP; bytes arrive exact. A light flow's stages stay together. A CPU kept busy is avoided (the
-// two-choice rule). Turned off, the layer leaves no program and the
-// kernel's default RPS.
+// two-choice rule). Split, one UDP flow's vxlan stage runs on both CPUs,
+// and TCP is never split. Turned off, the layer leaves no program and
+// the kernel's default RPS.
 func TestSteering(t *testing.T) {
 	// Flows of 100 Mbit/s (12.5 KB a millisecond) count as heavy here.
 	l := newLab(t, Config{Name: "tsteer", Hosts: 2, ContainersPerHost: 1, Mode: "steering", AgentArgs: []string{"--steering-heavy", "4096"}})
@@ -146,6 +148,13 @@ func TestSteering(t *testing.T) {
 	}
 	if after := steeringStatus(t, l, "h2").Decisions; after["first"]+after["self_avoided"]+after["second"] == before["first"]+before["self_avoided"]+before["second"] {
 		t.Errorf("the bulk transfer was not steered: %v then %v", before, after)
+	}
+
+	// skiff steering shows the pipeline.
+	h2, _ := l.Host("h2")
+	out, err := exec.Command(filepath.Join(labtest.BinDir(t, "skiff"), "skiff"), "steering", "--socket", h2.Socket).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "skiff.vxlan (forwarding, bridge, host veth)") || !strings.Contains(string(out), "self_avoided") {
+		t.Errorf("skiff steering: %v\n%s", err, out)
 	}
 
 	// A light flow (request/response, one byte each way) is not moved:
@@ -194,6 +203,25 @@ for _ in range(2000):
 	t.Logf("CPU 1 busy: stage shares %v, decisions %v then %v", shares, before, after)
 	if s := shares["vxlan"]; len(s) < 2 || s[1] > 0.1 {
 		t.Errorf("CPU 1 busy: the vxlan stage ran %v on CPU 1", s)
+	}
+
+	// Split (mFlow): one UDP flow's batches of 64 datagrams take both CPUs
+	// at the vxlan stage; TCP stays whole.
+	l.Config.AgentArgs = append(l.Config.AgentArgs, "--steering-udp-batch", "64")
+	restartAgents(t, l, "steering")
+	before = steeringStatus(t, l, "h2").Decisions
+	var r map[string]any
+	shares = stageShares(t, l, "h2", func() { r = iperf(t, l, true) })
+	split := steeringStatus(t, l, "h2").Decisions["split"] - before["split"]
+	sum := r["end"].(map[string]any)["sum"].(map[string]any)
+	t.Logf("UDP split in batches of 64: stage shares %v, %d split decisions, %.2f %% lost", shares, split, sum["lost_percent"])
+	if s := shares["vxlan"]; len(s) < 2 || s[0] < 0.25 || s[1] < 0.25 || split == 0 {
+		t.Errorf("UDP split: the vxlan stage on CPUs %v (%d split decisions), want both CPUs a quarter or more", s, split)
+	}
+	before = steeringStatus(t, l, "h2").Decisions
+	iperf(t, l, false)
+	if n := steeringStatus(t, l, "h2").Decisions["split"] - before["split"]; n != 0 {
+		t.Errorf("a TCP flow was split %d times", n)
 	}
 
 	// Off: no program, no pin, the kernel's default RPS.

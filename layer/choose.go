@@ -60,21 +60,25 @@ func choose(all []Registration, mode string, names []string, options map[string]
 		}
 		choices = append(choices, c)
 	}
-	// A layer that serves others runs beside them only.
-	for i, r := range all {
-		if !choices[i].On || r.With == nil {
-			continue
-		}
-		for _, w := range r.With(options[r.Name]) {
-			j := slices.IndexFunc(all, func(r Registration) bool { return r.Name == w })
-			if j >= 0 && choices[j].On {
+	// A layer that serves others runs beside them only (until none is
+	// turned off: one turned off may be another's).
+	for changed := true; changed; {
+		changed = false
+		for i, r := range all {
+			if !choices[i].On || r.With == nil {
 				continue
 			}
-			if !auto {
-				return nil, nil, fmt.Errorf("layer %s serves layer %s: run both (--layers)", r.Name, w)
+			for _, w := range r.With(options[r.Name]) {
+				j := slices.IndexFunc(all, func(r Registration) bool { return r.Name == w })
+				if j >= 0 && choices[j].On {
+					continue
+				}
+				if !auto {
+					return nil, nil, fmt.Errorf("layer %s serves layer %s: run both (--layers)", r.Name, w)
+				}
+				choices[i].On, choices[i].Reason, changed = false, fmt.Sprintf("serves layer %s, which is off", w), true
+				break
 			}
-			choices[i].On, choices[i].Reason = false, fmt.Sprintf("serves layer %s, which is off", w)
-			break
 		}
 	}
 	// In the order asked for (the order of Sync and Settle); auto: by name.

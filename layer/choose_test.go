@@ -90,6 +90,15 @@ func TestChooseWith(t *testing.T) {
 			t.Errorf("s probe %v, options %v: runs %v (%v), choices %+v; want %v, reason %q", tc.sErr, tc.options, names, err, choices, tc.want, tc.reason)
 		}
 	}
+	// A chain, the server first: a serves b, which serves c, which is off.
+	chain := []Registration{
+		{Name: "a", With: func(any) []string { return []string{"b"} }},
+		{Name: "b", With: func(any) []string { return []string{"c"} }},
+		{Name: "c", Probe: func(any) error { return errors.New("no") }},
+	}
+	if run, _, err := choose(chain, Auto, nil, nil); err != nil || len(run) != 0 {
+		t.Errorf("chain a→b→c with c off: runs %v (%v), want none", run, err)
+	}
 	all := []Registration{ch, {Name: "s"}}
 	if _, _, err := choose(all, "ch", nil, nil); err == nil || err.Error() != "layer ch serves layer s: run both (--layers)" {
 		t.Errorf("mode ch without s: %v", err)

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/bpffs"
@@ -70,6 +70,10 @@ type Options struct {
 	// flows (request/response) stay on the CPU they are on. 0:
 	// DefaultHeavyBytes; -1: every flow is steered.
 	HeavyBytes int
+	// UDPBatch splits a heavy UDP flow: its next stage moves to the next
+	// CPU every UDPBatch packets (mFlow's micro-flows; the receiver may
+	// see datagrams out of order). 0: a flow's stage stays on one CPU.
+	UDPBatch int
 }
 
 // DefaultHeavyBytes: 32 KiB a millisecond, 262 Mbit/s.
@@ -120,17 +124,26 @@ func newLayer(options any) (layer.Layer, error) {
 	case o.HeavyBytes == 0:
 		o.HeavyBytes = DefaultHeavyBytes
 	case o.HeavyBytes == -1:
-	case o.HeavyBytes < 0:
-		return nil, fmt.Errorf("steering heavy flows %d bytes a millisecond: want 0 or more (-1: every flow)", o.HeavyBytes)
+	case o.HeavyBytes < 0 || o.HeavyBytes > 1<<30:
+		return nil, fmt.Errorf("steering heavy flows %d bytes a millisecond: want 0 to 2^30 (-1: every flow)", o.HeavyBytes)
+	}
+	if o.UDPBatch < 0 {
+		return nil, fmt.Errorf("steering UDP batch %d: want 0 (no splitting) or more packets", o.UDPBatch)
 	}
 	return &Layer{opts: o}, nil
 }
 
-// onlineCPUs are the CPUs this process may run on.
+// onlineCPUs are the CPUs this process may run on (the first MaxCPUs).
 func onlineCPUs() []int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil
+	}
 	var cpus []int
-	for i := range min(runtime.NumCPU(), MaxCPUs) {
-		cpus = append(cpus, i)
+	for c := 0; c < MaxCPUs; c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
 	}
 	return cpus
 }
@@ -159,7 +172,7 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 		return fmt.Errorf("load steering programs: %w", err)
 	}
 	cfg := stxStxCfg{N: uint32(len(l.opts.CPUs)), Threshold: uint32(l.opts.Threshold), StaleNs: uint64(staleAfter),
-		HeavyBytes: uint32(max(l.opts.HeavyBytes, 0)), WindowNs: uint32(time.Millisecond)}
+		HeavyBytes: uint32(max(l.opts.HeavyBytes, 0)), WindowNs: uint32(time.Millisecond), UdpBatch: uint32(l.opts.UDPBatch)}
 	for i, c := range l.opts.CPUs {
 		cfg.Cpus[i] = uint32(c)
 	}
@@ -177,12 +190,18 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 			return err
 		}
 	}
-	w, err := readWritten(env.StateDir)
-	if err != nil {
-		return fmt.Errorf("steering state: %w", err)
-	}
+	w := readWritten(env.StateDir, env.Log)
 	if err := w.steerDevice(env.StateDir, "", overlay.VXLANName, FormatMask(l.opts.CPUs)); err != nil {
 		return err
+	}
+	// The kernel's RPS map is the mask's CPUs that are possible: the
+	// programs must pick among exactly those.
+	var got string
+	if err := inSysfs(nil, func(sys string) (err error) { got, err = rpsOf(sys, overlay.VXLANName); return err }); err != nil {
+		return err
+	}
+	if !sameMask(got, FormatMask(l.opts.CPUs)) {
+		return fmt.Errorf("steering CPUs %v: the kernel took %s for %s (offline or impossible CPUs?)", l.opts.CPUs, got, overlay.VXLANName)
 	}
 	go l.sample(ctx, l.opts.Interval)
 	return nil
@@ -210,8 +229,8 @@ func endpointLinks(e cluster.Endpoint) string {
 // the hash its eth0's RPS follows; its eth0 counts the stage and gets the
 // mask of the CPUs taking part.
 func (l *Layer) attach(e cluster.Endpoint) error {
-	name := endpointLinks(e)
-	if err := l.attachTCX(name+"-veth", e.Veth, l.objs.StxToContainer, ebpf.AttachTCXEgress); err != nil {
+	pins := endpointPins(e)
+	if err := l.attachTCX(pins[0], e.Veth, l.objs.StxToContainer, ebpf.AttachTCXEgress); err != nil {
 		return err
 	}
 	ns, err := overlay.OpenNetns(e)
@@ -220,7 +239,7 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 	}
 	defer ns.Close()
 	err = overlay.InNetns(e, func() error {
-		return l.attachTCX(name+"-eth", e.IfName, l.objs.StxContainer, ebpf.AttachTCXIngress)
+		return l.attachTCX(pins[1], e.IfName, l.objs.StxContainer, ebpf.AttachTCXIngress)
 	})
 	if err != nil {
 		return err
@@ -229,10 +248,7 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 	if err := inSysfs(&ns, func(sys string) error { return setRPS(sys, e.IfName, mask) }); err != nil {
 		return err
 	}
-	w, err := readWritten(l.env.StateDir)
-	if err != nil {
-		return err
-	}
+	w := readWritten(l.env.StateDir, l.log)
 	w.Masks[maskKey(e.Netns, e.IfName)] = mask
 	return w.save(l.env.StateDir)
 }
@@ -248,13 +264,52 @@ func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 }
 
 func (l *Layer) forget(e cluster.Endpoint) error {
-	err := bpffs.Unpin(l.linkDir(), endpointLinks(e)+"-")
-	w, werr := readWritten(l.env.StateDir)
-	if werr == nil {
-		delete(w.Masks, maskKey(e.Netns, e.IfName))
-		werr = w.save(l.env.StateDir)
+	var errs []error
+	for _, name := range endpointPins(e) {
+		if err := os.Remove(filepath.Join(l.linkDir(), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	return errors.Join(err, werr)
+	w := readWritten(l.env.StateDir, l.log)
+	delete(w.Masks, maskKey(e.Netns, e.IfName))
+	return errors.Join(append(errs, w.save(l.env.StateDir))...)
+}
+
+// endpointPins are the names of a container's pinned links.
+func endpointPins(e cluster.Endpoint) []string {
+	name := endpointLinks(e)
+	return []string{name + "-veth", name + "-eth"}
+}
+
+// prune unpins the links of containers that are no longer local (removed
+// while the agent was down, or collected) and forgets their masks.
+func (l *Layer) prune(local []cluster.Endpoint) error {
+	keep, masks := map[string]bool{}, map[string]bool{}
+	for _, e := range local {
+		for _, name := range endpointPins(e) {
+			keep[name] = true
+		}
+		masks[maskKey(e.Netns, e.IfName)] = true
+	}
+	pins, err := filepath.Glob(filepath.Join(l.linkDir(), "ep-*"))
+	var errs []error
+	for _, p := range pins {
+		if !keep[filepath.Base(p)] {
+			errs = append(errs, os.Remove(p))
+		}
+	}
+	w := readWritten(l.env.StateDir, l.log)
+	changed := false
+	for key := range w.Masks {
+		if ns, _, _ := strings.Cut(key, "|"); ns != "" && !masks[key] {
+			delete(w.Masks, key)
+			changed = true
+		}
+	}
+	if changed {
+		errs = append(errs, w.save(l.env.StateDir))
+	}
+	return errors.Join(append(errs, err)...)
 }
 
 func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
@@ -266,7 +321,7 @@ func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
 
 func (l *Layer) Sync(_ context.Context, v *layer.View) error {
 	l.eps.Sync(v.Local, l.attach, l.log)
-	return nil
+	return l.prune(v.Local)
 }
 
 func (l *Layer) Settle(context.Context, *layer.View) error { return nil }
@@ -280,7 +335,7 @@ var Stages = []struct{ Name, Device string }{
 }
 
 // Decisions names the programs' counters, in the order of enum stx_reason.
-var Decisions = []string{"first", "second", "self_avoided", "stale_load", "not_vxlan", "not_ipv4", "malformed", "fragment", "light"}
+var Decisions = []string{"first", "second", "self_avoided", "stale_load", "not_vxlan", "not_ipv4", "malformed", "fragment", "light", "split"}
 
 func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
 	st := &api.SteeringStatus{CPUs: l.opts.CPUs, Threshold: l.opts.Threshold, Decisions: map[string]uint64{}}
@@ -311,13 +366,10 @@ func (l *Layer) Close() error { return l.objs.Close() }
 // them) and maps, and puts the kernel's default RPS back on the devices it
 // steered.
 func teardown(env layer.Env) (bool, error) {
-	w, err := readWritten(env.StateDir)
-	if err != nil {
-		return false, err
-	}
+	w := readWritten(env.StateDir, env.Log)
 	_, statErr := os.Stat(filepath.Join(env.PinDir, "stx_links"))
 	if statErr != nil && len(w.Masks) == 0 {
 		return false, nil
 	}
-	return true, errors.Join(bpffs.Unpin(env.PinDir, "stx_"), w.restore(env.StateDir))
+	return true, errors.Join(bpffs.Unpin(env.PinDir, "stx_"), w.restore(env.StateDir, env.Log))
 }

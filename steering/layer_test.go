@@ -26,7 +26,9 @@ func TestOptions(t *testing.T) {
 		{Options{CPUs: []int{64}}, "want CPUs 0 to 63"},
 		{Options{CPUs: []int{-1}}, "want CPUs 0 to 63"},
 		{Options{Threshold: 101}, "want 1 to 100"},
-		{Options{HeavyBytes: -2}, "want 0 or more"},
+		{Options{HeavyBytes: -2}, "want 0 to 2^30"},
+		{Options{HeavyBytes: 1 << 31}, "want 0 to 2^30"},
+		{Options{UDPBatch: -1}, "want 0 (no splitting)"},
 		{"fast", "not string"},
 	} {
 		if _, err := newLayer(c.o); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -56,6 +56,19 @@ func loadTest(t *testing.T) *stxObjects {
 	return &objs
 }
 
+// configure changes the programs' configuration.
+func configure(t *testing.T, objs *stxObjects, change func(*stxStxCfg)) {
+	t.Helper()
+	var cfg stxStxCfg
+	if err := objs.StxConfig.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	change(&cfg)
+	if err := objs.StxConfig.Put(uint32(0), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // onCPU0 runs the rest of the test on CPU 0: BPF_PROG_RUN runs the program
 // on the calling CPU, which the pick avoids.
 func onCPU0(t *testing.T) {
@@ -164,7 +177,7 @@ func TestSteer(t *testing.T) {
 			pkt  []byte
 		}{{objs.StxUnderlay, vxlan(inner)}, {objs.StxToContainer, inner}} {
 			got := run(t, objs, p.prog, p.pkt)
-			if got.Flow != flow || got.Cpu != c.cpu || got.Reason != uint32(c.reason) || got.Hash != hashForIndex(got.Idx, 2) || scale(got.Hash, 2) != c.cpu {
+			if got.Flow != flow || got.Cpu != c.cpu || got.Reason != uint32(c.reason) || got.Hash != hashForIndex(got.Idx, 2, mix32(flow^loIndex)) || scale(got.Hash, 2) != c.cpu {
 				t.Errorf("%s, %v: recorded %+v; want flow %#x to CPU %d (%v)", c.name, p.prog, got, flow, c.cpu, c.reason)
 			}
 		}
@@ -257,14 +270,7 @@ func TestStages(t *testing.T) {
 func TestLightFlows(t *testing.T) {
 	onCPU0(t)
 	objs := loadTest(t)
-	var cfg stxStxCfg
-	if err := objs.StxConfig.Lookup(uint32(0), &cfg); err != nil {
-		t.Fatal(err)
-	}
-	cfg.HeavyBytes, cfg.WindowNs = 4000, uint32(time.Second)
-	if err := objs.StxConfig.Put(uint32(0), cfg); err != nil {
-		t.Fatal(err)
-	}
+	configure(t, objs, func(c *stxStxCfg) { c.HeavyBytes, c.WindowNs = 4000, uint32(time.Second) })
 	setLoads(t, objs, 0, 10, 10)
 	inner := innerTCP(portFor(t, 1), tctest.IPOpts{})
 	pkt := vxlan(inner)
@@ -280,5 +286,56 @@ func TestLightFlows(t *testing.T) {
 	}
 	if got := run(t, objs, objs.StxUnderlay, vxlan(innerTCP(portFor(t, 1)+1, tctest.IPOpts{}))); got.Reason != uint32(stxStxReasonSTX_LIGHT) {
 		t.Errorf("another flow: %+v, want it light", got)
+	}
+}
+
+// TestSplitUDP: with udp_batch, a heavy UDP flow's batches take the CPUs
+// in turn (mFlow's micro-flows); a TCP flow and a fragmented datagram are
+// never split.
+func TestSplitUDP(t *testing.T) {
+	onCPU0(t)
+	objs := loadTest(t)
+	configure(t, objs, func(c *stxStxCfg) { c.UdpBatch = 4 })
+	setLoads(t, objs, 0, 10, 10)
+	udp := func(o tctest.IPOpts) []byte {
+		return vxlan(tctest.Eth(mac, mac, 0x0800, tctest.IPv4(o, tctest.ProtoUDP, ipRemote, ipLocal, tctest.UDP(5000, 6000, make([]byte, 1000)))))
+	}
+	flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 17, Sport: 5000, Dport: 6000}.hash()
+	first := firstChoice(flow, loIndex, 2)
+	for p := uint32(1); p <= 12; p++ {
+		want := (first + p/4) % 2
+		if got := run(t, objs, objs.StxUnderlay, udp(tctest.IPOpts{})); got.Reason != uint32(stxStxReasonSTX_SPLIT) || got.Cpu != want {
+			t.Errorf("packet %d: %+v, want CPU %d (split)", p, got, want)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		pkt  []byte
+	}{{"TCP", vxlan(innerTCP(1234, tctest.IPOpts{}))}, {"fragment", udp(tctest.IPOpts{Frag: 0x2000})}} {
+		for range 8 {
+			if got := run(t, objs, objs.StxUnderlay, c.pkt); got.Reason == uint32(stxStxReasonSTX_SPLIT) {
+				t.Fatalf("%s split: %+v", c.name, got)
+			}
+		}
+	}
+}
+
+// TestSticky: a heavy flow keeps the CPU picked for it for the window,
+// even when the loads that picked it change: choosing again for every
+// packet would spread one flow over two backlogs and reorder it.
+func TestSticky(t *testing.T) {
+	onCPU0(t)
+	objs := loadTest(t)
+	configure(t, objs, func(c *stxStxCfg) { c.HeavyBytes, c.WindowNs = 1, uint32(time.Second) })
+	pkt := vxlan(innerTCP(portFor(t, 1), tctest.IPOpts{}))
+	setLoads(t, objs, 0, 10, 10)
+	if got := run(t, objs, objs.StxUnderlay, pkt); got.Cpu != 1 || got.Reason != uint32(stxStxReasonSTX_FIRST) {
+		t.Fatalf("first packet: %+v, want its first choice, CPU 1", got)
+	}
+	setLoads(t, objs, 0, 10, 90)
+	for range 5 {
+		if got := run(t, objs, objs.StxUnderlay, pkt); got.Cpu != 1 {
+			t.Fatalf("CPU 1 loaded within the window: %+v, want the flow kept on CPU 1", got)
+		}
 	}
 }

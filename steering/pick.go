@@ -30,9 +30,11 @@ func mix32(h uint32) uint32 {
 // among n CPUs.
 func scale(h, n uint32) uint32 { return uint32(uint64(h) * uint64(n) >> 32) }
 
-// hashForIndex is the hash the programs write for index idx among n CPUs:
-// RPS maps it back to idx.
-func hashForIndex(idx, n uint32) uint32 { return uint32(((uint64(idx)<<32)+uint64(n)-1)/uint64(n)) + 1 }
+// hashForIndex is the hash the programs write for index idx among n CPUs
+// for a flow whose salted hash is h: RPS maps it back to idx.
+func hashForIndex(idx, n, h uint32) uint32 {
+	return uint32(((uint64(idx)<<32)+uint64(n)-1)/uint64(n)) + 1 + h&0x1ffffff
+}
 
 // swap16 turns a port into network order in memory (the programs compare
 // it with the packet's bytes).

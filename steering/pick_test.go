@@ -6,14 +6,20 @@ import (
 )
 
 // TestHashForIndex: for every index of every CPU count the programs
-// support, RPS (reciprocal_scale) maps the hash written back to it.
+// support, and any flow, RPS (reciprocal_scale) maps the hash written back
+// to the index; flows keep different hashes.
 func TestHashForIndex(t *testing.T) {
 	for n := uint32(1); n <= MaxCPUs; n++ {
 		for idx := uint32(0); idx < n; idx++ {
-			if h := hashForIndex(idx, n); h == 0 || scale(h, n) != idx {
-				t.Fatalf("n %d idx %d: hash %#x scales to %d", n, idx, h, scale(h, n))
+			for _, f := range []uint32{0, 1, 0x1ffffff, 0x2000000, 0xdeadbeef, 0xffffffff} {
+				if h := hashForIndex(idx, n, f); h == 0 || scale(h, n) != idx {
+					t.Fatalf("n %d idx %d flow %#x: hash %#x scales to %d", n, idx, f, h, scale(h, n))
+				}
 			}
 		}
+	}
+	if hashForIndex(1, 2, 5) == hashForIndex(1, 2, 6) {
+		t.Error("two flows got one hash")
 	}
 }
 

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netns"
@@ -98,19 +100,26 @@ type written struct {
 
 func stateFile(stateDir string) string { return filepath.Join(stateDir, "steering-rps.json") }
 
-func readWritten(stateDir string) (written, error) {
+// readWritten reads the state file. One that cannot be read as such is
+// moved aside (the masks it listed stay as they are), with a warning.
+func readWritten(stateDir string, log *slog.Logger) written {
 	w := written{Masks: map[string]string{}}
 	b, err := os.ReadFile(stateFile(stateDir))
 	if errors.Is(err, os.ErrNotExist) {
-		return w, nil
+		return w
 	}
 	if err == nil {
 		err = json.Unmarshal(b, &w)
 	}
+	if err != nil {
+		log.Warn("steering state unreadable: moved aside, the RPS masks it listed stay", "file", stateFile(stateDir), "err", err)
+		os.Rename(stateFile(stateDir), stateFile(stateDir)+".bad")
+		w.Masks = nil
+	}
 	if w.Masks == nil {
 		w.Masks = map[string]string{}
 	}
-	return w, err
+	return w
 }
 
 func (w written) save(stateDir string) error {
@@ -147,25 +156,33 @@ func (w written) steerDevice(stateDir, nsPath, dev, mask string) error {
 
 // restore puts the kernel's default (no RPS) back on every device the
 // layer steered whose mask is still the one written (someone else's
-// change stays), and forgets them. Namespaces that are gone are skipped.
-func (w written) restore(stateDir string) error {
-	var errs []error
+// change stays), and forgets them. A container's namespace that is gone
+// or cannot be entered is forgotten with a warning: a failure here must
+// not keep the agent from starting.
+func (w written) restore(stateDir string, log *slog.Logger) error {
 	for key, mask := range w.Masks {
 		nsPath, dev, _ := strings.Cut(key, "|")
 		err := inNamespaceSysfs(nsPath, func(sys string) error {
 			now, err := rpsOf(sys, dev)
-			if err != nil || now != mask {
+			if err != nil || !sameMask(now, mask) {
 				return nil // gone, or changed by someone else
 			}
 			return setRPS(sys, dev, "0")
 		})
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("restore RPS of %s: %w", dev, err))
-			continue
+			log.Warn("RPS mask not restored", "netns", nsPath, "device", dev, "err", err)
 		}
 		delete(w.Masks, key)
 	}
-	return errors.Join(append(errs, w.save(stateDir))...)
+	return w.save(stateDir)
+}
+
+// sameMask compares two masks as the CPU sets they stand for (the kernel
+// prints a mask zero-padded to the number of possible CPUs).
+func sameMask(a, b string) bool {
+	x, err1 := ParseMask(a)
+	y, err2 := ParseMask(b)
+	return err1 == nil && err2 == nil && slices.Equal(x, y)
 }
 
 // inNamespaceSysfs runs f with a sysfs of the namespace at nsPath (""

@@ -18,7 +18,9 @@
 // sampled by the agent); a first choice that is the CPU already running the
 // packet gives way to the next one below the threshold. A light flow (few
 // bytes a window: request/response) gets hash 0, for which RPS picks no
-// CPU: its next stage runs on this CPU at once.
+// CPU: its next stage runs on this CPU at once. With udp_batch, a heavy
+// UDP flow's batches of packets take the CPUs in turn (mFlow's
+// micro-flows; never TCP, which would be reordered).
 // Every program leaves the packet to the next one (TCX_NEXT) and never
 // changes it but for its hash. Non-IPv4, truncated and foreign packets are
 // counted and left alone.
@@ -113,16 +115,19 @@ static __always_inline __u32 mix32(__u32 h)
 // The index reciprocal_scale gives h among n (get_rps_cpu's choice).
 static __always_inline __u32 scale(__u32 h, __u32 n) { return (__u32)(((__u64)h * n) >> 32); }
 
-// hash_for_index is a non-zero hash that RPS over n CPUs maps to index idx.
-static __always_inline __u32 hash_for_index(__u32 idx, __u32 n)
+// hash_for_index is a non-zero hash that RPS over n (at most 64) CPUs maps
+// to index idx: one of the 2^25 values from the bottom of the index's range
+// (at least 2^26 wide), taken by the flow's own hash h, so that flows keep
+// hashes apart for what else reads them (GRO's buckets, RFS, fanout).
+static __always_inline __u32 hash_for_index(__u32 idx, __u32 n, __u32 h)
 {
-	return (__u32)((((__u64)idx << 32) + n - 1) / n) + 1;
+	return (__u32)((((__u64)idx << 32) + n - 1) / n) + 1 + (h & 0x1ffffff);
 }
 
 // flow_at hashes the IPv4 flow of the Ethernet frame at off: addresses,
 // protocol and, unless it is a fragment, TCP/UDP ports. It returns
 // STX_FIRST, STX_FRAGMENT (hashed without ports) or why it could not.
-static __always_inline __u32 flow_at(struct __sk_buff *skb, __u32 off, __u32 *flow)
+static __always_inline __u32 flow_at(struct __sk_buff *skb, __u32 off, __u32 *flow, bool *udp)
 {
 	struct ethhdr eth;
 	struct iphdr ip;
@@ -136,6 +141,7 @@ static __always_inline __u32 flow_at(struct __sk_buff *skb, __u32 off, __u32 *fl
 	if (ip.version != 4 || ip.ihl < 5)
 		return STX_MALFORMED;
 	__u32 h = mix32(ip.saddr ^ mix32(ip.daddr ^ ip.protocol));
+	*udp = ip.protocol == IPPROTO_UDP;
 	if (ip.frag_off & bpf_htons(0x3fff)) {
 		*flow = h;
 		return STX_FRAGMENT;
@@ -156,31 +162,34 @@ static __always_inline __u32 load_of(const struct stx_load *l, const struct stx_
 	return l->pct[cpu & (STX_MAX_CPUS - 1)];
 }
 
-// heavy says whether flow (h1: salted with the device) has carried
-// heavy_bytes in the current window or did in the last one: each stage
-// moved to another CPU costs a hand-over (an IPI, a backlog pass), which
-// a light flow (request/response) does not win back.
-static __always_inline bool heavy(const struct stx_cfg *c, __u32 h1, __u32 len)
+// track counts a packet of len bytes of flow h1 (salted with the device)
+// and returns the flow's entry (NULL: the map took none). A flow is heavy
+// when it has carried heavy_bytes in the current window or did in the
+// last one: each stage moved to another CPU costs a hand-over (an IPI, a
+// backlog pass), which a light flow (request/response) does not win back.
+static __always_inline struct stx_flow *track(const struct stx_cfg *c, __u32 h1, __u32 len)
 {
-	if (!c->heavy_bytes)
-		return true;
 	__u64 now = bpf_ktime_get_ns();
 	struct stx_flow *f = bpf_map_lookup_elem(&stx_flows, &h1);
 	if (!f) {
-		struct stx_flow n = {.start = now, .bytes = len, .heavy = len >= c->heavy_bytes};
-		bpf_map_update_elem(&stx_flows, &h1, &n, BPF_ANY);
-		return n.heavy;
+		struct stx_flow n = {.start = now, .idx = STX_MAX_CPUS};
+		bpf_map_update_elem(&stx_flows, &h1, &n, BPF_NOEXIST);
+		f = bpf_map_lookup_elem(&stx_flows, &h1);
+		if (!f)
+			return NULL;
 	}
 	if (now - f->start > c->window_ns) {
 		// The window closed: heavy if it was, and it ended just now.
 		f->heavy = f->bytes >= c->heavy_bytes && now - f->start <= 2 * (__u64)c->window_ns;
 		f->start = now;
 		f->bytes = 0;
+		f->idx = STX_MAX_CPUS; // pick again
 	}
 	f->bytes += len;
+	f->pkts++;
 	if (f->bytes >= c->heavy_bytes)
 		f->heavy = 1;
-	return f->heavy;
+	return f;
 }
 
 // this_index is the index of the CPU running the program among c->cpus
@@ -196,21 +205,55 @@ static __always_inline __u32 this_index(const struct stx_cfg *c)
 
 // pick returns the index (into c->cpus) of the CPU for the next stage of
 // flow, salted with the stage's device, and why.
-static __always_inline __u32 pick(const struct stx_cfg *c, __u32 flow, __u32 salt, __u32 len, __u32 *reason)
+static __always_inline __u32 choose(const struct stx_cfg *c, __u32 h1, __u32 *reason);
+
+static __always_inline __u32 pick(const struct stx_cfg *c, __u32 flow, __u32 salt, __u32 len, bool udp, __u32 *reason,
+				  __u32 *h)
 {
-	__u32 n = c->n, zero = 0;
+	__u32 n = c->n;
 	__u32 h1 = mix32(flow ^ salt);
-	__u32 idx = scale(h1, n);
+	*h = h1;
 	*reason = STX_FIRST;
 	if (n < 2)
-		return idx;
-	if (!heavy(c, h1, len)) {
+		return scale(h1, n);
+	if (!c->heavy_bytes && !c->udp_batch)
+		return choose(c, h1, reason);
+	struct stx_flow *f = track(c, h1, len);
+	if (c->heavy_bytes && (!f || !f->heavy)) {
 		__u32 self = this_index(c);
 		if (self < n) {
 			*reason = STX_LIGHT;
 			return self;
 		}
 	}
+	if (!f)
+		return choose(c, h1, reason);
+	// mFlow's micro-flows: a heavy UDP flow's batches take the CPUs in
+	// turn (UDP keeps no order to lose; TCP is never split).
+	if (udp && c->udp_batch) {
+		*reason = STX_SPLIT;
+		return (scale(h1, n) + f->pkts / c->udp_batch) % n;
+	}
+	// A flow keeps its CPU for the window: a choice made again for every
+	// packet, from loads that change, would spread one flow's packets
+	// over two backlogs and reorder them.
+	if (f->idx < n) {
+		*reason = f->reason;
+		return f->idx;
+	}
+	__u32 idx = choose(c, h1, reason);
+	f->idx = idx;
+	f->reason = *reason;
+	return idx;
+}
+
+// choose is Falcon's pick for a heavy flow (h1: salted with the device):
+// its first choice; the second when the first is loaded and the second
+// less so; the next CPU when the first is the one running the program.
+static __always_inline __u32 choose(const struct stx_cfg *c, __u32 h1, __u32 *reason)
+{
+	__u32 n = c->n, zero = 0;
+	__u32 idx = scale(h1, n);
 	const struct stx_load *l = bpf_map_lookup_elem(&stx_loads, &zero);
 	bool fresh = l && l->stamp_ns && bpf_ktime_get_ns() - l->stamp_ns <= c->stale_ns;
 	if (!fresh)
@@ -235,12 +278,12 @@ static __always_inline __u32 pick(const struct stx_cfg *c, __u32 flow, __u32 sal
 }
 
 // steer sets the hash that sends the flow's next stage to the CPU picked.
-static __always_inline void steer(struct __sk_buff *skb, const struct stx_cfg *c, __u32 flow)
+static __always_inline void steer(struct __sk_buff *skb, const struct stx_cfg *c, __u32 flow, bool udp)
 {
-	__u32 reason, idx = pick(c, flow, skb->ifindex, skb->len, &reason);
+	__u32 reason, h1, idx = pick(c, flow, skb->ifindex, skb->len, udp, &reason, &h1);
 	// A light flow gets hash 0, which RPS takes for none: the next device
 	// processes it at once on this CPU, without a backlog pass.
-	__u32 hash = reason == STX_LIGHT ? 0 : hash_for_index(idx, c->n);
+	__u32 hash = reason == STX_LIGHT ? 0 : hash_for_index(idx, c->n, h1);
 	bpf_set_hash(skb, hash);
 	bump(&stx_stats, reason);
 	if (cfg_record) {
@@ -263,14 +306,16 @@ static __always_inline int steer_frame(struct __sk_buff *skb, __u32 off)
 	const struct stx_cfg *c = config();
 	if (!c)
 		return TCX_NEXT;
-	__u32 flow, r = flow_at(skb, off, &flow);
+	bool udp = false;
+	__u32 flow, r = flow_at(skb, off, &flow, &udp);
 	if (r == STX_FRAGMENT)
 		bump(&stx_stats, r);
 	else if (r != STX_FIRST) {
 		bump(&stx_stats, r);
 		return TCX_NEXT;
 	}
-	steer(skb, c, flow);
+	// A fragmented datagram's pieces stay together.
+	steer(skb, c, flow, udp && r != STX_FRAGMENT);
 	return TCX_NEXT;
 }
 

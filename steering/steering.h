@@ -12,6 +12,8 @@ struct stx_cfg {
 	__u64 stale_ns;    // loads older than this are not believed
 	__u32 heavy_bytes; // a flow with this many bytes in a window is steered (0: every flow)
 	__u32 window_ns;   // the window
+	__u32 udp_batch;   // a heavy UDP flow's next stage moves on every this many packets (0: never)
+	__u32 pad;
 	__u32 cpus[STX_MAX_CPUS];
 };
 
@@ -21,6 +23,10 @@ struct stx_flow {
 	__u64 start;
 	__u32 bytes;
 	__u32 heavy;
+	__u32 pkts;   // all of the flow's packets at the device
+	__u32 idx;    // the CPU picked for its next stage in this window (STX_MAX_CPUS: none yet)
+	__u32 reason; // and why
+	__u32 pad;
 };
 
 // Each CPU's load, sampled by the agent (percent, smoothed), and when.
@@ -49,7 +55,8 @@ enum stx_reason {
 	STX_MALFORMED = 6,    // truncated or bad headers: untouched
 	STX_FRAGMENT = 7,     // IPv4 fragment: steered by addresses and protocol
 	STX_LIGHT = 8,        // a light flow: its next stage stays on this CPU
-	STX_NREASONS = 9,
+	STX_SPLIT = 9,        // a heavy UDP flow's packets: its batch's CPU (mFlow)
+	STX_NREASONS = 10,
 };
 
 // The last decision (tests: cfg_record), as BPF_PROG_RUN cannot return

@@ -20,14 +20,20 @@ type stxStxCfg struct {
 	StaleNs    uint64
 	HeavyBytes uint32
 	WindowNs   uint32
+	UdpBatch   uint32
+	Pad        uint32
 	Cpus       [64]uint32
 }
 
 type stxStxFlow struct {
-	_     structs.HostLayout
-	Start uint64
-	Bytes uint32
-	Heavy uint32
+	_      structs.HostLayout
+	Start  uint64
+	Bytes  uint32
+	Heavy  uint32
+	Pkts   uint32
+	Idx    uint32
+	Reason uint32
+	Pad    uint32
 }
 
 type stxStxLast struct {
@@ -58,7 +64,8 @@ const (
 	stxStxReasonSTX_MALFORMED    stxStxReason = 6
 	stxStxReasonSTX_FRAGMENT     stxStxReason = 7
 	stxStxReasonSTX_LIGHT        stxStxReason = 8
-	stxStxReasonSTX_NREASONS     stxStxReason = 9
+	stxStxReasonSTX_SPLIT        stxStxReason = 9
+	stxStxReasonSTX_NREASONS     stxStxReason = 10
 )
 
 type stxStxStage uint32

@@ -91,6 +91,7 @@ func run(args []string) error {
 		return nil
 	})
 	fs.IntVar(&steer.Threshold, "steering-threshold", steering.DefaultThreshold, "steering layer: a CPU's load (percent) at which a stage takes its second choice")
+	fs.IntVar(&steer.UDPBatch, "steering-udp-batch", 0, "steering layer: split heavy UDP flows, moving their next stage to the next CPU every this many packets (mFlow; 0: no splitting)")
 	fs.IntVar(&steer.HeavyBytes, "steering-heavy", steering.DefaultHeavyBytes, "steering layer: bytes a flow carries in a millisecond before its stages spread (-1: every flow)")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")

@@ -38,12 +38,18 @@ ssize_t recvfrom(int fd, void *b, size_t n, int fl, struct sockaddr *sa, socklen
 {
 	return fail_once(fd) ? -1 : syscall(SYS_recvfrom, fd, b, n, fl, sa, sl);
 }
-ssize_t recv(int fd, void *b, size_t n, int fl) { return recvfrom(fd, b, n, fl, NULL, NULL); }
+ssize_t recv(int fd, void *b, size_t n, int fl) { return fail_once(fd) ? -1 : syscall(SYS_recvfrom, fd, b, n, fl, NULL, NULL); }
 ssize_t recvmsg(int fd, struct msghdr *m, int fl) { return fail_once(fd) ? -1 : syscall(SYS_recvmsg, fd, m, fl); }
-ssize_t __read_chk(int fd, void *b, size_t n, size_t bl) { (void)bl; return read(fd, b, n); }
-ssize_t __recv_chk(int fd, void *b, size_t n, size_t bl, int fl) { (void)bl; return recv(fd, b, n, fl); }
+/* (Raw system calls throughout: a call through the PLT would land in the
+ * shim again, and the shim's own wrapper would not be the one tested.) */
+ssize_t __read_chk(int fd, void *b, size_t n, size_t bl) { (void)bl; return fail_once(fd) ? -1 : syscall(SYS_read, fd, b, n); }
+ssize_t __recv_chk(int fd, void *b, size_t n, size_t bl, int fl)
+{
+	(void)bl;
+	return fail_once(fd) ? -1 : syscall(SYS_recvfrom, fd, b, n, fl, NULL, NULL);
+}
 ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t bl, int fl, struct sockaddr *sa, socklen_t *sl)
 {
 	(void)bl;
-	return recvfrom(fd, b, n, fl, sa, sl);
+	return fail_once(fd) ? -1 : syscall(SYS_recvfrom, fd, b, n, fl, sa, sl);
 }

@@ -1118,12 +1118,16 @@ __attribute__((destructor)) static void skiff_fini(void)
  * redirect) returns -1 EAGAIN on Linux 6.18 when the reader is woken
  * without data: by its own shutdown(SHUT_WR), or another thread's wait for
  * send space (docs/channels.md).  A blocking stream socket without a
- * receive timeout never gives that answer in POSIX, and programs take it
- * for an error: the shim waits for input and reads again.  Only a read
- * that failed with EAGAIN costs anything more. */
+ * receive timeout gives that answer to an ordinary read in no other case,
+ * and programs take it for an error: the shim waits for input and reads
+ * again.  Reads that may fail with EAGAIN by design keep it: MSG_DONTWAIT,
+ * MSG_OOB (no urgent byte), MSG_ERRQUEUE (an empty error queue), a
+ * non-blocking socket, SO_RCVTIMEO.  A signal during the wait ends it with
+ * EINTR, as it would end the read.  Only a read that failed with EAGAIN
+ * costs anything more. */
 static int spurious_eagain(int fd, int flags)
 {
-	if (errno != EAGAIN || (flags & MSG_DONTWAIT)) return 0;
+	if (errno != EAGAIN || (flags & (MSG_DONTWAIT | MSG_OOB | MSG_ERRQUEUE))) return 0;
 	int fl = sys_fcntl(fd, F_GETFL, 0), type = 0;
 	struct timeval tv = {0};
 	socklen_t tl = sizeof type, vl = sizeof tv;
@@ -1133,11 +1137,10 @@ static int spurious_eagain(int fd, int flags)
 		return 0;
 	}
 	struct pollfd p = {.fd = fd, .events = POLLIN};
-	int r;
-	while ((r = poll(&p, 1, -1)) < 0 && errno == EINTR)
-		;
+	if (poll(&p, 1, -1) < 0)
+		return 0; /* errno: EINTR (a signal), or poll's own failure */
 	errno = EAGAIN;
-	return r > 0;
+	return 1;
 }
 
 #define RETRY_READ(real, fd, flags, ...) do { \

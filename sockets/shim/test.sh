@@ -688,9 +688,10 @@ check stats-counters-move stats_move
 # eagain.so fails each stream socket's first read with EAGAIN, as a
 # channelled socket's blocking read can on Linux 6.18: the shim waits and
 # reads again for a blocking socket (every read call); a non-blocking
-# socket, MSG_DONTWAIT and a receive timeout still see EAGAIN.
+# socket, MSG_DONTWAIT, MSG_ERRQUEUE and a receive timeout still see
+# EAGAIN; a signal ends the wait (EINTR).
 cat >"$TMP/eagain.py" <<'EOF'
-import os, socket, struct, sys, threading, time
+import os, signal, socket, struct, sys, threading, time
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
 ls.listen(16)
@@ -735,13 +736,34 @@ def eagain(setup, rd):
 for name, ok in [
         ("non-blocking", eagain(lambda s: s.setblocking(False), lambda s: s.recv(5))),
         ("MSG_DONTWAIT", eagain(lambda s: None, lambda s: s.recv(5, socket.MSG_DONTWAIT))),
-        ("SO_RCVTIMEO", eagain(lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 0)), lambda s: s.recv(5)))]:
+        ("SO_RCVTIMEO", eagain(lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 0)), lambda s: s.recv(5))),
+        ("MSG_ERRQUEUE", eagain(lambda s: None, lambda s: s.recvmsg(5, 0, socket.MSG_ERRQUEUE)))]:
     print(name, "EAGAIN" if ok else "no EAGAIN")
     bad += not ok
+# A signal ends a wait for data that never comes, as it ends a read.
+class Alarm(Exception):
+    pass
+def on_alarm(*_):
+    raise Alarm()
+signal.signal(signal.SIGALRM, on_alarm)
+quiet = socket.socket()
+quiet.bind(("127.0.0.1", 0))
+quiet.listen(1)
+q = socket.create_connection(quiet.getsockname())
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+try:
+    q.recv(1)
+    got = "data"
+except Alarm:
+    got = "EINTR"
+except OSError as e:
+    got = repr(e)
+print("signal", got)
+bad += got != "EINTR"
 print("ok" if bad == 0 else "FAIL %d" % bad)
 EOF
-check eagain-injected-without-shim sh -c "! ip netns exec $C env LD_PRELOAD=$DIR/eagain.so $PY $TMP/eagain.py | grep -q '^ok'"
-check shim-retries-eagain-on-blocking-reads sc_ok ip netns exec $C env LD_PRELOAD="$SHIM $DIR/eagain.so" SKIFF_SOCKETS=off $PY "$TMP/eagain.py"
+check eagain-injected-without-shim sh -c "timeout 20 ip netns exec $C env LD_PRELOAD=$DIR/eagain.so $PY $TMP/eagain.py | grep -q '^FAIL 6$'"
+check shim-retries-eagain-on-blocking-reads sc_ok timeout 20 ip netns exec $C env LD_PRELOAD="$SHIM $DIR/eagain.so" SKIFF_SOCKETS=off $PY "$TMP/eagain.py"
 
 # ---------------- broker gone ----------------
 # a long-running process keeps working while the broker is killed and restarted
