@@ -9,6 +9,8 @@ package steering
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +96,9 @@ type Layer struct {
 	log   *slog.Logger
 	eps   layer.Attached
 	loads atomic.Pointer[stxStxLoad]
+	// The load sampler: stopped and waited for by Close.
+	stop     context.CancelFunc
+	sampling sync.WaitGroup
 }
 
 func newLayer(options any) (layer.Layer, error) {
@@ -171,8 +177,22 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 	if err := bpffs.Load(spec, &l.objs, env.PinDir, env.Log); err != nil {
 		return fmt.Errorf("load steering programs: %w", err)
 	}
+	// The seed an earlier run chose stays (a new one would move every
+	// flow's stages at once).
+	var old stxStxCfg
+	if err := l.objs.StxConfig.Lookup(uint32(0), &old); err != nil {
+		return fmt.Errorf("steering configuration: %w", err)
+	}
+	seed := old.Seed
+	for seed == 0 {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return fmt.Errorf("steering seed: %w", err)
+		}
+		seed = binary.NativeEndian.Uint32(b[:])
+	}
 	cfg := stxStxCfg{N: uint32(len(l.opts.CPUs)), Threshold: uint32(l.opts.Threshold), StaleNs: uint64(staleAfter),
-		HeavyBytes: uint32(max(l.opts.HeavyBytes, 0)), WindowNs: uint32(time.Millisecond), UdpBatch: uint32(l.opts.UDPBatch)}
+		HeavyBytes: uint32(max(l.opts.HeavyBytes, 0)), WindowNs: uint32(time.Millisecond), UdpBatch: uint32(l.opts.UDPBatch), Seed: seed}
 	for i, c := range l.opts.CPUs {
 		cfg.Cpus[i] = uint32(c)
 	}
@@ -203,7 +223,12 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 	if !sameMask(got, FormatMask(l.opts.CPUs)) {
 		return fmt.Errorf("steering CPUs %v: the kernel took %s for %s (offline or impossible CPUs?)", l.opts.CPUs, got, overlay.VXLANName)
 	}
-	go l.sample(ctx, l.opts.Interval)
+	ctx, l.stop = context.WithCancel(ctx)
+	l.sampling.Add(1)
+	go func() {
+		defer l.sampling.Done()
+		l.sample(ctx, l.opts.Interval)
+	}()
 	return nil
 }
 
@@ -360,7 +385,14 @@ func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
 	s.Steering = st
 }
 
-func (l *Layer) Close() error { return l.objs.Close() }
+// Close stops the load sampler, then releases the maps and programs.
+func (l *Layer) Close() error {
+	if l.stop != nil {
+		l.stop()
+		l.sampling.Wait()
+	}
+	return l.objs.Close()
+}
 
 // teardown removes an earlier run's programs (unpinning the links detaches
 // them) and maps, and puts the kernel's default RPS back on the devices it

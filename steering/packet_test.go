@@ -339,3 +339,31 @@ func TestSticky(t *testing.T) {
 		}
 	}
 }
+
+// TestSeed: the configuration's seed is mixed into every flow's hash, so
+// a sender cannot tell which CPU or map slot its flow takes.
+func TestSeed(t *testing.T) {
+	onCPU0(t)
+	objs := loadTest(t)
+	const seed = 0x5eed1234
+	configure(t, objs, func(c *stxStxCfg) { c.Seed = seed })
+	setLoads(t, objs, 0, 10, 10)
+	differ := 0
+	for p := uint16(1000); p < 1032; p++ {
+		flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Sport: p, Dport: 80}.hash()
+		want := stxStxReasonSTX_SELF_AVOIDED // (its first choice is CPU 0, running the program)
+		if firstChoice(flow, loIndex^seed, 2) == 1 {
+			want = stxStxReasonSTX_FIRST
+		}
+		if firstChoice(flow, loIndex^seed, 2) != firstChoice(flow, loIndex, 2) {
+			differ++
+		}
+		got := run(t, objs, objs.StxToContainer, innerTCP(p, tctest.IPOpts{}))
+		if got.Reason != uint32(want) || got.Hash != hashForIndex(1, 2, mix32(flow^loIndex^seed)) {
+			t.Errorf("port %d: %+v, want %v", p, got, want)
+		}
+	}
+	if differ == 0 {
+		t.Error("the seed changed no flow's first choice")
+	}
+}

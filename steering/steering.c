@@ -211,7 +211,7 @@ static __always_inline __u32 pick(const struct stx_cfg *c, __u32 flow, __u32 sal
 				  __u32 *h)
 {
 	__u32 n = c->n;
-	__u32 h1 = mix32(flow ^ salt);
+	__u32 h1 = mix32(flow ^ salt ^ c->seed);
 	*h = h1;
 	*reason = STX_FIRST;
 	if (n < 2)

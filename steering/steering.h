@@ -13,7 +13,7 @@ struct stx_cfg {
 	__u32 heavy_bytes; // a flow with this many bytes in a window is steered (0: every flow)
 	__u32 window_ns;   // the window
 	__u32 udp_batch;   // a heavy UDP flow's next stage moves on every this many packets (0: never)
-	__u32 pad;
+	__u32 seed;        // mixed into every flow's hash: senders cannot aim flows at a CPU or a map slot
 	__u32 cpus[STX_MAX_CPUS];
 };
 

@@ -21,7 +21,7 @@ type stxStxCfg struct {
 	HeavyBytes uint32
 	WindowNs   uint32
 	UdpBatch   uint32
-	Pad        uint32
+	Seed       uint32
 	Cpus       [64]uint32
 }
 
