@@ -1,7 +1,9 @@
 package bpfmap
 
 import (
+	"encoding/binary"
 	"net"
+	"net/netip"
 	"os"
 	"testing"
 
@@ -161,5 +163,20 @@ func TestDelete(t *testing.T) {
 	}
 	if left, _ := Entries[uint32, uint64](m); len(left) != 2 || left[1] == 0 || left[3] == 0 {
 		t.Fatalf("sockhash: %v left, want keys 1 and 3", left)
+	}
+}
+
+// TestAddr: addresses and ports take the bytes of a packet.
+func TestAddr(t *testing.T) {
+	a := netip.MustParseAddr("10.1.2.3")
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], IPv4(a))
+	if b != [4]byte{10, 1, 2, 3} || Addr(IPv4(a)) != a {
+		t.Errorf("IPv4(%v) = %#x, bytes %v", a, IPv4(a), b)
+	}
+	var p [2]byte
+	binary.NativeEndian.PutUint16(p[:], Port(4789))
+	if p != [2]byte{0x12, 0xb5} {
+		t.Errorf("Port(4789) bytes %v", p)
 	}
 }

@@ -7,7 +7,6 @@ package channels
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -177,18 +176,6 @@ func teardown(env layer.Env) (bool, error) {
 	return true, bpffs.Unpin(env.PinDir, "skch_")
 }
 
-// ip32 is an address as the programs compare it (network order in memory).
-func ip32(a netip.Addr) uint32 {
-	b := a.As4()
-	return binary.NativeEndian.Uint32(b[:])
-}
-
-func addr(v uint32) netip.Addr {
-	var b [4]byte
-	binary.NativeEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
-}
-
 // errLimited is why a rate-limited container takes no channel.
 var errLimited = errors.New("rate limited: a channel would skip the limit")
 
@@ -198,7 +185,7 @@ var errLimited = errors.New("rate limited: a channel would skip the limit")
 // container's are taken out, and its channelled connections fall back to
 // TCP at their next write.
 func (l *Layer) attach(e cluster.Endpoint) error {
-	ip := ip32(e.IP.Addr())
+	ip := bpfmap.IPv4(e.IP.Addr())
 	if !e.Limit.None() {
 		err := l.forget(func(a netip.Addr) bool { return a == e.IP.Addr() })
 		if derr := l.objs.SkchIps.Delete(ip); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
@@ -249,7 +236,7 @@ func (l *Layer) forget(gone func(netip.Addr) bool) error {
 		all, err := bpfmap.Entries[uint64, uint32](m)
 		var stale []uint64
 		for key, ip := range all {
-			if gone(addr(ip)) {
+			if gone(bpfmap.Addr(ip)) {
 				stale = append(stale, key)
 			}
 		}
@@ -259,7 +246,7 @@ func (l *Layer) forget(gone func(netip.Addr) bool) error {
 	ips, ierr := bpfmap.Entries[uint32, uint8](l.objs.SkchIps)
 	var staleIPs []uint32
 	for ip := range ips {
-		if gone(addr(ip)) {
+		if gone(bpfmap.Addr(ip)) {
 			staleIPs = append(staleIPs, ip)
 		}
 	}
@@ -309,7 +296,7 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 			gone = append(gone, cookie)
 			continue
 		}
-		f := policy.Flow{Src: addr(k.Sip), Dst: addr(k.Dip), Proto: policy.TCP, Port: uint16(k.Dport)}
+		f := policy.Flow{Src: bpfmap.Addr(k.Sip), Dst: bpfmap.Addr(k.Dip), Proto: policy.TCP, Port: uint16(k.Dport)}
 		if rules.Allowed(f) {
 			continue
 		}

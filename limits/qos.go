@@ -70,7 +70,7 @@ func LoadQoS(pinDir string, underlay netlink.Link, vxlanPort uint16, log *slog.L
 	if err := spec.Assign(&s); err != nil {
 		return nil, fmt.Errorf("QoS program: %w", err)
 	}
-	if err := s.CfgVxlanPort.Set(networkOrder(vxlanPort)); err != nil {
+	if err := s.CfgVxlanPort.Set(bpfmap.Port(vxlanPort)); err != nil {
 		return nil, err
 	}
 	q := &QoS{underlay: underlay}
@@ -83,10 +83,6 @@ func LoadQoS(pinDir string, underlay netlink.Link, vxlanPort uint16, log *slog.L
 	}
 	return q, nil
 }
-
-// networkOrder returns the uint16 whose bytes in memory are p's in network
-// order (on this little-endian machine: swapped).
-func networkOrder(p uint16) uint16 { return p<<8 | p>>8 }
 
 // Close releases the process's handles; the program stays attached.
 func (q *QoS) Close() error { return q.objs.Close() }

@@ -24,7 +24,7 @@ func TestQoSMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.Variables["cfg_vxlan_port"].Set(networkOrder(4789)); err != nil {
+	if err := spec.Variables["cfg_vxlan_port"].Set(bpfmap.Port(4789)); err != nil {
 		t.Fatal(err)
 	}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: bpffstest.Dir(t)}}); err != nil {

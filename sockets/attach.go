@@ -94,7 +94,7 @@ func (l *Layer) seedServed() error {
 		if c.Role != sksSksRoleSKS_LISTEN && c.Role != sksSksRoleSKS_CHILD {
 			continue
 		}
-		if err := l.objs.SksServed.Update(ip32(c.Local.Addr()), uint8(1), ebpf.UpdateAny); err != nil {
+		if err := l.objs.SksServed.Update(bpfmap.IPv4(c.Local.Addr()), uint8(1), ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("mark %s served: %w", c.Local.Addr(), err)
 		}
 	}
@@ -295,7 +295,7 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		return err
 	}
-	if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: ip32(e.IP.Addr())}); err != nil {
+	if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: bpfmap.IPv4(e.IP.Addr())}); err != nil {
 		return fmt.Errorf("register %s: %w", e.ContainerID, err)
 	}
 	if err := os.MkdirAll(filepath.Join(l.linkDir(), cgroupLinks(id)), 0o700); err != nil {
@@ -382,14 +382,14 @@ func (l *Layer) forgetAddress(ip netip.Addr) error {
 	}
 	var gone []uint64
 	for id, c := range all {
-		if c.Ip == ip32(ip) {
+		if c.Ip == bpfmap.IPv4(ip) {
 			gone = append(gone, id)
 		}
 	}
 	if _, err := bpfmap.Delete(l.objs.SksContainers, gone); err != nil {
 		return err
 	}
-	return l.forgetPorts(ip32(ip))
+	return l.forgetPorts(bpfmap.IPv4(ip))
 }
 
 // forgetPorts forgets that an address had a replaced listener, and the

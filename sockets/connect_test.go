@@ -89,7 +89,7 @@ func containerHost(t *testing.T, programs ...string) (l *Layer, python func(scri
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: ip32(ipServer)}); err != nil {
+	if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: bpfmap.IPv4(ipServer)}); err != nil {
 		t.Fatal(err)
 	}
 	cgfd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -374,10 +374,10 @@ func TestRemoveEndpointEndsSockets(t *testing.T) {
 			t.Fatalf("connections not up: %s", out.String())
 		}
 	}
-	if err := l.objs.SksServed.Put(ip32(ipServer), uint8(1)); err != nil {
+	if err := l.objs.SksServed.Put(bpfmap.IPv4(ipServer), uint8(1)); err != nil {
 		t.Fatal(err)
 	}
-	held, other := sksSksKey{Ip: ip32(ipServer), Port: 8080}, sksSksKey{Ip: ip32(ipClient), Port: 8080}
+	held, other := sksSksKey{Ip: bpfmap.IPv4(ipServer), Port: 8080}, sksSksKey{Ip: bpfmap.IPv4(ipClient), Port: 8080}
 	for _, k := range []sksSksKey{held, other} {
 		if err := l.objs.SksBound.Put(k, uint64(7)); err != nil {
 			t.Fatal(err)
@@ -399,7 +399,7 @@ func TestRemoveEndpointEndsSockets(t *testing.T) {
 		t.Errorf("containers left: %v (%v)", all, err)
 	}
 	var yes uint8
-	if err := l.objs.SksServed.Lookup(ip32(ipServer), &yes); err == nil {
+	if err := l.objs.SksServed.Lookup(bpfmap.IPv4(ipServer), &yes); err == nil {
 		t.Error("the address is still marked served")
 	}
 	bound, err := bpfmap.Entries[sksSksKey, uint64](l.objs.SksBound)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/tc/tctest"
@@ -168,7 +169,7 @@ func TestFromUnderlayFragments(t *testing.T) {
 	cases, _ := shapes(ulPeer, testHost.UnderlayIP, synOption(server, ipClient))
 	good := append(append([]byte{}, linuxSYNOptions...), synOption(server, ipClient)...)
 	cases = append(cases, fragCase{"well-formed option SYN", syn(ulPeer, testHost.UnderlayIP, tctest.SYN, good), ^uint32(0), "syn_recorded"})
-	tuple := sksSksTuple{Saddr: ip32(ulPeer), Daddr: ip32(testHost.UnderlayIP), Sport: port16(40000), Dport: port16(8080)}
+	tuple := sksSksTuple{Saddr: bpfmap.IPv4(ulPeer), Daddr: bpfmap.IPv4(testHost.UnderlayIP), Sport: bpfmap.Port(40000), Dport: bpfmap.Port(8080)}
 	runCases(t, l, "from_underlay", cases, func(t *testing.T, c fragCase) {
 		_, recorded := pendingEntry(t, l, ulPeer, testHost.UnderlayIP)
 		if recorded != (c.reason == "syn_recorded") {
@@ -274,7 +275,7 @@ func BenchmarkLookup(b *testing.B) {
 		b.Fatal(err)
 	}
 	server := netip.AddrPortFrom(ipServer, 8080)
-	if err := l.objs.SksListen.Put(sksSksKey{Ip: ip32(ipServer), Port: port16(8080)}, uint64(fd)); err != nil {
+	if err := l.objs.SksListen.Put(sksSksKey{Ip: bpfmap.IPv4(ipServer), Port: bpfmap.Port(8080)}, uint64(fd)); err != nil {
 		b.Fatal(err)
 	}
 	hosts := []cluster.Host{testHost, {Name: "h2", UnderlayIP: ulPeer, Subnet: subnetB}}
@@ -299,7 +300,7 @@ func BenchmarkLookup(b *testing.B) {
 				b.Fatal(err)
 			}
 			in := skLookup{Family: syscall.AF_INET, Protocol: syscall.IPPROTO_TCP, RemoteIP4: ulPeer.As4(),
-				RemotePort: port16(40000), LocalIP4: testHost.UnderlayIP.As4(), LocalPort: 8080}
+				RemotePort: bpfmap.Port(40000), LocalIP4: testHost.UnderlayIP.As4(), LocalPort: 8080}
 			// The kernel runs it b.N times in one call (its timer is not
 			// returned): the call's own cost is spread over them.
 			start := time.Now()

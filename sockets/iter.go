@@ -58,8 +58,8 @@ func (l *Layer) conns() ([]conn, error) {
 		}
 		out = append(out, conn{
 			Cookie: s.Cookie, Role: sksSksRole(s.Role), State: s.State,
-			Local: netip.AddrPortFrom(addrOf(s.LocalIp), s.LocalPort),
-			Peer:  netip.AddrPortFrom(addrOf(s.PeerIp), s.PeerPort),
+			Local: netip.AddrPortFrom(bpfmap.Addr(s.LocalIp), s.LocalPort),
+			Peer:  netip.AddrPortFrom(bpfmap.Addr(s.PeerIp), s.PeerPort),
 		})
 	}
 }

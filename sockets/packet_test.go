@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
@@ -68,7 +69,7 @@ func withPeer(t testing.TB, l *Layer) {
 
 func pendingEntry(t *testing.T, l *Layer, saddr, daddr netip.Addr) (sksSksPending, bool) {
 	t.Helper()
-	k := sksSksTuple{Saddr: ip32(saddr), Daddr: ip32(daddr), Sport: port16(40000), Dport: port16(8080)}
+	k := sksSksTuple{Saddr: bpfmap.IPv4(saddr), Daddr: bpfmap.IPv4(daddr), Sport: bpfmap.Port(40000), Dport: bpfmap.Port(8080)}
 	var v sksSksPending
 	err := l.objs.SksSyns.Lookup(k, &v)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -114,7 +115,7 @@ func TestFromUnderlay(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			l.objs.SksSyns.Delete(sksSksTuple{Saddr: ip32(ulPeer), Daddr: ip32(testHost.UnderlayIP), Sport: port16(40000), Dport: port16(8080)})
+			l.objs.SksSyns.Delete(sksSksTuple{Saddr: bpfmap.IPv4(ulPeer), Daddr: bpfmap.IPv4(testHost.UnderlayIP), Sport: bpfmap.Port(40000), Dport: bpfmap.Port(8080)})
 			before, _ := l.Stats()
 			verdict, out := tctest.Run(t, l.objs.SksFromUnderlay, c.pkt)
 			if verdict != c.verdict {
@@ -131,7 +132,7 @@ func TestFromUnderlay(t *testing.T) {
 			if ok != c.record {
 				t.Fatalf("recorded=%v, want %v", ok, c.record)
 			}
-			if ok && (p.DstIp != ip32(ipServer) || p.SrcIp != ip32(ipClient) || p.DstPort != port16(8080)) {
+			if ok && (p.DstIp != bpfmap.IPv4(ipServer) || p.SrcIp != bpfmap.IPv4(ipClient) || p.DstPort != bpfmap.Port(8080)) {
 				t.Fatalf("recorded %+v", p)
 			}
 			after, _ := l.Stats()
@@ -245,10 +246,10 @@ func tcpSocket(t *testing.T) int {
 
 func publish(t *testing.T, l *Layer, fd int, at netip.AddrPort) {
 	t.Helper()
-	if err := l.objs.SksServed.Put(ip32(at.Addr()), uint8(1)); err != nil {
+	if err := l.objs.SksServed.Put(bpfmap.IPv4(at.Addr()), uint8(1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.objs.SksListen.Put(sksSksKey{Ip: ip32(at.Addr()), Port: port16(at.Port())}, uint64(fd)); err != nil {
+	if err := l.objs.SksListen.Put(sksSksKey{Ip: bpfmap.IPv4(at.Addr()), Port: bpfmap.Port(at.Port())}, uint64(fd)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -283,7 +284,7 @@ func lookup(t *testing.T, l *Layer, from, to netip.AddrPort) uint64 {
 func lookupVerdict(t *testing.T, l *Layer, proto uint32, from, to netip.AddrPort) (uint64, uint32) {
 	t.Helper()
 	in := skLookup{Family: syscall.AF_INET, Protocol: proto, RemoteIP4: from.Addr().As4(),
-		RemotePort: port16(from.Port()), LocalIP4: to.Addr().As4(), LocalPort: uint32(to.Port())}
+		RemotePort: bpfmap.Port(from.Port()), LocalIP4: to.Addr().As4(), LocalPort: uint32(to.Port())}
 	var out skLookup
 	ret, err := l.objs.SksLookup.Run(&ebpf.RunOptions{Context: in, ContextOut: &out})
 	if err != nil {

@@ -52,7 +52,7 @@ func loadTestTB(t testing.TB) *Layer {
 // hold, the policy's inner map too.
 func TestReloadKeepsMaps(t *testing.T) {
 	l := loadTest(t)
-	if err := l.objs.SksServed.Put(ip32(ipServer), uint8(1)); err != nil {
+	if err := l.objs.SksServed.Put(bpfmap.IPv4(ipServer), uint8(1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Sync([]cluster.Host{testHost}, nil, nil); err != nil {
@@ -65,7 +65,7 @@ func TestReloadKeepsMaps(t *testing.T) {
 	}
 	defer again.Close()
 	var yes uint8
-	if err := again.objs.SksServed.Lookup(ip32(ipServer), &yes); err != nil || logs.Len() != 0 {
+	if err := again.objs.SksServed.Lookup(bpfmap.IPv4(ipServer), &yes); err != nil || logs.Len() != 0 {
 		t.Fatalf("reload lost sks_served (%v); log %q", err, logs.String())
 	}
 	if r, err := again.inForce(); err != nil || r == nil {
@@ -109,7 +109,7 @@ func TestSyncRoutes(t *testing.T) {
 		var v uint32
 		it := l.objs.SksRoutes.Iterate()
 		for it.Next(&k, &v) {
-			out[fmt.Sprintf("%s:%d", addrOf(k.Ip), portOf(k.Port))] = addrOf(v)
+			out[fmt.Sprintf("%s:%d", bpfmap.Addr(k.Ip), portOf(k.Port))] = bpfmap.Addr(v)
 		}
 		if err := it.Err(); err != nil {
 			t.Fatal(err)
@@ -131,8 +131,8 @@ func TestSyncRoutes(t *testing.T) {
 		t.Fatalf("policy in force %+v, want the rule", got)
 	}
 	var owner uint32
-	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: ip32(netip.MustParseAddr("10.244.2.200"))}, &owner); err != nil || addrOf(owner) != peer.UnderlayIP {
-		t.Fatalf("subnet owner of 10.244.2.200: %v %v", addrOf(owner), err)
+	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: bpfmap.IPv4(netip.MustParseAddr("10.244.2.200"))}, &owner); err != nil || bpfmap.Addr(owner) != peer.UnderlayIP {
+		t.Fatalf("subnet owner of 10.244.2.200: %v %v", bpfmap.Addr(owner), err)
 	}
 	// The rule goes, the host goes: routes and policy follow.
 	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{remote, local}, nil); err != nil {
@@ -144,7 +144,7 @@ func TestSyncRoutes(t *testing.T) {
 	if got := inForce(t, l); got == nil || got.N != 0 || got.Overflow != 0 {
 		t.Fatalf("policy in force %+v, want none", got)
 	}
-	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: ip32(netip.MustParseAddr("10.244.2.200"))}, &owner); err == nil {
+	if err := l.objs.SksSubnets.Lookup(sksSksSubnet{Prefixlen: 32, Ip: bpfmap.IPv4(netip.MustParseAddr("10.244.2.200"))}, &owner); err == nil {
 		t.Fatal("the departed host still owns its subnet")
 	}
 }
@@ -193,9 +193,9 @@ func TestTCPRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := tcpRules(set)
-	be := func(s string) uint32 { return ip32(netip.MustParseAddr(s)) }
+	be := func(s string) uint32 { return bpfmap.IPv4(netip.MustParseAddr(s)) }
 	want := []sksSksRule{
-		{Src: be("10.244.1.0"), SrcMask: be("255.255.255.0"), Dst: be("10.244.2.9"), DstMask: be("255.255.255.255"), Port: port16(80), PortMask: 0xffff},
+		{Src: be("10.244.1.0"), SrcMask: be("255.255.255.0"), Dst: be("10.244.2.9"), DstMask: be("255.255.255.255"), Port: bpfmap.Port(80), PortMask: 0xffff},
 		{Dst: be("10.244.0.0"), DstMask: be("255.255.0.0"), Allow: 1},
 	}
 	if got.N != uint32(len(want)) || got.Overflow != 0 || !slices.Equal(got.Rules[:got.N], want) {
@@ -354,7 +354,7 @@ func TestAcceptLocalRestored(t *testing.T) {
 // until the last container with that address goes.
 func TestServedForgottenWithContainer(t *testing.T) {
 	l := loadTest(t)
-	ip := ip32(ipServer)
+	ip := bpfmap.IPv4(ipServer)
 	for _, id := range []uint64{1, 2} {
 		if err := l.objs.SksContainers.Put(id, sksSksContainer{Ip: ip}); err != nil {
 			t.Fatal(err)

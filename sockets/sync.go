@@ -18,25 +18,7 @@ import (
 	"github.com/skiffnet/skiff/policy"
 )
 
-func ip32(a netip.Addr) uint32 {
-	b := a.As4()
-	return binary.NativeEndian.Uint32(b[:])
-}
-
-func addrOf(v uint32) netip.Addr {
-	var b [4]byte
-	binary.NativeEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
-}
-
-// port16 turns a host-order port into the network-order value the maps hold.
-func port16(p uint16) uint16 {
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], p)
-	return binary.NativeEndian.Uint16(b[:])
-}
-
-func portOf(v uint16) uint16 { return port16(v) } // the swap is its own inverse
+func portOf(v uint16) uint16 { return bpfmap.Port(v) } // the swap is its own inverse
 
 // LocalListeners lists this host's replaced listeners.
 func (l *Layer) LocalListeners() ([]cluster.Listener, error) {
@@ -45,7 +27,7 @@ func (l *Layer) LocalListeners() ([]cluster.Listener, error) {
 	it := l.objs.SksListen.Iterate()
 	var cookie uint64
 	for it.Next(&k, &cookie) {
-		out = append(out, cluster.Listener{Host: l.cfg.Host.Name, Addr: netip.AddrPortFrom(addrOf(k.Ip), portOf(k.Port))})
+		out = append(out, cluster.Listener{Host: l.cfg.Host.Name, Addr: netip.AddrPortFrom(bpfmap.Addr(k.Ip), portOf(k.Port))})
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("list listeners: %w", err)
@@ -64,13 +46,13 @@ func (l *Layer) Sync(hosts []cluster.Host, listeners []cluster.Listener, rules p
 	for _, h := range hosts {
 		underlay[h.Name] = h.UnderlayIP
 		if h.Subnet.IsValid() {
-			subnets[sksSksSubnet{Prefixlen: uint32(h.Subnet.Bits()), Ip: ip32(h.Subnet.Masked().Addr())}] = ip32(h.UnderlayIP)
+			subnets[sksSksSubnet{Prefixlen: uint32(h.Subnet.Bits()), Ip: bpfmap.IPv4(h.Subnet.Masked().Addr())}] = bpfmap.IPv4(h.UnderlayIP)
 		}
 	}
 	routes := map[sksSksKey]uint32{}
 	for _, li := range listeners {
 		if host, ok := underlay[li.Host]; ok { // a departed host's listeners are gone
-			routes[sksSksKey{Ip: ip32(li.Addr.Addr()), Port: port16(li.Addr.Port())}] = ip32(host)
+			routes[sksSksKey{Ip: bpfmap.IPv4(li.Addr.Addr()), Port: bpfmap.Port(li.Addr.Port())}] = bpfmap.IPv4(host)
 		}
 	}
 	return errors.Join(l.setPolicy(rules), syncMap(l.objs.SksSubnets, subnets), syncMap(l.objs.SksRoutes, routes))
@@ -92,7 +74,7 @@ func tcpRules(rules policy.Set) *sksSksRules {
 		k.Src, k.SrcMask = prefix32(r.Src)
 		k.Dst, k.DstMask = prefix32(r.Dst)
 		if r.Port != 0 {
-			k.Port, k.PortMask = port16(r.Port), 0xffff
+			k.Port, k.PortMask = bpfmap.Port(r.Port), 0xffff
 		}
 		if r.Action == policy.Allow {
 			k.Allow = 1
@@ -109,7 +91,7 @@ func prefix32(p netip.Prefix) (ip, mask32 uint32) {
 		return 0, 0
 	}
 	m := mask(p)
-	return ip32(p.Masked().Addr()), binary.NativeEndian.Uint32(m[:])
+	return bpfmap.IPv4(p.Masked().Addr()), binary.NativeEndian.Uint32(m[:])
 }
 
 // setPolicy puts the rules in force for new fast-path connections: in a new

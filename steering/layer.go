@@ -166,9 +166,9 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 		return fmt.Errorf("read steering programs: %w", err)
 	}
 	for name, v := range map[string]any{
-		"cfg_vxlan_port":  swap16(uint16(env.Cluster.VXLANPort)),
+		"cfg_vxlan_port":  bpfmap.Port(uint16(env.Cluster.VXLANPort)),
 		"cfg_vni":         uint32(env.Cluster.VNI),
-		"cfg_underlay_ip": ip32(env.Host.UnderlayIP),
+		"cfg_underlay_ip": bpfmap.IPv4(env.Host.UnderlayIP),
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return fmt.Errorf("configure steering programs: %s: %w", name, err)

@@ -38,7 +38,7 @@ func loadTest(t *testing.T) *stxObjects {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, v := range map[string]any{"cfg_vxlan_port": swap16(4789), "cfg_vni": uint32(testVNI), "cfg_underlay_ip": ip32(ulLocal), "cfg_record": uint32(1)} {
+	for name, v := range map[string]any{"cfg_vxlan_port": bpfmap.Port(4789), "cfg_vni": uint32(testVNI), "cfg_underlay_ip": bpfmap.IPv4(ulLocal), "cfg_record": uint32(1)} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			t.Fatal(name, err)
 		}

@@ -36,15 +36,6 @@ func hashForIndex(idx, n, h uint32) uint32 {
 	return uint32(((uint64(idx)<<32)+uint64(n)-1)/uint64(n)) + 1 + h&0x1ffffff
 }
 
-// swap16 turns a port into network order in memory (the programs compare
-// it with the packet's bytes).
-func swap16(v uint16) uint16 {
-	return binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, v))
-}
-
-// ip32 is an address as the programs read it from a packet.
-func ip32(a netip.Addr) uint32 { b := a.As4(); return binary.NativeEndian.Uint32(b[:]) }
-
 // Flow is an IPv4 flow as the programs hash it.
 type Flow struct {
 	Src, Dst     netip.Addr
