@@ -282,8 +282,14 @@ func hostSocketLimits(t *testing.T, l *Lab, server string) {
 	// No ingress class left: the classifier (a socket lookup per TCP
 	// packet) leaves the devices.
 	filters := func() string {
-		c, _ := l.Command(ctx, "h1", "tc", "filter", "show", "dev", "lo", "ingress")
-		out, _ := c.CombinedOutput()
+		c, err := l.Command(ctx, "h1", "tc", "filter", "show", "dev", "lo", "ingress")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("tc filter show: %v: %s", err, out)
+		}
 		return string(out)
 	}
 	for deadline := time.Now().Add(3 * time.Second); strings.Contains(filters(), "skiff-limits"); time.Sleep(100 * time.Millisecond) {

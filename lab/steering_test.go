@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,11 +59,12 @@ func stageShares(t *testing.T, l *Lab, host string, f func()) map[string][]float
 			delta[c] = st.Packets[c] - before.Stages[i].Packets[c]
 			total += delta[c]
 		}
+		if total == 0 {
+			t.Fatalf("stage %s processed no packet on %s", st.Name, host)
+		}
 		shares := make([]float64, len(delta))
 		for c := range delta {
-			if total > 0 {
-				shares[c] = float64(delta[c]) / float64(total)
-			}
+			shares[c] = float64(delta[c]) / float64(total)
 		}
 		out[st.Name] = shares
 	}
@@ -201,7 +203,7 @@ for _ in range(2000):
 	after := steeringStatus(t, l, "h2").Decisions
 	busy.Process.Kill()
 	t.Logf("CPU 1 busy: stage shares %v, decisions %v then %v", shares, before, after)
-	if s := shares["vxlan"]; len(s) < 2 || s[1] > 0.1 {
+	if s := shares["vxlan"]; len(s) < 2 || s[1] > 0.1 || s[0] < 0.9 {
 		t.Errorf("CPU 1 busy: the vxlan stage ran %v on CPU 1", s)
 	}
 
@@ -240,12 +242,16 @@ for _ in range(2000):
 			t.Errorf("layer off: %s keeps steering links", h.Name)
 		}
 	}
+	seen := 0
 	for id := ebpf.ProgramID(0); ; {
 		next, err := ebpf.ProgramGetNextID(id)
-		if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
 			break
 		}
-		id = next
+		if err != nil {
+			t.Fatalf("list programs: %v", err)
+		}
+		id, seen = next, seen+1
 		p, err := ebpf.NewProgramFromID(id)
 		if err != nil {
 			continue
@@ -255,5 +261,8 @@ for _ in range(2000):
 		if err == nil && strings.HasPrefix(info.Name, "stx_") {
 			t.Errorf("layer off: program %s (id %d) still loaded", info.Name, id)
 		}
+	}
+	if seen == 0 {
+		t.Error("no program listed (the overlay's run): the check looked at nothing")
 	}
 }

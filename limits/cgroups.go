@@ -108,8 +108,11 @@ func (c *Cgroups) Set(id uint64, l Limit) error {
 	if err := c.objs.SklLimits.Put(id, want); err != nil {
 		return fmt.Errorf("limit of cgroup %d: %w", id, err)
 	}
+	if !found {
+		cur = entry(Limit{}) // what a socket of an unlimited cgroup has
+	}
 	// Established host sockets follow a changed pacing rate or class.
-	if found && onSockets(cur) != onSockets(want) || !found && onSockets(want) != onSockets(entry(Limit{})) {
+	if onSockets(cur) != onSockets(want) {
 		if err := c.pace(); err != nil {
 			return err
 		}
@@ -117,7 +120,10 @@ func (c *Cgroups) Set(id uint64, l Limit) error {
 	if l.None() && !l.Marks() {
 		return c.Forget(id)
 	}
-	return c.unclassify()
+	if cur.Class != 0 && class == 0 {
+		return c.unclassify() // perhaps the last ingress class went
+	}
+	return nil
 }
 
 // onSockets is what of an entry skl_pace sets on host sockets.

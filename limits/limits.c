@@ -197,17 +197,19 @@ int skl_ingress(struct __sk_buff *skb)
 
 // apply sets a TCP socket's pacing rate, TOS and priority from its
 // cgroup's entry: the limit and QoS class in force, or none (~0U, 0, 0)
-// for a socket whose container has lost them.
-static __always_inline void apply(void *ctx_sk, struct tcp_sock *tp)
+// for a socket whose container has lost them. A new connection (reset
+// false) gets only what its container has: an application's own TOS or
+// priority stays when the container has a rate limit but no class.
+static __always_inline void apply(void *ctx_sk, struct tcp_sock *tp, bool reset)
 {
 	__u64 cg = sock_cgroup(tp);
 	const struct skl_limit *l = bpf_map_lookup_elem(&skl_limits, &cg);
 	if (!l)
 		return;
 	int rate = l->pace, tos = l->tos, prio = l->priority;
-	if (bpf_setsockopt(ctx_sk, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) == 0)
+	if ((reset || l->pace != ~0U) && bpf_setsockopt(ctx_sk, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) == 0)
 		count(SKL_PACED);
-	if (bpf_setsockopt(ctx_sk, SOL_IP, IP_TOS, &tos, sizeof(tos)) == 0 &&
+	if ((reset || tos || prio) && bpf_setsockopt(ctx_sk, SOL_IP, IP_TOS, &tos, sizeof(tos)) == 0 &&
 	    bpf_setsockopt(ctx_sk, SOL_SOCKET, SO_PRIORITY, &prio, sizeof(prio)) == 0 && tos)
 		count(SKL_CLASSED);
 }
@@ -226,7 +228,7 @@ int skl_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(bsk);
 	if (tp)
-		apply(skops, tp);
+		apply(skops, tp, false);
 	return 1;
 }
 
@@ -240,7 +242,7 @@ int skl_pace(struct bpf_iter__tcp *ctx)
 		return 0;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
 	if (tp)
-		apply(tp, tp);
+		apply(tp, tp, true);
 	return 0;
 }
 
