@@ -95,14 +95,7 @@ print("ok" if ok else "bad %r %d" % (line[:16], len(rest)), flush=True)
 
 func channelsStatus(t *testing.T, l *Lab, host string) *api.ChannelsStatus {
 	t.Helper()
-	st, err := agentOf(t, l, host).Status(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Channels == nil {
-		t.Fatalf("%s reports no channels layer (mode %s)", host, st.Mode)
-	}
-	return st.Channels
+	return layerStatus(t, l, host, "channels", func(s *api.Status) *api.ChannelsStatus { return s.Channels })
 }
 
 // TestChannels: two containers of one host get a fast channel: the data

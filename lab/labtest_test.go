@@ -113,6 +113,21 @@ func echoTCP(ln net.Listener) {
 }
 
 // agentOf returns the API client of host's agent.
+// layerStatus returns a layer's section of host's status (pick), failing
+// the test when the host does not run the layer.
+func layerStatus[T any](t *testing.T, l *Lab, host, layer string, pick func(*api.Status) *T) *T {
+	t.Helper()
+	st, err := agentOf(t, l, host).Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := pick(&st)
+	if v == nil {
+		t.Fatalf("%s reports no %s layer (mode %s)", host, layer, st.Mode)
+	}
+	return v
+}
+
 func agentOf(t *testing.T, l *Lab, host string) *api.Client {
 	t.Helper()
 	h, err := l.Host(host)

@@ -367,14 +367,7 @@ func runPy(t *testing.T, l *Lab, target, prog string, env []string, args ...stri
 
 func socketsStatus(t *testing.T, l *Lab, host string) *api.SocketsStatus {
 	t.Helper()
-	st, err := agentOf(t, l, host).Status(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Sockets == nil {
-		t.Fatalf("%s reports no sockets layer (mode %s)", host, st.Mode)
-	}
-	return st.Sockets
+	return layerStatus(t, l, host, "sockets", func(s *api.Status) *api.SocketsStatus { return s.Sockets })
 }
 
 // waitListener waits until host publishes a replaced listener at addr,

@@ -19,14 +19,7 @@ import (
 
 func steeringStatus(t *testing.T, l *Lab, host string) *api.SteeringStatus {
 	t.Helper()
-	st, err := agentOf(t, l, host).Status(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Steering == nil {
-		t.Fatalf("%s reports no steering layer (mode %s)", host, st.Mode)
-	}
-	return st.Steering
+	return layerStatus(t, l, host, "steering", func(s *api.Status) *api.SteeringStatus { return s.Steering })
 }
 
 // rpsMask reads dev's first receive queue's rps_cpus in target's
