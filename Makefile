@@ -18,7 +18,7 @@ build:
 	$(MAKE) -C perf
 	install -m 0755 perf/skiff-perf $(BIN)/skiff-perf
 	$(MAKE) -C sockets/shim
-	install -m 0755 sockets/shim/skiff-broker sockets/shim/sockcheck $(BIN)/
+	install -m 0755 sockets/shim/skiff-broker sockets/shim/skiff-seccomp-exec sockets/shim/sockcheck $(BIN)/
 	install -m 0644 sockets/shim/libskiff.so $(BIN)/libskiff.so
 
 vet:

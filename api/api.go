@@ -180,6 +180,20 @@ type SocketsContainer struct {
 	// CAP_SYS_ADMIN in the host's user namespace: its broker refuses the
 	// container host sockets (secure mode). 0 if none.
 	Privileged int `json:"privileged,omitempty"`
+	// Seccomp is what its broker did with the connect() and listen()
+	// calls of processes under skiff's seccomp profile (no preload).
+	Seccomp SocketsSeccomp `json:"seccomp"`
+}
+
+// SocketsSeccomp counts a container's calls its broker served through the
+// seccomp agent.
+type SocketsSeccomp struct {
+	Listeners  uint64  `json:"listeners"`  // notification listeners served now
+	Replaced   uint64  `json:"replaced"`   // connections and listeners moved to host sockets
+	Fallback   uint64  `json:"fallback"`   // in the cluster, left on the container's socket
+	Passed     uint64  `json:"passed"`     // not for the fast path: continued untouched
+	Dropped    uint64  `json:"dropped"`    // the caller went while handled
+	MeanMicros float64 `json:"meanMicros"` // mean time to answer one
 }
 
 // CacheView is the cache layer's state: counters and every entry.

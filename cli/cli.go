@@ -54,16 +54,17 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"status":    {summary: "show this host's agent, store and data plane", run: cmdStatus},
-		"endpoints": {summary: "list container endpoints (--all: of every host)", run: cmdEndpoints},
-		"hosts":     {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
-		"policy":    {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
-		"limit":     {summary: "limit set|del|list: containers' rate limits, changed while they run", run: cmdLimit},
-		"lab":       {summary: "lab up|down|exec|ip|status|cni: an emulated cluster on this machine", run: cmdLab},
-		"cache":     {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
-		"steering":  {summary: "show where the stages of overlay flows ran, by CPU, and why (steering layer)", run: cmdSteering},
-		"cert":      {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
-		"bench":     {summary: "measure every data-plane mode against the host network", run: cmdBench},
+		"status":          {summary: "show this host's agent, store and data plane", run: cmdStatus},
+		"endpoints":       {summary: "list container endpoints (--all: of every host)", run: cmdEndpoints},
+		"hosts":           {summary: "list hosts; hosts remove NAME takes one out of the cluster", run: cmdHosts},
+		"policy":          {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
+		"limit":           {summary: "limit set|del|list: containers' rate limits, changed while they run", run: cmdLimit},
+		"lab":             {summary: "lab up|down|exec|ip|status|cni: an emulated cluster on this machine", run: cmdLab},
+		"cache":           {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
+		"steering":        {summary: "show where the stages of overlay flows ran, by CPU, and why (steering layer)", run: cmdSteering},
+		"seccomp-profile": {summary: "print the seccomp profile that gives unmodified images host sockets (sockets layer)", run: cmdSeccompProfile},
+		"cert":            {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
+		"bench":           {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", api.Version)
 			return nil
@@ -350,9 +351,13 @@ func printSockets(env Env, s *api.SocketsStatus) {
 		case c.Privileged != 0:
 			broker = fmt.Sprintf("refused (pid %d holds NET_ADMIN/SYS_ADMIN)", c.Privileged)
 		}
-		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced), fmt.Sprint(c.Fallback)})
+		sc := c.Seccomp
+		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced),
+			fmt.Sprint(c.Fallback), fmt.Sprint(sc.Listeners), fmt.Sprint(sc.Replaced), fmt.Sprint(sc.Fallback), fmt.Sprint(sc.Passed)})
 	}
-	table(w, "  CONTAINER\tIP\tBROKER\tHANDED OUT\tREPLACED\tFALLBACK", rows)
+	// preload: the shim's counts; seccomp: the broker's, for processes
+	// under skiff's seccomp profile
+	table(w, "  CONTAINER\tIP\tBROKER\tHANDED OUT\tPRELOAD REPLACED\tPRELOAD FALLBACK\tSECCOMP LISTENERS\tSECCOMP REPLACED\tSECCOMP FALLBACK\tSECCOMP PASSED", rows)
 	rows = nil
 	// The layer's events in their order, then its rate limits' (limit_*).
 	names := slices.Concat(sockets.Reasons, slices.Sorted(func(yield func(string) bool) {

@@ -173,7 +173,8 @@ func (l *Lab) startAgent(h *Host) error {
 		"--cluster-cidr", l.Config.ClusterCIDR, "--bpf-dir", l.bpfDir(h.Name)}, creds...)
 	args = append(args, l.Config.AgentArgs...)
 	if l.Config.Runs("sockets") {
-		args = append(args, "--broker", filepath.Join(l.Config.BinDir, "skiff-broker"))
+		args = append(args, "--broker", filepath.Join(l.Config.BinDir, "skiff-broker"),
+			"--seccomp-socket", l.SeccompSocket(h.Name))
 	}
 	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"), args...)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/sockets/seccomp"
 	"github.com/skiffnet/skiff/store"
 	"github.com/vishvananda/netlink"
 )
@@ -520,6 +521,34 @@ func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args .
 		cmd.Env = append(os.Environ(), "LD_PRELOAD="+l.Shim())
 	}
 	return cmd, nil
+}
+
+// SeccompCommand is Command for a program without the shim: it runs under
+// skiff's seccomp filter (skiff-seccomp-exec), its listener handed to the
+// host's skiffd, as a runtime does with skiff's seccomp profile.
+func (l *Lab) SeccompCommand(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	c, err := l.Container(target)
+	if err != nil {
+		return nil, err
+	}
+	filter := filepath.Join(l.dir(), "seccomp.bpf")
+	if _, err := os.Stat(filter); err != nil {
+		if err := os.WriteFile(filter, seccomp.FilterBytes(), 0o644); err != nil {
+			return nil, fmt.Errorf("seccomp filter: %w", err)
+		}
+	}
+	cmd, err := l.Command(ctx, target, filepath.Join(l.Config.BinDir, "skiff-seccomp-exec"), append([]string{
+		"--filter", filter, "--socket", l.SeccompSocket(c.Host), "--id", c.ID, "--", name}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Env = slices.DeleteFunc(cmd.Env, func(v string) bool { return strings.HasPrefix(v, "LD_PRELOAD=") })
+	return cmd, nil
+}
+
+// SeccompSocket is where host's skiffd takes seccomp listeners.
+func (l *Lab) SeccompSocket(host string) string {
+	return filepath.Join(l.hostDir(host), "seccomp.sock")
 }
 
 // Listening returns the replaced listeners (sockets mode) of a container:

@@ -52,15 +52,28 @@ type brokerSpec struct {
 	// then stay on the overlay) or the agent has not got it back yet.
 	ln       *os.File
 	squatted bool // the address was taken when last tried: logged once
+	// ctl is skiffd's end of the broker's control socket (seccomp
+	// listeners go to the broker through it); nil while no broker runs
+	// or one adopted after a restart had none.
+	ctl *os.File
+	// notify are the seccomp listeners of the container's processes
+	// (seccomp.go): the broker serves them; skiffd keeps a copy for
+	// the next broker should this one die.
+	notify []*os.File
 }
 
 // brokerName is the broker's abstract address in the container's netns
 // (shim/skiff_broker.h, SKIFF_BROKER_NAME).
 const brokerName = "skiff-broker"
 
-// brokerListenFD is the descriptor number the listener has in the broker
-// (the first of exec's ExtraFiles).
-const brokerListenFD = 3
+// The descriptors a broker starts with (exec's ExtraFiles): the listener,
+// its end of the control socket, and skiffd's end, which it only keeps
+// open so that a restarted skiffd can take it back.
+const (
+	brokerListenFD  = 3
+	brokerControlFD = 4
+	agentControlFD  = 5
+)
 
 // errAddressTaken: another process holds the broker's address in the
 // container's netns.
@@ -131,12 +144,7 @@ func listenIn(e cluster.Endpoint) (*os.File, error) {
 // socket at the broker's address qualifies: a broker of an earlier version
 // bound its own, at another number.
 func takeListener(pid int) *os.File {
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(pidfd)
-	fd, err := unix.PidfdGetfd(pidfd, brokerListenFD, 0)
+	fd, err := takeFD(pid, brokerListenFD)
 	if err != nil {
 		return nil
 	}
@@ -178,21 +186,47 @@ type BrokerStats struct {
 	// CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace, for
 	// which the broker refuses the container host sockets; 0 if none.
 	Privileged int
+	Seccomp    SeccompStats
 }
 
-// brokerStatsMagic opens a ready broker's counters file: "SKST", layout 2
-// (shim/skiff_broker.h).
-const brokerStatsMagic = 0x254534b53
+// SeccompStats are what a broker's seccomp agent did with the container's
+// connect() and listen() calls (shim/seccomp.c).
+type SeccompStats struct {
+	Listeners uint64 // notification listeners it serves
+	Replaced  uint64 // calls moved to host sockets
+	Fallback  uint64 // calls in the cluster left on the container's socket
+	Passed    uint64 // calls continued untouched (not for the fast path)
+	Dropped   uint64 // notifications whose caller went meanwhile
+	Handled   uint64 // notifications answered
+	Nanos     uint64 // time from receiving to answering, over Handled
+}
+
+// brokerStatsMagic opens a ready broker's counters file: "SKST" and the
+// layout version (shim/skiff_broker.h); layout 2 (a broker of an earlier
+// skiff, still running) lacks the seccomp counters.
+const (
+	brokerStatsMagic   = 0x354534b53
+	brokerStatsMagicV2 = 0x254534b53
+)
 
 // ReadBrokerStats reads a container's broker counters; zero while the
 // broker is not (or not yet) running.
 func ReadBrokerStats(stateDir, containerID string) BrokerStats {
 	data, err := os.ReadFile(StatsFile(stateDir, containerID))
-	if err != nil || len(data) < 72 || binary.NativeEndian.Uint64(data) != brokerStatsMagic {
+	if err != nil || len(data) < 72 {
+		return BrokerStats{}
+	}
+	magic := binary.NativeEndian.Uint64(data)
+	if magic != brokerStatsMagic && magic != brokerStatsMagicV2 {
 		return BrokerStats{}
 	}
 	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }
-	return BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3), Privileged: int(u(8))}
+	bs := BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3), Privileged: int(u(8))}
+	if magic == brokerStatsMagic && len(data) >= 16*8 {
+		bs.Seccomp = SeccompStats{Listeners: u(9), Replaced: u(10), Fallback: u(11), Passed: u(12),
+			Dropped: u(13), Nanos: u(14), Handled: u(15)}
+	}
+	return bs
 }
 
 // ensure starts e's broker unless it runs. An address another process of
@@ -206,9 +240,7 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 	if s != nil && s.e.Netns != e.Netns {
 		// the runtime recreated the sandbox: a broker and a listener of
 		// the old namespace serve nobody
-		if s.ln != nil {
-			s.ln.Close()
-		}
+		s.close()
 		if err := stopBroker(b.cfg.StateDir, e.ContainerID); err != nil {
 			return err
 		}
@@ -222,6 +254,10 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 	if pid := b.running(e.ContainerID); pid > 0 {
 		if s.ln == nil {
 			s.ln = takeListener(pid)
+		}
+		if s.ctl == nil {
+			s.ctl = takeControl(pid)
+			s.notify = takeNotify(pid)
 		}
 		return nil
 	}
@@ -263,13 +299,28 @@ func (b *brokers) start(s *brokerSpec) error {
 		// sockets for a container that may hold CAP_NET_ADMIN there.
 		args = append(args, "--refuse-privileged")
 	}
+	ctl, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("broker control socket: %w", err)
+	}
+	brokerEnd, agentEnd := os.NewFile(uintptr(ctl[0]), "broker-control"), os.NewFile(uintptr(ctl[1]), "control")
+	defer brokerEnd.Close()
+	args = append(args, "--control-fd", strconv.Itoa(brokerControlFD))
 	cmd := exec.Command(b.cfg.Broker, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{s.ln}
+	cmd.ExtraFiles = []*os.File{s.ln, brokerEnd, agentEnd}
 	// Its own session: the broker must survive the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
+		agentEnd.Close()
 		return fmt.Errorf("start broker for %s: %w", id, err)
+	}
+	if s.ctl != nil {
+		s.ctl.Close()
+	}
+	s.ctl = agentEnd
+	for _, f := range s.notify { // the listeners its predecessor served
+		b.sendNotify(s, f)
 	}
 	go cmd.Wait() // reap; the supervisor notices the exit
 	if err := os.WriteFile(b.pidFile(id), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
@@ -345,8 +396,8 @@ func stopBroker(stateDir, id string) error {
 
 func (b *brokers) stop(id string) {
 	b.mu.Lock()
-	if s := b.want[id]; s != nil && s.ln != nil {
-		s.ln.Close()
+	if s := b.want[id]; s != nil {
+		s.close()
 	}
 	delete(b.want, id)
 	b.mu.Unlock()
@@ -409,6 +460,7 @@ func (b *brokers) supervise() {
 		}
 		b.mu.Lock()
 		for id, s := range b.want {
+			s.dropHung()
 			if b.running(id) > 0 {
 				continue
 			}

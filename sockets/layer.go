@@ -14,6 +14,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/sockets/seccomp"
 )
 
 // The sockets layer needs the cluster's listeners: its routes lead to them.
@@ -26,11 +27,14 @@ func init() {
 }
 
 // Options are the sockets layer's settings (skiffd's --sockets-secure,
-// --broker, --cgroup-root).
+// --broker, --cgroup-root, --seccomp-socket).
 type Options struct {
 	Secure     bool   // refuse what the fast path does not carry
 	Broker     string // the skiff-broker binary (default: next to the running binary)
 	CgroupRoot string // cgroup v2 mount (default: found or mounted)
+	// SeccompSocket is where container runtimes hand over the seccomp
+	// listeners of skiff's profile (its listenerPath); "" takes none.
+	SeccompSocket string
 }
 
 // agentLayer is the sockets layer as the agent drives it (package layer).
@@ -40,6 +44,20 @@ type agentLayer struct {
 	stateDir string
 	eps      layer.Attached // local containers given the layer
 	enforced bool           // the policy was enforced since start
+	seccomp  *seccomp.Receiver
+}
+
+// takeNotify gives a container process's seccomp listener to its
+// container's broker; a process of no container with host sockets has its
+// calls continued untouched (the overlay).
+func (a *agentLayer) takeNotify(ctx context.Context, h seccomp.Handoff) {
+	id, err := a.l.brokers.giveNotify(h.State.Pid, h.FD)
+	if err != nil {
+		a.l.log.Info("seccomp listener served untouched: the overlay", "runtime-id", h.State.State.ID, "pid", h.State.Pid, "why", err)
+		go seccomp.PassThrough(h.FD, ctx.Done())
+		return
+	}
+	a.l.log.Info("seccomp listener passed to the broker", "container", id, "runtime-id", h.State.State.ID, "pid", h.State.Pid)
 }
 
 // newAgentLayer takes Options (nil: secure, the broker next to the binary).
@@ -142,6 +160,16 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 		return err
 	}
 	a.l, a.stateDir = l, env.StateDir
+	if a.opts.SeccompSocket != "" {
+		r, err := seccomp.Listen(a.opts.SeccompSocket, env.Log)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		a.seccomp = r
+		go r.Serve(ctx, func(h seccomp.Handoff) { a.takeNotify(ctx, h) })
+		env.Log.Info("seccomp agent listening", "socket", a.opts.SeccompSocket)
+	}
 	go publishListeners(ctx, env, l, changed)
 	env.Log.Info("sockets layer attached", "pins", env.PinDir, "cgroups", root, "secure", a.opts.Secure)
 	return nil
@@ -268,12 +296,22 @@ func (a *agentLayer) Status(st *api.Status, local []cluster.Endpoint) {
 		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String()}
 		bs := ReadBrokerStats(a.stateDir, e.ContainerID)
 		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = bs.HandedOut, bs.Replaced, bs.Fallback, bs.Privileged
+		c.Seccomp = api.SocketsSeccomp{Listeners: bs.Seccomp.Listeners, Replaced: bs.Seccomp.Replaced,
+			Fallback: bs.Seccomp.Fallback, Passed: bs.Seccomp.Passed, Dropped: bs.Seccomp.Dropped}
+		if bs.Seccomp.Handled > 0 {
+			c.Seccomp.MeanMicros = float64(bs.Seccomp.Nanos) / float64(bs.Seccomp.Handled) / 1e3
+		}
 		c.Broker = a.l.BrokerRunning(e.ContainerID)
 		s.Containers = append(s.Containers, c)
 	}
 	st.Sockets = s
 }
 
-func (a *agentLayer) Close() error { return a.l.Close() }
+func (a *agentLayer) Close() error {
+	if a.seccomp != nil {
+		a.seccomp.Close()
+	}
+	return a.l.Close()
+}
 
 var _ layer.Listening = (*agentLayer)(nil)

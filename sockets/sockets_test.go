@@ -297,6 +297,20 @@ func TestReadBrokerStats(t *testing.T) {
 	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77}) {
 		t.Fatalf("counters %+v, want 16, 3, 1, privileged 77", st)
 	}
+	// layout 3: the seccomp agent's counters follow
+	data = append(data, make([]byte, 7*8)...)
+	binary.NativeEndian.PutUint64(data, 0x54534b53|3<<32)
+	for i, v := range []uint64{2, 10, 3, 4, 1, 5000, 18} {
+		binary.NativeEndian.PutUint64(data[8*(9+i):], v)
+	}
+	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77,
+		Seccomp: SeccompStats{Listeners: 2, Replaced: 10, Fallback: 3, Passed: 4, Dropped: 1, Nanos: 5000, Handled: 18}}
+	if st := ReadBrokerStats(dir, "c"); st != want {
+		t.Fatalf("counters %+v, want %+v", st, want)
+	}
 	data[0] = 0 // a broker still starting up
 	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
 		t.Fatal(err)

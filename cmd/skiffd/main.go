@@ -22,6 +22,7 @@ import (
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/sockets/seccomp"
 	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
 )
@@ -62,6 +63,7 @@ func run(args []string) error {
 	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (the source check; each layer in a directory of its own)")
 	secure := fs.Bool("sockets-secure", true, "sockets layer: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
 	broker := fs.String("broker", "", "sockets layer: the skiff-broker binary (default: next to skiffd)")
+	seccompSocket := fs.String("seccomp-socket", seccomp.DefaultListener, "sockets layer: where container runtimes hand over the seccomp listeners of skiff's profile (skiff seccomp-profile); \"\": none")
 	cgroupRoot := fs.String("cgroup-root", "", "sockets layer: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
 	capacity := cache.DefaultCapacity
 	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
@@ -169,7 +171,7 @@ func run(args []string) error {
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
 		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: map[string]any{
 			"cache":    capacity,
-			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot},
+			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot, SeccompSocket: *seccompSocket},
 			"channels": channels.Options{Capacity: *chanCapacity, Containers: *chanContainers, CgroupRoot: *cgroupRoot},
 			"steering": steer,
 		},

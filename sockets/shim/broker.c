@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "skiff_broker.h"
+#include "broker.h"
 
 #define MAX_POOL 4096
 #define REFILL_STEP 4   /* sockets created between polls while the pool is short */
@@ -51,10 +52,10 @@
 #define MAX_UNREAD  2
 #define LOG_LINES_PER_MIN 120
 
-static const char *g_name = SKIFF_BROKER_NAME;
+const char *g_name = SKIFF_BROKER_NAME;
 static volatile sig_atomic_t g_stop;
 static uint64_t g_dummy_stats[SKIFF_ST_NSLOTS];
-static volatile uint64_t *g_st = g_dummy_stats;
+volatile uint64_t *g_st = g_dummy_stats;
 
 static int *g_pool, g_npool, g_pool_target = 64;
 /* --transparent: IP_TRANSPARENT on the listeners shims send ('T'). A replaced
@@ -62,7 +63,8 @@ static int *g_pool, g_npool, g_pool_target = 64;
  * its replies carry the container's overlay address, which is not a host
  * address. Clients never need it, so pooled sockets go out without. */
 static int g_transparent;
-static uint64_t g_host_netns;   /* SO_NETNS_COOKIE of the host netns */
+uint64_t g_host_netns;
+uint32_t g_net, g_mask, g_ip;
 
 static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
 static int g_nclients, g_capclients;
@@ -72,8 +74,7 @@ struct held { int n, want; };
 static struct held *g_held;
 static int g_reply_bytes = 1024;   /* what one unread reply adds to SIOCOUTQ */
 
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
+void logf_(const char *fmt, ...)
 {
 	/* a client can cause lines (fallback events, bad messages): at most
 	 * LOG_LINES_PER_MIN a minute reach the log, then a count of the rest */
@@ -106,18 +107,17 @@ static void logf_(const char *fmt, ...)
 	ssize_t w = write(2, buf, n);
 	(void)w;
 }
-#define LOG(fmt, ...) logf_("skiff-broker[%s]: " fmt, g_name, ##__VA_ARGS__)
 
 static void die_usage(const char *msg) __attribute__((noreturn));
 static void die_usage(const char *msg)
 {
 	fprintf(stderr, "skiff-broker: %s\n"
 		"usage: skiff-broker {--netns PATH | --listen-fd N} --cidr NET/LEN --ip IP [--cgroup DIR] "
-		"[--stats FILE] [--pool N] [--name NAME] [--transparent] [--refuse-privileged]\n", msg);
+		"[--stats FILE] [--pool N] [--name NAME] [--transparent] [--refuse-privileged] [--control-fd N]\n", msg);
 	exit(2);
 }
 
-static void st_add(int slot, uint64_t v) { g_st[slot] = g_st[slot] + v; }
+void st_add(int slot, uint64_t v) { g_st[slot] = g_st[slot] + v; }
 
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
@@ -138,6 +138,13 @@ static void pool_fill(int target, int limit)
 		g_fill_failing = 0;
 		g_pool[g_npool++] = s;
 	}
+}
+
+int pool_take(void)
+{
+	if (!g_npool)
+		pool_fill(1, 1);
+	return g_npool ? g_pool[--g_npool] : -1;
 }
 
 /* --refuse-privileged: a host socket answers ioctls and options in the
@@ -368,7 +375,7 @@ static int sockopt_is(int fd, int level, int name, int want)
 /* 'T': IP_TRANSPARENT on the shim's listener, if it is a host TCP socket
  * (one the broker handed out: the container has no other). Returns 0 or an
  * errno. */
-static int make_transparent(int fd)
+int make_transparent(int fd)
 {
 	uint64_t ns = 0;
 	socklen_t l = sizeof ns;
@@ -526,7 +533,7 @@ static void accept_clients(int ls, const struct skiff_hello *hello)
 			close(c);
 			continue;
 		}
-		if (g_nclients + 1 >= g_capclients) {
+		if (g_nclients + 2 >= g_capclients) {   /* + the client, + the seccomp agent's slot */
 			int cap = g_capclients ? g_capclients * 2 : 64;
 			struct pollfd *p = realloc(g_pfd, cap * sizeof *p);
 			if (p) g_pfd = p;
@@ -562,9 +569,10 @@ int main(int argc, char **argv)
 		{ "stats", required_argument, 0, 's' }, { "pool", required_argument, 0, 'p' },
 		{ "name", required_argument, 0, 'N' }, { "transparent", no_argument, 0, 'T' },
 		{ "listen-fd", required_argument, 0, 'L' }, { "refuse-privileged", no_argument, 0, 'P' },
+		{ "control-fd", required_argument, 0, 'C' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
 	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
-	int listen_fd = -1;
+	int listen_fd = -1, control_fd = -1;
 	char msg[600];
 	int o;
 	opterr = 0;
@@ -582,6 +590,12 @@ int main(int argc, char **argv)
 			char *e; long v = strtol(optarg, &e, 10);
 			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --listen-fd (3..1023)");
 			listen_fd = (int)v;
+			break;
+		}
+		case 'C': {
+			char *e; long v = strtol(optarg, &e, 10);
+			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --control-fd (3..1023)");
+			control_fd = (int)v;
 			break;
 		}
 		case 'p': {
@@ -621,6 +635,9 @@ int main(int argc, char **argv)
 		hello.prefix = (uint8_t)len;
 		if (parse_ip(ipstr, &hello.ip)) die_usage("bad --ip");
 		if ((hello.ip & mask) != hello.net) die_usage("--ip is not inside --cidr");
+		g_net = hello.net;
+		g_mask = mask;
+		g_ip = hello.ip;
 	}
 
 	int nsfd = -1, hostfd = -1;
@@ -721,6 +738,10 @@ int main(int argc, char **argv)
 		g_reply_bytes = rb;
 	g_pfd[0].fd = ls;
 	g_pfd[0].events = POLLIN;
+	/* the seccomp agent's: control socket and listeners behind one epoll,
+	 * polled after the clients */
+	if (control_fd >= 0 && (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(control_fd) < 0))
+		return 1;
 
 	sigset_t block, empty;
 	sigemptyset(&block); sigaddset(&block, SIGTERM); sigaddset(&block, SIGINT);
@@ -738,7 +759,8 @@ int main(int argc, char **argv)
 	 * (a shim asking for its next batch) does not preempt the application
 	 * that asked, which still has sockets in hand. */
 	struct sched_param sp = { 0 };
-	if (sched_setscheduler(0, SCHED_BATCH, &sp) < 0)
+	int batch = sched_setscheduler(0, SCHED_BATCH, &sp) == 0;
+	if (!batch)
 		LOG("SCHED_BATCH: %s", strerror(errno));
 	pool_fill(g_pool_target, MAX_POOL);
 	{
@@ -764,12 +786,24 @@ int main(int argc, char **argv)
 		/* replies held back: look again soon whether their clients read */
 		for (int i = 1; i <= g_nclients && wait != &now; i++)
 			if (g_held[i].n) { wait = &held; break; }
-		int r = ppoll(g_pfd, 1 + g_nclients, wait, &empty);
+		/* a notification's target waits until the broker answers: it
+		 * must wake the broker at once, which SCHED_BATCH does not */
+		if (batch && control_fd >= 0 && sc_listeners() > 0)
+			batch = sched_setscheduler(0, SCHED_OTHER, &sp) < 0;
+		int npfd = 1 + g_nclients;
+		if (control_fd >= 0) {
+			g_pfd[npfd].fd = sc_epoll();
+			g_pfd[npfd].events = POLLIN;
+			g_pfd[npfd++].revents = 0;
+		}
+		int r = ppoll(g_pfd, npfd, wait, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
 			LOG("ppoll: %s", strerror(errno));
 			break;
 		}
+		if (control_fd >= 0 && g_pfd[1 + g_nclients].revents)
+			sc_ready();
 		if (g_accept_paused) {   /* try again after any wake-up, at the latest on the timer */
 			g_pfd[0].events = POLLIN;
 			g_pfd[0].revents = POLLIN;

@@ -799,6 +799,21 @@ static int fast_dest(const struct sockaddr *sa, socklen_t len)
 	return (ip & g_mask) == g_net || (ntohl(ip) >> 24) == 127;
 }
 
+/* connect() and listen() as the shim makes them: with skiff's seccomp tag in
+ * the descriptor argument, so that a process also under skiff's seccomp
+ * profile is not notified (the shim serves its sockets itself, and a
+ * container socket it kept is the overlay's). Raw syscalls, which, unlike
+ * libc's, are no thread cancellation points. */
+static int t_connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	return (int)syscall(SYS_connect, (long)((unsigned long)fd | SKIFF_SECCOMP_TAG), sa, (long)len);
+}
+
+static int t_listen(int fd, int backlog)
+{
+	return (int)syscall(SYS_listen, (long)((unsigned long)fd | SKIFF_SECCOMP_TAG), (long)backlog);
+}
+
 /* ---------- interposed functions ---------- */
 EXPORT int socket(int domain, int type, int protocol)
 {
@@ -820,12 +835,12 @@ EXPORT int socket(int domain, int type, int protocol)
 EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 {
 	RESOLVE(r_connect);
-	if (t_inshim || !sa) return r_connect(fd, sa, len);
+	if (t_inshim || !sa) return t_connect(fd, sa, len);
 	struct fdent *e = tab_take(fd);
-	if (!e) return r_connect(fd, sa, len);
+	if (!e) return t_connect(fd, sa, len);
 	int r, er;
 	if (fast_dest(sa, len)) {
-		r = r_connect(fd, sa, len);
+		r = t_connect(fd, sa, len);
 		er = errno;
 		if (r == 0 || !is_fallback_errno(er)) {
 			if (r == 0 || er == EINPROGRESS) count_replaced();
@@ -840,7 +855,7 @@ EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 	} else if (swap_to_container(fd, e, SKIFF_R_DEST) == -1) {
 		return -1;
 	}
-	return r_connect(fd, sa, len);
+	return t_connect(fd, sa, len);
 }
 
 EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
@@ -887,15 +902,15 @@ static int on_lo(int fd)
 EXPORT int listen(int fd, int backlog)
 {
 	RESOLVE(r_listen);
-	if (t_inshim) return r_listen(fd, backlog);
+	if (t_inshim) return t_listen(fd, backlog);
 	struct fdent *e = tab_take(fd);
-	if (!e) return r_listen(fd, backlog);
+	if (!e) return t_listen(fd, backlog);
 	if (e->state == ST_FRESH) {
 		/* never autobind a host socket to 0.0.0.0: explicit bind lets the hook move it to 127.0.0.1 */
 		struct sockaddr_in any = { .sin_family = AF_INET };
 		if (r_bind(fd, (struct sockaddr *)&any, sizeof any) < 0) {
 			if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
-			return r_listen(fd, backlog);
+			return t_listen(fd, backlog);
 		}
 		e->state = ST_BOUND;
 		e->has_bind = 1;
@@ -904,10 +919,10 @@ EXPORT int listen(int fd, int backlog)
 	if (!e->transparent && broker_transparent(fd) < 0) {
 		/* unreachable over the overlay: a container listener is the overlay's */
 		if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
-		return r_listen(fd, backlog);
+		return t_listen(fd, backlog);
 	}
 	e->transparent = 1;   /* a listen() that fails may be tried again */
-	int r = r_listen(fd, backlog), er = errno;
+	int r = t_listen(fd, backlog), er = errno;
 	if (r < 0) { tab_put(fd, e); errno = er; return r; }
 	if (!on_lo(fd)) { count_replaced(); ent_free(e); errno = er; return 0; }
 	/* The layer could not publish it (a map full) and bound it to lo, where
@@ -916,7 +931,7 @@ EXPORT int listen(int fd, int backlog)
 	 * it is the container's lo the app meant.) */
 	e->state = ST_LISTENING;
 	if (swap_to_container(fd, e, SKIFF_R_LISTEN) == -1) return -1;
-	return r_listen(fd, backlog);
+	return t_listen(fd, backlog);
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)

@@ -100,13 +100,34 @@ struct skiff_reply {
  *   [7] pid            broker pid
  *   [8] privileged     --refuse-privileged: the pid of the privileged process
  *                      that made the broker refuse the container, 0 if none
+ * Layout v3 adds the seccomp agent's counters (seccomp.c):
+ *   [9]  sc_listeners  notification listeners held now
+ *   [10] sc_replaced   connect/listen swapped to host sockets
+ *   [11] sc_fallback   connect/listen left to the container's socket although
+ *                      in the cluster (refused, bound, option, epoll)
+ *   [12] sc_passed     notifications continued untouched (not IPv4 TCP in the
+ *                      cluster, or already a host socket: the shim's)
+ *   [13] sc_dropped    notifications whose target went while handled
+ *   [14] sc_ns         nanoseconds from receiving to answering, over
+ *   [15] sc_handled    the notifications handled
  */
-#define SKIFF_STATS_MAGIC    (0x54534b53ull | (2ull << 32))   /* "SKST", layout v2 */
+#define SKIFF_STATS_MAGIC    (0x54534b53ull | (3ull << 32))   /* "SKST", layout v3 */
 enum {
 	SKIFF_ST_MAGIC = 0, SKIFF_ST_HANDED_OUT, SKIFF_ST_REPLACED, SKIFF_ST_FALLBACK,
 	SKIFF_ST_CLIENTS_TOTAL, SKIFF_ST_CLIENTS_NOW, SKIFF_ST_ERRORS, SKIFF_ST_PID,
-	SKIFF_ST_PRIVILEGED, SKIFF_ST_NSLOTS
+	SKIFF_ST_PRIVILEGED, SKIFF_ST_SC_LISTENERS, SKIFF_ST_SC_REPLACED, SKIFF_ST_SC_FALLBACK,
+	SKIFF_ST_SC_PASSED, SKIFF_ST_SC_DROPPED, SKIFF_ST_SC_NS, SKIFF_ST_SC_HANDLED, SKIFF_ST_NSLOTS
 };
+
+/* skiffd -> broker, on the control socket (--control-fd, AF_UNIX
+ * SOCK_SEQPACKET, a socket pair skiffd made): one byte SKIFF_CTL_LISTENER
+ * with a container process's seccomp listener in SCM_RIGHTS. */
+#define SKIFF_CTL_LISTENER 'L'
+
+/* The bit the shim sets in connect()'s and listen()'s descriptor argument:
+ * skiff's seccomp profile notifies only calls without it (the kernel reads
+ * the int's low 32 bits). sockets/seccomp.Tag. */
+#define SKIFF_SECCOMP_TAG (1ull << 32)
 #define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
 
 /* Room for the fds a message carries ('S' replies, 'T' requests). */

@@ -57,7 +57,7 @@ start_broker() { # extra args
 	nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --stats "$TMP/stats" "$@" 2>>"$TMP/broker.log" &
 	BROKER=$!; PIDS+=($BROKER)
 	for _ in $(seq 100); do
-		[ -s "$TMP/stats" ] && [ "$(stat_slot "$TMP/stats" 0 2>/dev/null)" = $((0x254534b53)) ] && return 0
+		[ -s "$TMP/stats" ] && [ "$(stat_slot "$TMP/stats" 0 2>/dev/null)" = $((0x354534b53)) ] && return 0
 		sleep 0.05
 	done
 	return 1
@@ -296,7 +296,7 @@ os.set_inheritable(3, True)  # when the socket already was fd 3, dup2 did nothin
 os.execvp("nsenter", ["nsenter", "--net=/run/netns/" + sys.argv[1], "./skiff-broker", "--listen-fd", "3",
     "--cidr", "10.98.0.0/16", "--ip", "10.98.0.2", "--name", "skfpassed", "--stats", sys.argv[2]])' $H "$TMP/stats-passed" 2>>"$TMP/broker.log" &
 	local bp=$!; PIDS+=($bp)
-	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-passed" 0 2>/dev/null)" = $((0x254534b53)) ] && break; sleep 0.05; done
+	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-passed" 0 2>/dev/null)" = $((0x354534b53)) ] && break; sleep 0.05; done
 	sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skfpassed ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.1 --host yes
 	local rc=$?
 	kill $bp; wait $bp
@@ -311,7 +311,7 @@ refuse_privileged() {
 	nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 		--name skfpriv --stats "$TMP/stats-priv" --refuse-privileged 2>>"$TMP/broker.log" &
 	local bp=$!; PIDS+=($bp)
-	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-priv" 0 2>/dev/null)" = $((0x254534b53)) ] && break; sleep 0.05; done
+	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-priv" 0 2>/dev/null)" = $((0x354534b53)) ] && break; sleep 0.05; done
 	local unpriv=(setpriv --bounding-set -net_admin,-sys_admin)
 	local rc=0
 	sc_ok ip netns exec $C "${unpriv[@]}" env LD_PRELOAD=$SHIM SKIFF_BROKER=skfpriv ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.1 --host yes || { echo "unprivileged: no host socket"; rc=1; }
@@ -571,7 +571,7 @@ check stale-entry-not-swapped stale_entry
 # second broker: --name / SKIFF_BROKER, tiny pool (replies come from on-demand top-ups), many clients at once
 nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b2 --pool 2 --stats "$TMP/stats2" 2>>"$TMP/broker2.log" & B2=$!; PIDS+=($B2)
-for _ in $(seq 100); do [ -s "$TMP/stats2" ] && [ "$(stat_slot "$TMP/stats2" 0)" = $((0x254534b53)) ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -s "$TMP/stats2" ] && [ "$(stat_slot "$TMP/stats2" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 many_clients() {
 	local pids=() p rc=0
 	for i in 1 2 3 4 5 6 7 8; do
@@ -591,7 +591,7 @@ kill -INT $B2; wait $B2; check broker-sigint-clean-exit test $? = 0
 # on its timer instead of spinning
 nsenter --net=/run/netns/$H env LD_PRELOAD=$DIR/failsock.so ./skiff-broker --netns /run/netns/$C \
 	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b3 --stats "$TMP/stats3" 2>>"$TMP/broker3.log" & B3=$!; PIDS+=($B3)
-for _ in $(seq 100); do [ -s "$TMP/stats3" ] && [ "$(stat_slot "$TMP/stats3" 0)" = $((0x254534b53)) ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -s "$TMP/stats3" ] && [ "$(stat_slot "$TMP/stats3" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 check broker-cannot-create-falls-back sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b3 \
 	./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.2 --host no
 no_spin() {
@@ -607,7 +607,7 @@ kill $B3; wait $B3 2>/dev/null
 # back to container sockets (reachable over the overlay); clients still get host sockets
 nsenter --net=/run/netns/$H setpriv --bounding-set -net_admin,-net_raw ./skiff-broker --netns /run/netns/$C \
 	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b4 --transparent --stats "$TMP/stats4" 2>>"$TMP/broker4.log" & B4=$!; PIDS+=($B4)
-for _ in $(seq 100); do [ -s "$TMP/stats4" ] && [ "$(stat_slot "$TMP/stats4" 0)" = $((0x254534b53)) ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -s "$TMP/stats4" ] && [ "$(stat_slot "$TMP/stats4" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 no_transparent() {
 	ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b4 $PY - <<'EOF2' || return 1
 import socket
@@ -626,7 +626,7 @@ kill $B4; wait $B4 2>/dev/null
 # on the listener, and it serves new clients once others leave
 "${INH[@]}" prlimit --nofile=12:12 ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b5 --pool 2 --stats "$TMP/stats5" 2>>"$TMP/broker5.log" & B5=$!; PIDS+=($B5)
-for _ in $(seq 100); do [ -s "$TMP/stats5" ] && [ "$(stat_slot "$TMP/stats5" 0)" = $((0x254534b53)) ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -s "$TMP/stats5" ] && [ "$(stat_slot "$TMP/stats5" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 out_of_fds() {
 	local before after
 	inc $PY -c '
@@ -652,7 +652,7 @@ kill $B5; wait $B5 2>/dev/null
 # the queue empty waits, and from then on the shim asks for the next batch earlier (low-water 8 -> 16)
 nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b6 --stats "$TMP/stats6" 2>>"$TMP/broker6.log" & B6=$!; PIDS+=($B6)
-for _ in $(seq 100); do [ -s "$TMP/stats6" ] && [ "$(stat_slot "$TMP/stats6" 0)" = $((0x254534b53)) ] && break; sleep 0.05; done
+for _ in $(seq 100); do [ -s "$TMP/stats6" ] && [ "$(stat_slot "$TMP/stats6" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 low_water_adapts() {
 	ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b6 BROKER_PID=$B6 STATS="$TMP/stats6" $PY - <<'EOF2'
 import os, signal, socket, struct, threading, time
