@@ -2,11 +2,13 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,8 +128,12 @@ func TestSocketsSeccomp(t *testing.T) {
 	blob := filepath.Join(dir, "blob.bin")
 	want := appRandomFile(t, blob, 1<<20)
 
+	// servers for the subtests: a Go HTTP server and a Go echo server
+	seccompServer(t, l, server, client, 8080, app, "serve", "0.0.0.0:8080", blob)
+	echo := netip.AddrPortFrom(sip, 7000)
+	seccompServer(t, l, server, client, 7000, app, "echo", echo.String())
+
 	t.Run("go", func(t *testing.T) {
-		seccompServer(t, l, server, client, 8080, app, "serve", "0.0.0.0:8080", blob)
 		if s := seccompOf(t, l, server); s.Replaced == 0 || s.Listeners == 0 {
 			t.Errorf("server's listen not replaced by the seccomp agent: %+v", s)
 		}
@@ -137,5 +143,90 @@ func TestSocketsSeccomp(t *testing.T) {
 				t.Errorf("static Go client got %q, want %s 1048576", out, want)
 			}
 		})
+	})
+
+	t.Run("busybox", func(t *testing.T) {
+		// h2 serves, h1 fetches: the other direction
+		bb := filepath.Join(dir, "busybox")
+		if out, err := exec.Command("cp", "/bin/busybox", bb).CombinedOutput(); err != nil {
+			t.Fatalf("busybox-static (make deps installs it): %v %s", err, out)
+		}
+		www := filepath.Join(dir, "www")
+		os.MkdirAll(www, 0o755)
+		if err := os.Link(blob, filepath.Join(www, "blob")); err != nil {
+			t.Fatal(err)
+		}
+		cip, _ := l.IP(client)
+		seccompServer(t, l, client, server, 8081, bb, "httpd", "-f", "-p", "0.0.0.0:8081", "-h", www)
+		fastBoth(t, l, client, server, func() {
+			out := seccompRun(t, l, server, 20*time.Second, bb, "wget", "-q", "-O", "-", fmt.Sprintf("http://%s:8081/blob", cip))
+			if got := appSHA([]byte(out)); got != want {
+				t.Errorf("busybox wget: sha256 %s (%d bytes), want %s", got, len(out), want)
+			}
+		})
+	})
+
+	t.Run("dynamic", func(t *testing.T) {
+		// not preloaded: curl (non-blocking connect, poll) to the Go server
+		curl := appTool(t, "curl")
+		fastBoth(t, l, server, client, func() {
+			out := seccompRun(t, l, client, 20*time.Second, curl, "-sS", "--fail", "--noproxy", "*", "--max-time", "10", "-o", "-",
+				fmt.Sprintf("http://%s:8080/blob", sip))
+			if got := appSHA([]byte(out)); got != want {
+				t.Errorf("curl: sha256 %s (%d bytes), want %s", got, len(out), want)
+			}
+		})
+	})
+
+	t.Run("security", func(t *testing.T) {
+		// the sockets layer's probe, for a program the seccomp agent serves
+		srv := echo
+		out := seccompRun(t, l, client, 30*time.Second, "python3", "-c", pySecurity, sip.String(), "7000", l.Hosts[0].UnderlayIP.String())
+		var got map[string]string
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		cip, _ := l.IP(client)
+		for k, v := range securityWant(cip, srv) {
+			if strings.HasPrefix(k, "raw_") {
+				continue // a socket() is the container's own: what the overlay allows
+			}
+			if got[k] != v {
+				t.Errorf("%s = %q, want %q", k, got[k], v)
+			}
+		}
+		if t.Failed() {
+			t.Logf("probe output: %s", out)
+		}
+		// a live connection the policy then denies ends
+		cmd, err := l.SeccompCommand(context.Background(), client, app, "hold", srv.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		hold := startProc(t, cmd, true)
+		if line := hold.line(t, 10*time.Second); !strings.HasPrefix(line, "connected") {
+			t.Fatalf("hold: %q", line)
+		}
+		denyEnds(t, l, hold, sip)
+		if err := l.DeletePolicy(context.Background(), "cut"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("short connections", func(t *testing.T) {
+		// 10 000 sequential connections from the static client, none stalled
+		before := seccompOf(t, l, client)
+		out := strings.Fields(seccompRun(t, l, client, 5*time.Minute, app, "loop", echo.String(), "10000"))
+		if len(out) != 4 || out[0] != "ok" {
+			t.Fatalf("loop: %v", out)
+		}
+		if ms, _ := strconv.ParseFloat(out[3], 64); ms >= 500 {
+			t.Errorf("the slowest of 10000 connections took %.1f ms", ms)
+		}
+		after := seccompOf(t, l, client)
+		if n := after.Replaced - before.Replaced; n < 10000 {
+			t.Errorf("%d of 10000 connections replaced by the seccomp agent", n)
+		}
+		t.Logf("10000 connections: slowest %s ms; the agent's mean answer %.1f µs", out[3], after.MeanMicros)
 	})
 }

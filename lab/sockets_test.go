@@ -400,6 +400,18 @@ func counter(t *testing.T, l *Lab, host, name string) uint64 {
 // shows only overlay addresses; a replaced listener cannot be reached
 // without the SYN option; a forged option claiming another host's
 // container is dropped.
+// securityWant is what pySecurity prints for a client at cli connected to
+// a replaced listener at srv.
+func securityWant(cli netip.Addr, srv netip.AddrPort) map[string]string {
+	return map[string]string{
+		"local": cli.String(), "peer": srv.Addr().String(),
+		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "SO_BINDTODEVICE": "EPERM",
+		"TCP_SAVE_SYN": "EPERM", "TCP_REPAIR": "EPERM", "SO_RCVBUFFORCE": "EPERM", "IP_PKTINFO": "EPERM",
+		"TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000", "SO_ORIGINAL_DST": srv.String(),
+		"raw_connect_underlay": "EPERM", "raw_connect_outside": "EPERM",
+	}
+}
+
 func TestSocketsSecurity(t *testing.T) {
 	l := newLab(t, Config{Name: "tsksec", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	srvIP, _ := l.IP("h1/c1")
@@ -413,14 +425,7 @@ func TestSocketsSecurity(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	cliIP, _ := l.IP("h2/c1")
-	want := map[string]string{
-		"local": cliIP.String(), "peer": srvIP.String(),
-		"SO_PRIORITY": "EPERM", "IP_TOS": "EPERM", "SO_MARK": "EPERM", "SO_BINDTODEVICE": "EPERM",
-		"TCP_SAVE_SYN": "EPERM", "TCP_REPAIR": "EPERM", "SO_RCVBUFFORCE": "EPERM", "IP_PKTINFO": "EPERM",
-		"TCP_NODELAY": "ok", "TCP_CONGESTION": "reno", "SO_RCVTIMEO": "3.200000", "SO_ORIGINAL_DST": srv.String(),
-		"raw_connect_underlay": "EPERM", "raw_connect_outside": "EPERM",
-	}
-	for k, v := range want {
+	for k, v := range securityWant(cliIP, srv) {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}

@@ -63,7 +63,7 @@ static int *g_pool, g_npool, g_pool_target = 64;
  * its replies carry the container's overlay address, which is not a host
  * address. Clients never need it, so pooled sockets go out without. */
 static int g_transparent;
-uint64_t g_host_netns;
+uint64_t g_host_netns, g_container_netns, g_inflight;
 uint32_t g_net, g_mask, g_ip;
 
 static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
@@ -665,6 +665,15 @@ int main(int argc, char **argv)
 	}
 
 	if (stats) {
+		/* a notification the broker before this one had taken and not
+		 * answered when it died: its caller waits until someone does */
+		int old = open(stats, O_RDONLY | O_CLOEXEC);
+		uint64_t prev[SKIFF_ST_NSLOTS] = { 0 };
+		if (old >= 0) {
+			if (read(old, prev, sizeof prev) == (ssize_t)sizeof prev && prev[SKIFF_ST_MAGIC] == SKIFF_STATS_MAGIC)
+				g_inflight = prev[SKIFF_ST_SC_INFLIGHT];
+			close(old);
+		}
 		int fd = open(stats, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd < 0 || ftruncate(fd, SKIFF_STATS_SIZE) < 0) {
 			fprintf(stderr, "skiff-broker: stats %s: %s\n", stats, strerror(errno));
@@ -710,6 +719,10 @@ int main(int argc, char **argv)
 		}
 		close(s);
 		g_host_netns = hello.host_netns;
+		/* the container's: the only sockets the seccomp agent swaps */
+		l = sizeof g_container_netns;
+		if (getsockopt(ls, SOL_SOCKET, SO_NETNS_COOKIE, &g_container_netns, &l) < 0)
+			g_container_netns = 0;
 	}
 	if (lerr) {
 		if (netns)

@@ -117,6 +117,15 @@ static void drop_listener(int fd)
 	g_st[SKIFF_ST_SC_LISTENERS] = (uint64_t)g_nlisteners;
 }
 
+static int reply(int lfd, int32_t error, uint32_t flags)
+{
+	memset(g_resp, 0, g_sizes.seccomp_notif_resp);
+	g_resp->id = g_req->id;
+	g_resp->error = error;
+	g_resp->flags = flags;
+	return ioctl(lfd, SECCOMP_IOCTL_NOTIF_SEND, g_resp);
+}
+
 /* A message from skiffd: a listener to serve. */
 static void control(void)
 {
@@ -155,17 +164,15 @@ static void control(void)
 		}
 		g_nlisteners++;
 		g_st[SKIFF_ST_SC_LISTENERS] = (uint64_t)g_nlisteners;
+		if (g_inflight) {   /* left by the broker before: continue it, if it is this listener's */
+			g_req->id = g_inflight;
+			if (reply(fd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE) == 0) {
+				LOG("continued notification %llx the previous broker left", (unsigned long long)g_inflight);
+				g_inflight = 0;
+			}
+		}
 		LOG("seccomp listener fd %d, %d held", fd, g_nlisteners);
 	}
-}
-
-static int reply(int lfd, int32_t error, uint32_t flags)
-{
-	memset(g_resp, 0, g_sizes.seccomp_notif_resp);
-	g_resp->id = g_req->id;
-	g_resp->error = error;
-	g_resp->flags = flags;
-	return ioctl(lfd, SECCOMP_IOCTL_NOTIF_SEND, g_resp);
 }
 
 static int getint(int fd, int level, int name)
@@ -300,9 +307,13 @@ static int target_socket(pid_t pid, int n, enum outcome *out)
 	 * a host TCP listener serves them the same */
 	if (getint(s, SOL_SOCKET, SO_DOMAIN) != AF_INET || getint(s, SOL_SOCKET, SO_TYPE) != SOCK_STREAM ||
 	    (proto != IPPROTO_TCP && proto != IPPROTO_MPTCP) ||
-	    getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns == g_host_netns ||
+	    getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != g_container_netns ||
 	    getsockopt(s, SOL_TCP, TCP_INFO, &ti, &tl) < 0 || ti.tcpi_state != TCP_CLOSE) {
-		close(s);   /* not TCP/IPv4, a host socket already (the shim's), or in use */
+		/* not TCP/IPv4; in use; a host socket already (the shim's); or of
+		 * another namespace: a process of another container whose
+		 * listener was handed over as this one's never gets this
+		 * container's host sockets */
+		close(s);
 		return -1;
 	}
 	*out = FALLBACK;
@@ -423,6 +434,7 @@ static void serve(int lfd)
 	if (ioctl(lfd, SECCOMP_IOCTL_NOTIF_RECV, g_req) < 0)
 		return;   /* the target went (ENOENT), or a signal */
 	uint64_t t0 = now_ns();
+	g_st[SKIFF_ST_SC_INFLIGHT] = g_req->id;
 	enum outcome out = PASSED;
 #ifdef NATIVE_ARCH
 	if (g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_connect)
@@ -437,6 +449,7 @@ static void serve(int lfd)
 	st_add(slot[out], 1);
 	st_add(SKIFF_ST_SC_NS, now_ns() - t0);
 	st_add(SKIFF_ST_SC_HANDLED, 1);
+	g_st[SKIFF_ST_SC_INFLIGHT] = 0;
 }
 
 void sc_ready(void)

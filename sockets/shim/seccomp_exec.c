@@ -3,8 +3,10 @@
  * a profile with linux.seccomp.listenerPath (runc, crun). For processes no
  * runtime starts: the lab's and skiff bench's containers, tests.
  *
- *   skiff-seccomp-exec --filter FILE --socket PATH [--id ID] -- PROG [ARG...]
+ *   skiff-seccomp-exec --filter FILE --socket PATH [--id ID] [--pid PID] -- PROG [ARG...]
  *
+ * --pid names another process as the container's in the state (a runtime
+ * names the container's init; the default is the launcher itself).
  * FILE holds the filter as struct sock_filter[] (skiff seccomp-profile
  * --bpf). The process must already be in the container's network namespace
  * and cgroup: skiffd finds the container from them. If skiffd does not take
@@ -42,21 +44,23 @@ int main(int argc, char **argv)
 	static const struct option opts[] = { { "filter", required_argument, 0, 'f' },
 					      { "socket", required_argument, 0, 's' },
 					      { "id", required_argument, 0, 'i' },
+					      { "pid", required_argument, 0, 'p' },
 					      { 0, 0, 0, 0 } };
 	const char *filter = NULL, *sock = NULL, *id = "skiff-seccomp-exec";
-	int o;
+	int o, pid = getpid();
 	while ((o = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
 		switch (o) {
 		case 'f': filter = optarg; break;
 		case 's': sock = optarg; break;
 		case 'i': id = optarg; break;
+		case 'p': pid = atoi(optarg); break;
 		default:
-			fprintf(stderr, "usage: skiff-seccomp-exec --filter FILE --socket PATH [--id ID] -- PROG [ARG...]\n");
+			fprintf(stderr, "usage: skiff-seccomp-exec --filter FILE --socket PATH [--id ID] [--pid PID] -- PROG [ARG...]\n");
 			return 2;
 		}
 	}
 	if (!filter || !sock || optind >= argc) {
-		fprintf(stderr, "usage: skiff-seccomp-exec --filter FILE --socket PATH [--id ID] -- PROG [ARG...]\n");
+		fprintf(stderr, "usage: skiff-seccomp-exec --filter FILE --socket PATH [--id ID] [--pid PID] -- PROG [ARG...]\n");
 		return 2;
 	}
 	for (const char *c = id; *c; c++)
@@ -83,7 +87,6 @@ int main(int argc, char **argv)
 
 	/* the hand-off, as runc sends it: ContainerProcessState and the fd */
 	char state[1024];
-	int pid = getpid();
 	int len = snprintf(state, sizeof state,
 			   "{\"ociVersion\":\"1.0.2\",\"fds\":[\"seccompFd\"],\"pid\":%d,\"metadata\":\"skiff/v1\","
 			   "\"state\":{\"ociVersion\":\"1.0.2\",\"id\":\"%s\",\"status\":\"creating\",\"pid\":%d,\"bundle\":\"\"}}",

@@ -110,13 +110,16 @@ struct skiff_reply {
  *   [13] sc_dropped    notifications whose target went while handled
  *   [14] sc_ns         nanoseconds from receiving to answering, over
  *   [15] sc_handled    the notifications handled
+ *   [16] sc_inflight   the id of the notification being handled, 0 between:
+ *                      a broker started after one that died answers it
  */
 #define SKIFF_STATS_MAGIC    (0x54534b53ull | (3ull << 32))   /* "SKST", layout v3 */
 enum {
 	SKIFF_ST_MAGIC = 0, SKIFF_ST_HANDED_OUT, SKIFF_ST_REPLACED, SKIFF_ST_FALLBACK,
 	SKIFF_ST_CLIENTS_TOTAL, SKIFF_ST_CLIENTS_NOW, SKIFF_ST_ERRORS, SKIFF_ST_PID,
 	SKIFF_ST_PRIVILEGED, SKIFF_ST_SC_LISTENERS, SKIFF_ST_SC_REPLACED, SKIFF_ST_SC_FALLBACK,
-	SKIFF_ST_SC_PASSED, SKIFF_ST_SC_DROPPED, SKIFF_ST_SC_NS, SKIFF_ST_SC_HANDLED, SKIFF_ST_NSLOTS
+	SKIFF_ST_SC_PASSED, SKIFF_ST_SC_DROPPED, SKIFF_ST_SC_NS, SKIFF_ST_SC_HANDLED, SKIFF_ST_SC_INFLIGHT,
+	SKIFF_ST_NSLOTS
 };
 
 /* skiffd -> broker, on the control socket (--control-fd, AF_UNIX

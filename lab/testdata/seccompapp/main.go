@@ -7,6 +7,9 @@
 //	seccompapp loop ADDR N        N sequential connections (write 1 byte,
 //	                              read it back): prints the slowest in ms
 //	seccompapp echo ADDR          echo server (tcp4), for loop
+//	seccompapp hold ADDR          one connection, a byte echoed every 50 ms:
+//	                              prints "connected", then "err ..." when
+//	                              it breaks
 package main
 
 import (
@@ -36,6 +39,8 @@ func main() {
 		err = loop(os.Args[2], n)
 	case "echo":
 		err = echo(os.Args[2])
+	case "hold":
+		err = hold(os.Args[2])
 	default:
 		err = fmt.Errorf("unknown command %s", os.Args[1])
 	}
@@ -110,4 +115,25 @@ func loop(addr string, n int) error {
 	}
 	fmt.Printf("ok %d slowest_ms %.1f\n", n, float64(slowest.Microseconds())/1000)
 	return nil
+}
+
+func hold(addr string) error {
+	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	fmt.Println("connected", c.LocalAddr(), c.RemoteAddr())
+	buf := []byte{0}
+	for {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err := c.Write(buf)
+		if err == nil {
+			_, err = io.ReadFull(c, buf)
+		}
+		if err != nil {
+			fmt.Println("err", err)
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
