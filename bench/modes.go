@@ -45,6 +45,9 @@ type Mode struct {
 	// Wrap, when set, adjusts every server and client command of the mode
 	// before it starts (typically environment changes such as LD_PRELOAD).
 	Wrap func(cmd *exec.Cmd)
+	// Seccomp runs the mode's commands without the shim, under skiff's
+	// seccomp filter (the lab must be a SeccompLab).
+	Seccomp bool
 	// Description is a one-line explanation for help texts.
 	Description string
 	// Explicit modes run only when asked for by name, never by default.
@@ -124,6 +127,17 @@ var Modes = map[string]Mode{
 		LabMode:     "sockets",
 		Placement:   ContainerPlacement,
 		Description: "containers' TCP on host sockets (Slim-style shim, eBPF connection setup)",
+	},
+	// The same containers' TCP on host sockets without the shim: the
+	// broker's seccomp agent swaps them in at connect and listen, as for
+	// static and Go binaries of unmodified images (asked for by name).
+	"sockets-seccomp": {
+		Name:        "sockets-seccomp",
+		LabMode:     "sockets",
+		Placement:   ContainerPlacement,
+		Seccomp:     true,
+		Description: "containers' TCP on host sockets through the seccomp agent (no preload: unmodified images)",
+		Explicit:    true,
 	},
 }
 

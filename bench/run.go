@@ -29,6 +29,12 @@ type Lab interface {
 	Mode() string
 }
 
+// SeccompLab is a Lab that also runs commands without the socket shim,
+// under skiff's seccomp filter (modes with Seccomp).
+type SeccompLab interface {
+	SeccompCommand(ctx context.Context, target string, name string, args ...string) (*exec.Cmd, error)
+}
+
 // ConntrackLab is a Lab whose connection-tracking state can be reset: every
 // cell then starts from empty tables, as it starts its own server.
 type ConntrackLab interface {
@@ -428,7 +434,15 @@ func (r *runner) measure(ctx context.Context, c cell, env cellEnv, target string
 
 // command builds argv in target's namespace, wrapped by the mode.
 func (r *runner) command(ctx context.Context, m Mode, target string, argv []string) (*exec.Cmd, error) {
-	cmd, err := r.lab.Command(ctx, target, argv[0], argv[1:]...)
+	run := r.lab.Command
+	if m.Seccomp {
+		sl, ok := r.lab.(SeccompLab)
+		if !ok {
+			return nil, fmt.Errorf("mode %s needs a lab that runs commands under the seccomp filter", m.Name)
+		}
+		run = sl.SeccompCommand
+	}
+	cmd, err := run(ctx, target, argv[0], argv[1:]...)
 	if err != nil {
 		return nil, fmt.Errorf("command in %s: %w", target, err)
 	}

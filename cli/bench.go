@@ -154,6 +154,11 @@ func (s *labSet) Command(ctx context.Context, target, name string, args ...strin
 	return l.Command(ctx, t, name, args...)
 }
 
+func (s *labSet) SeccompCommand(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	l, t := s.pick(target)
+	return l.SeccompCommand(ctx, t, name, args...)
+}
+
 func (s *labSet) Listening(ctx context.Context, target string) ([]netip.AddrPort, error) {
 	l, t := s.pick(target)
 	return l.Listening(ctx, t)

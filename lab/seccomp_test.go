@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/sockets/seccomp"
 )
 
 // The seccomp agent: programs without the shim (a static Go server and
@@ -229,4 +231,94 @@ func TestSocketsSeccomp(t *testing.T) {
 		}
 		t.Logf("10000 connections: slowest %s ms; the agent's mean answer %.1f µs", out[3], after.MeanMicros)
 	})
+
+	t.Run("runc", func(t *testing.T) {
+		// Debian's runc with skiff's profile: it hands the listener over
+		runc := appTool(t, "runc")
+		root := filepath.Join(dir, "runc")
+		srv := netip.AddrPortFrom(sip, 8090)
+		server := runcContainer(t, l, runc, root, "h1/c1", dir, app, "serve", srv.String(), "/blob")
+		sp := startProc(t, server, false)
+		waitListener(t, l, "h1", srv, sp.exited)
+		appWaitRoute(t, l, client, srv, 10*time.Second)
+		if s := seccompOf(t, l, "h1/c1"); s.Listeners == 0 {
+			t.Errorf("runc's listener did not reach h1/c1's broker: %+v", s)
+		}
+		fastBoth(t, l, "h1/c1", client, func() {
+			cmd := runcContainer(t, l, runc, root, client, dir, app, "get", fmt.Sprintf("http://%s/blob", srv))
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("runc client: %v %s", err, out)
+			}
+			if got := strings.Fields(string(out)); len(got) != 2 || got[0] != want {
+				t.Errorf("client in runc got %q, want %s", out, want)
+			}
+		})
+	})
+}
+
+// runcContainer returns a `runc run` of a bundle the test builds: a
+// rootfs of busybox-static, app and the blob, in target's network
+// namespace and in a cgroup below target's, under skiff's seccomp profile
+// with the listener target's host takes. The container is deleted when the
+// test ends.
+func runcContainer(t *testing.T, l *Lab, runc, root, target, dir, app string, args ...string) *exec.Cmd {
+	t.Helper()
+	c, err := l.Container(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("sksc-%s-%d", strings.ReplaceAll(target, "/", "-"), time.Now().UnixNano()%1e9)
+	bundle := filepath.Join(dir, id)
+	bin := filepath.Join(bundle, "rootfs", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for src, dst := range map[string]string{"/bin/busybox": bin + "/busybox", app: bin + "/app", filepath.Join(dir, "blob.bin"): bundle + "/rootfs/blob"} {
+		if out, err := exec.Command("cp", src, dst).CombinedOutput(); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+	}
+	if out, err := exec.Command(runc, "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+		t.Fatalf("runc spec: %v %s", err, out)
+	}
+	var spec map[string]any
+	data, _ := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err := json.Unmarshal(data, &spec); err != nil {
+		t.Fatal(err)
+	}
+	base, _ := seccomp.LoadBase("none")
+	profile, err := seccomp.Build(base, l.SeccompSocket(c.Host))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroups, err := sockets.CgroupRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = append([]any{"/bin/app"}, anySlice(args)...)
+	linux := spec["linux"].(map[string]any)
+	linux["seccomp"] = profile
+	linux["cgroupsPath"] = filepath.Join(strings.TrimPrefix(c.Cgroup, cgroups), id)
+	for _, ns := range linux["namespaces"].([]any) {
+		if m := ns.(map[string]any); m["type"] == "network" {
+			m["path"] = NetnsPath(c.Netns)
+		}
+	}
+	data, _ = json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exec.Command(runc, "--root", root, "delete", "--force", id).Run() })
+	return exec.Command(runc, "--root", root, "run", "--bundle", bundle, id)
+}
+
+func anySlice(s []string) []any {
+	a := make([]any, len(s))
+	for i, v := range s {
+		a[i] = v
+	}
+	return a
 }

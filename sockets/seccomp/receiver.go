@@ -88,21 +88,24 @@ func (r *Receiver) Serve(ctx context.Context, take func(Handoff)) {
 			}
 			return
 		}
-		h, err := receive(c)
-		c.Close()
-		if err != nil {
-			r.log.Warn("seccomp hand-off refused", "err", err)
-			continue
-		}
-		take(h)
+		// one at a time would let one slow sender hold up every runtime
+		go func() {
+			h, err := receive(c)
+			c.Close()
+			if err != nil {
+				r.log.Warn("seccomp hand-off refused", "err", err)
+				return
+			}
+			take(h)
+		}()
 	}
 }
 
 // Close stops the receiver and removes its socket.
 func (r *Receiver) Close() error { return r.ln.Close() }
 
-// receive reads one hand-off: the state as JSON up to EOF, with one
-// descriptor in SCM_RIGHTS. Only root may send one.
+// receive reads one hand-off: the state as JSON (up to a whole object or
+// EOF), with one descriptor in SCM_RIGHTS. Only root may send one.
 func receive(c *net.UnixConn) (Handoff, error) {
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	raw, err := c.SyscallConn()
@@ -124,6 +127,10 @@ func receive(c *net.UnixConn) (Handoff, error) {
 	buf, oob := make([]byte, maxState+1), make([]byte, unix.CmsgSpace(4*4))
 	for {
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil && !errors.Is(err, io.EOF) {
+			closeAll()
+			return Handoff{}, err
+		}
 		if oobn > 0 {
 			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
 			for _, m := range msgs {
@@ -136,17 +143,15 @@ func receive(c *net.UnixConn) (Handoff, error) {
 				return Handoff{}, errors.New("control data truncated or malformed")
 			}
 		}
-		data = append(data, buf[:n]...)
+		data = append(data, buf[:max(n, 0)]...)
 		if len(data) > maxState {
 			closeAll()
 			return Handoff{}, fmt.Errorf("state larger than %d bytes", maxState)
 		}
-		if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+		// runc sends the state in one message and may keep the
+		// connection open: a whole JSON object ends it, as EOF does
+		if err != nil || n == 0 || json.Valid(data) {
 			break
-		}
-		if err != nil {
-			closeAll()
-			return Handoff{}, err
 		}
 	}
 	if cred.Uid != 0 {

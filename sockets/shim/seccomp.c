@@ -366,16 +366,18 @@ static enum outcome on_connect(int lfd)
 	    (connect(h, (struct sockaddr *)&sa, sizeof sa) == 0 || errno == EINPROGRESS))
 		out = swap_in(lfd, pid, n, s, h) == 0 ? REPLACED : errno == ENOENT ? DROPPED : FALLBACK;
 	int blocking = !(fcntl(s, F_GETFL) & O_NONBLOCK);
+	if (out == REPLACED && !blocking)
+		reply(lfd, -EINPROGRESS, 0);
+	else if (out != DROPPED)
+		/* blocking: the kernel's connect on the connecting socket waits
+		 * for the handshake and returns its result */
+		reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);
+	/* after the answer: the last reference to the container's socket
+	 * goes here, and releasing it takes microseconds */
 	close(s);
 	if (h >= 0)
 		close(h);
-	if (out == DROPPED)
-		return DROPPED;
-	if (out == REPLACED && !blocking)
-		return reply(lfd, -EINPROGRESS, 0), REPLACED;
-	/* blocking: the kernel's connect on the connecting socket waits for the
-	 * handshake and returns its result */
-	return reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), out;
+	return out;
 }
 
 static int on_lo(int fd)
