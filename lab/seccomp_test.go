@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -321,4 +323,192 @@ func anySlice(s []string) []any {
 		a[i] = v
 	}
 	return a
+}
+
+// pyEpollFirst connects a socket it registered in an epoll before
+// connect() (as nginx's upstreams do), waits for it there and echoes a
+// line: a swap would lose the registration and hang it.
+const pyEpollFirst = `
+import select, socket, sys
+s = socket.socket()
+s.setblocking(False)
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLOUT)
+s.connect_ex((sys.argv[1], int(sys.argv[2])))
+if not ep.poll(5):
+    print("hung"); sys.exit(1)
+s.setblocking(True)
+s.settimeout(5)
+s.sendall(b"x")
+print("ok" if s.recv(1) == b"x" else "bad")
+`
+
+// TestSocketsSeccompFaults: the seccomp agent's faults. A broker killed
+// while a client connects in a loop is restarted and given the client's
+// listener again, without an error or a stall; so after skiffd restarted
+// (which takes the listeners back from the broker); with skiffd down a new
+// program does not start, a running one is served on; a process whose
+// listener was handed over as another container's gets nothing of that
+// container; a preloaded process is served by its shim only; an
+// epoll-registered socket stays the container's; a notification whose
+// caller died is dropped, the broker serving on.
+func TestSocketsSeccompFaults(t *testing.T) {
+	l := newLab(t, Config{Name: "skscf", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
+	const server, client = "h1/c1", "h2/c1"
+	sip, _ := l.IP(server)
+	appWaitBroker(t, l, server, 10*time.Second)
+	appWaitBroker(t, l, client, 10*time.Second)
+	app := buildSeccompApp(t, appTempDir(t, "skscf-"))
+	echo := netip.AddrPortFrom(sip, 7000)
+	seccompServer(t, l, server, client, 7000, app, "echo", echo.String())
+
+	// loop runs n connections from the client while during() runs.
+	loop := func(t *testing.T, n, pauseMS int, during func()) {
+		t.Helper()
+		cmd, err := l.SeccompCommand(context.Background(), client, app, "loop", echo.String(), strconv.Itoa(n), strconv.Itoa(pauseMS))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := startProc(t, cmd, false)
+		time.Sleep(300 * time.Millisecond)
+		during()
+		if err := p.wait(2 * time.Minute); err != nil {
+			t.Fatalf("the loop failed: %v", err)
+		}
+		out := strings.Fields(p.out.String())
+		if len(out) < 4 || out[0] != "ok" {
+			t.Fatalf("loop: %v", out)
+		}
+		if ms, _ := strconv.ParseFloat(out[3], 64); ms >= 1000 {
+			t.Errorf("the slowest connection took %.1f ms", ms)
+		}
+		t.Logf("%d connections: slowest %s ms", n, out[3])
+	}
+	killBroker := func(t *testing.T) {
+		t.Helper()
+		old := brokerPID(t, l, client)
+		syscall.Kill(old, syscall.SIGKILL)
+		if _, err := eventually(5*time.Second, func() error {
+			if b := seccompOf(t, l, client); b.Listeners == 0 || brokerPID(t, l, client) == old {
+				return fmt.Errorf("no new broker with the listener yet (%+v)", b)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("broker killed", func(t *testing.T) {
+		loop(t, 3000, 0, func() { killBroker(t) })
+		if s := seccompOf(t, l, client); s.Replaced == 0 {
+			t.Errorf("the new broker replaced nothing: %+v", s)
+		}
+	})
+
+	t.Run("skiffd restarted", func(t *testing.T) {
+		loop(t, 1000, 10, func() { // 10 s or more
+			if err := l.StopAgent(context.Background(), "h2"); err != nil {
+				t.Fatal(err)
+			}
+			// skiffd down: a new program does not start; running ones are served
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cmd, err := l.SeccompCommand(ctx, client, app, "get", "http://"+echo.String()+"/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "failed to connect with seccomp agent") {
+				t.Errorf("a program started with skiffd down: %v %s", err, out)
+			}
+			if err := l.StartAgent(context.Background(), "h2"); err != nil {
+				t.Fatal(err)
+			}
+			appWaitBroker(t, l, client, 10*time.Second)
+			time.Sleep(500 * time.Millisecond)
+			killBroker(t) // the restarted skiffd gives the next broker the listener
+		})
+	})
+
+	t.Run("foreign listener", func(t *testing.T) {
+		// a process of h2/c2 hands its listener over as h2/c1's
+		other, err := l.AddContainer(context.Background(), "h2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		appWaitBroker(t, l, other, 10*time.Second)
+		hold, err := l.SeccompCommand(context.Background(), client, app, "hold", echo.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := startProc(t, hold, true)
+		h.line(t, 10*time.Second)
+		before, fast := seccompOf(t, l, client), appCounters(t, l, "h2")["connect_fast"]
+		oc, _ := l.Container(other)
+		cmd, err := l.SeccompCommand(context.Background(), other, app, "loop", echo.String(), "20")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, a := range cmd.Args {
+			if a == oc.ID && cmd.Args[i-1] == "--id" {
+				cmd.Args = slices.Insert(cmd.Args, i+1, "--pid", strconv.Itoa(h.pid()))
+				break
+			}
+		}
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "ok 20") {
+			t.Fatalf("the other container's loop: %v %s", err, out)
+		}
+		after := seccompOf(t, l, client)
+		if after.Replaced != before.Replaced || after.Passed < before.Passed+20 {
+			t.Errorf("h2/c1's broker served another container's connects: %+v then %+v", before, after)
+		}
+		if n := appCounters(t, l, "h2")["connect_fast"]; n != fast {
+			t.Errorf("connect_fast moved by %d", n-fast)
+		}
+	})
+
+	t.Run("served once", func(t *testing.T) {
+		// python with the shim, under the filter: the shim's tag passes it
+		before := seccompOf(t, l, client)
+		cmd, err := l.SeccompCommand(context.Background(), client, "python3", "-c", pyEpollFirst, sip.String(), "7000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Env = append(cmd.Env, "LD_PRELOAD="+l.Shim())
+		if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
+			t.Fatalf("preloaded client under the filter: %v %s", err, out)
+		}
+		if after := seccompOf(t, l, client); after.Replaced+after.Fallback+after.Passed != before.Replaced+before.Fallback+before.Passed {
+			t.Errorf("the seccomp agent handled a preloaded process's connect: %+v then %+v", before, after)
+		}
+	})
+
+	t.Run("epoll first", func(t *testing.T) {
+		before := seccompOf(t, l, client)
+		out := seccompRun(t, l, client, 20*time.Second, "python3", "-c", pyEpollFirst, sip.String(), "7000")
+		if strings.TrimSpace(out) != "ok" {
+			t.Fatalf("epoll-registered connect: %q", out)
+		}
+		if after := seccompOf(t, l, client); after.Fallback == before.Fallback || after.Replaced != before.Replaced {
+			t.Errorf("an epoll-registered socket was swapped: %+v then %+v", before, after)
+		}
+	})
+
+	t.Run("caller died", func(t *testing.T) {
+		pid := brokerPID(t, l, client)
+		syscall.Kill(pid, syscall.SIGSTOP)
+		cmd, err := l.SeccompCommand(context.Background(), client, app, "hold", echo.String())
+		if err != nil {
+			syscall.Kill(pid, syscall.SIGCONT)
+			t.Fatal(err)
+		}
+		p := startProc(t, cmd, false)
+		time.Sleep(300 * time.Millisecond) // its connect waits for the stopped broker
+		cmd.Process.Kill()
+		p.wait(5 * time.Second)
+		syscall.Kill(pid, syscall.SIGCONT)
+		loop(t, 20, 0, func() {})
+		if brokerPID(t, l, client) != pid {
+			t.Error("the broker was restarted")
+		}
+	})
 }

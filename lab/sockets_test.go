@@ -221,6 +221,7 @@ print("host", got)
 // collects in out; started with lines, its stdout lines arrive on lines
 // instead.
 type proc struct {
+	cmd   *exec.Cmd
 	name  string
 	lines chan string
 	out   appBuf
@@ -236,7 +237,7 @@ func startProc(t *testing.T, cmd *exec.Cmd, lines bool) *proc {
 	if len(name) > 80 {
 		name = name[:77] + "..."
 	}
-	p := &proc{name: name, lines: make(chan string, 64), done: make(chan struct{})}
+	p := &proc{cmd: cmd, name: name, lines: make(chan string, 64), done: make(chan struct{})}
 	var stdout io.Reader
 	if lines {
 		pipe, err := cmd.StdoutPipe()
@@ -278,6 +279,9 @@ func startProc(t *testing.T, cmd *exec.Cmd, lines bool) *proc {
 	})
 	return p
 }
+
+// pid is p's process id.
+func (p *proc) pid() int { return p.cmd.Process.Pid }
 
 // exited says why p ended, or nil while it runs.
 func (p *proc) exited() error {

@@ -4,8 +4,9 @@
 //
 //	seccompapp serve ADDR FILE    HTTP server of FILE at /blob on ADDR (tcp4)
 //	seccompapp get URL            prints the body's sha256 and length
-//	seccompapp loop ADDR N        N sequential connections (write 1 byte,
-//	                              read it back): prints the slowest in ms
+//	seccompapp loop ADDR N [MS]   N sequential connections (write 1 byte,
+//	                              read it back), MS ms apart: prints the
+//	                              slowest in ms
 //	seccompapp echo ADDR          echo server (tcp4), for loop
 //	seccompapp hold ADDR          one connection, a byte echoed every 50 ms:
 //	                              prints "connected", then "err ..." when
@@ -36,7 +37,11 @@ func main() {
 		err = get(os.Args[2])
 	case "loop":
 		n, _ := strconv.Atoi(os.Args[3])
-		err = loop(os.Args[2], n)
+		var pause int
+		if len(os.Args) > 4 {
+			pause, _ = strconv.Atoi(os.Args[4])
+		}
+		err = loop(os.Args[2], n, time.Duration(pause)*time.Millisecond)
 	case "echo":
 		err = echo(os.Args[2])
 	case "hold":
@@ -94,7 +99,7 @@ func echo(addr string) error {
 	}
 }
 
-func loop(addr string, n int) error {
+func loop(addr string, n int, pause time.Duration) error {
 	var slowest time.Duration
 	buf := []byte{0}
 	for i := 0; i < n; i++ {
@@ -112,6 +117,7 @@ func loop(addr string, n int) error {
 			return fmt.Errorf("connection %d: %w", i, err)
 		}
 		slowest = max(slowest, time.Since(t))
+		time.Sleep(pause)
 	}
 	fmt.Printf("ok %d slowest_ms %.1f\n", n, float64(slowest.Microseconds())/1000)
 	return nil
