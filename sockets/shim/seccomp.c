@@ -282,9 +282,10 @@ static int cloexec(pid_t pid, int n)
 
 enum outcome { PASSED, FALLBACK, REPLACED, DROPPED };
 
-/* The target's socket n, if it is a container TCP/IPv4 socket that has not
- * connected; else -1 and *out says what to count. */
-static int target_socket(pid_t pid, int n, enum outcome *out)
+/* The target's socket n, if it is a TCP/IPv4 socket of the container's
+ * namespace that has not connected, with where it is bound in *bound; else
+ * -1 and *out says what to count. */
+static int target_socket(pid_t pid, int n, struct sockaddr_in *bound, enum outcome *out)
 {
 	*out = PASSED;
 	int pidfd = syscall(SYS_pidfd_open, pid, PIDFD_THREAD);
@@ -299,25 +300,23 @@ static int target_socket(pid_t pid, int n, enum outcome *out)
 	if (s < 0)
 		return -1;   /* not an fd: the kernel answers EBADF */
 	uint64_t ns = 0;
-	socklen_t l = sizeof ns;
+	socklen_t l = sizeof ns, bl = sizeof *bound;
 	struct tcp_info ti;
 	socklen_t tl = sizeof ti;
-	int proto = getint(s, SOL_SOCKET, SO_PROTOCOL);
-	/* Go (1.24 on) makes its listeners MPTCP, which takes plain TCP peers:
-	 * a host TCP listener serves them the same */
-	if (getint(s, SOL_SOCKET, SO_DOMAIN) != AF_INET || getint(s, SOL_SOCKET, SO_TYPE) != SOCK_STREAM ||
-	    (proto != IPPROTO_TCP && proto != IPPROTO_MPTCP) ||
+	/* Three reads: IPv4 (getsockname), TCP (only TCP and MPTCP answer
+	 * TCP_INFO: Go 1.24 on makes its listeners MPTCP, which takes plain
+	 * TCP peers, so a host TCP listener serves them the same) and not in
+	 * use, of the container's namespace: not a host socket already (the
+	 * shim's), nor a socket of another container whose listener was handed
+	 * over as this one's, which must never get this container's sockets */
+	if (getsockname(s, (struct sockaddr *)bound, &bl) < 0 || bound->sin_family != AF_INET ||
 	    getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != g_container_netns ||
 	    getsockopt(s, SOL_TCP, TCP_INFO, &ti, &tl) < 0 || ti.tcpi_state != TCP_CLOSE) {
-		/* not TCP/IPv4; in use; a host socket already (the shim's); or of
-		 * another namespace: a process of another container whose
-		 * listener was handed over as this one's never gets this
-		 * container's host sockets */
 		close(s);
 		return -1;
 	}
 	*out = FALLBACK;
-	if (getint(s, SOL_SOCKET, SO_REUSEPORT) != 0 || in_epoll(pid, n)) {
+	if (in_epoll(pid, n)) {
 		close(s);
 		return -1;
 	}
@@ -352,17 +351,15 @@ static enum outcome on_connect(int lfd)
 	if (sa.sin_family != AF_INET || ((ip & g_mask) != g_net && (ntohl(ip) >> 24) != 127))
 		return reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), PASSED;
 	enum outcome out;
-	int s = target_socket(pid, n, &out), h = -1;
+	struct sockaddr_in b;
+	int s = target_socket(pid, n, &b, &out), h = -1;
 	if (s < 0)
 		return out == DROPPED ? DROPPED : (reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), out);
-	struct sockaddr_in b;
-	socklen_t bl = sizeof b;
 	/* a socket bound first, or with an option the fast path refuses, or a
 	 * connect the layer refuses, stays the container's (the overlay);
 	 * another error the container's socket meets by itself */
 	out = FALLBACK;
-	if (getsockname(s, (struct sockaddr *)&b, &bl) == 0 && !b.sin_port && !b.sin_addr.s_addr &&
-	    (h = pool_take()) >= 0 && !copy_options(s, h) && fcntl(h, F_SETFL, O_NONBLOCK) == 0 &&
+	if (!b.sin_port && !b.sin_addr.s_addr && (h = pool_take()) >= 0 && !copy_options(s, h) && fcntl(h, F_SETFL, O_NONBLOCK) == 0 &&
 	    (connect(h, (struct sockaddr *)&sa, sizeof sa) == 0 || errno == EINPROGRESS))
 		out = swap_in(lfd, pid, n, s, h) == 0 ? REPLACED : errno == ENOENT ? DROPPED : FALLBACK;
 	int blocking = !(fcntl(s, F_GETFL) & O_NONBLOCK);
@@ -390,16 +387,17 @@ static enum outcome on_listen(int lfd)
 	pid_t pid = (pid_t)g_req->pid;
 	int n = (int)g_req->data.args[0], backlog = (int)g_req->data.args[1];
 	enum outcome out;
-	int s = target_socket(pid, n, &out), h = -1;
+	struct sockaddr_in b;
+	int s = target_socket(pid, n, &b, &out), h = -1;
 	if (s >= 0) {
-		struct sockaddr_in b;
-		socklen_t bl = sizeof b;
 		out = FALLBACK;
 		const char *why = NULL;
 		struct sockaddr_in any = { .sin_family = AF_INET };
 		int err;
-		if (getsockname(s, (struct sockaddr *)&b, &bl) < 0 || (b.sin_addr.s_addr != INADDR_ANY && b.sin_addr.s_addr != g_ip))
+		if (b.sin_addr.s_addr != INADDR_ANY && b.sin_addr.s_addr != g_ip)
 			why = "bound to another address";
+		else if (getint(s, SOL_SOCKET, SO_REUSEPORT) != 0)
+			why = "SO_REUSEPORT (the kernel shares the port in the container's namespace)";
 		else if ((h = pool_take()) < 0)
 			why = "no host socket";
 		else if ((err = copy_options(s, h)))
