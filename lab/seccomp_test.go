@@ -202,6 +202,15 @@ func TestSocketsSeccomp(t *testing.T) {
 		if t.Failed() {
 			t.Logf("probe output: %s", out)
 		}
+		// an option the fast path refuses, set before connect: the
+		// program keeps its own socket, option and all (the overlay)
+		before := seccompOf(t, l, client)
+		if out := seccompRun(t, l, client, 20*time.Second, "python3", "-c", pyTOSFirst, sip.String(), "7000"); strings.TrimSpace(out) != "ok 16" {
+			t.Errorf("IP_TOS before connect: %q, want ok 16", out)
+		}
+		if after := seccompOf(t, l, client); after.Fallback == before.Fallback || after.Replaced != before.Replaced {
+			t.Errorf("a socket with IP_TOS was swapped: %+v then %+v", before, after)
+		}
 		// a live connection the policy then denies ends
 		cmd, err := l.SeccompCommand(context.Background(), client, app, "hold", srv.String())
 		if err != nil {
@@ -324,6 +333,18 @@ func anySlice(s []string) []any {
 	}
 	return a
 }
+
+// pyTOSFirst sets IP_TOS, connects, echoes a byte and prints "ok" and the
+// TOS the socket has.
+const pyTOSFirst = `
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 16)
+s.settimeout(5)
+s.connect((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"x")
+print("ok" if s.recv(1) == b"x" else "bad", s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS))
+`
 
 // pyEpollFirst connects a socket it registered in an epoll before
 // connect() (as nginx's upstreams do), waits for it there and echoes a

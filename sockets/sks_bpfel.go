@@ -124,6 +124,7 @@ const (
 	sksMapSksEvents          = "sks_events"
 	sksMapSksKill            = "sks_kill"
 	sksMapSksListen          = "sks_listen"
+	sksMapSksOptset          = "sks_optset"
 	sksMapSksPolicy          = "sks_policy"
 	sksMapSksProbing         = "sks_probing"
 	sksMapSksRoutes          = "sks_routes"
@@ -232,6 +233,7 @@ type sksMapSpecs struct {
 	SksEvents     *ebpf.MapSpec `ebpf:"sks_events"`
 	SksKill       *ebpf.MapSpec `ebpf:"sks_kill"`
 	SksListen     *ebpf.MapSpec `ebpf:"sks_listen"`
+	SksOptset     *ebpf.MapSpec `ebpf:"sks_optset"`
 	SksPolicy     *ebpf.MapSpec `ebpf:"sks_policy"`
 	SksProbing    *ebpf.MapSpec `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.MapSpec `ebpf:"sks_routes"`
@@ -286,6 +288,7 @@ type sksMaps struct {
 	SksEvents     *ebpf.Map `ebpf:"sks_events"`
 	SksKill       *ebpf.Map `ebpf:"sks_kill"`
 	SksListen     *ebpf.Map `ebpf:"sks_listen"`
+	SksOptset     *ebpf.Map `ebpf:"sks_optset"`
 	SksPolicy     *ebpf.Map `ebpf:"sks_policy"`
 	SksProbing    *ebpf.Map `ebpf:"sks_probing"`
 	SksRoutes     *ebpf.Map `ebpf:"sks_routes"`
@@ -303,6 +306,7 @@ func (m *sksMaps) Close() error {
 		m.SksEvents,
 		m.SksKill,
 		m.SksListen,
+		m.SksOptset,
 		m.SksPolicy,
 		m.SksProbing,
 		m.SksRoutes,

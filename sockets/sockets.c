@@ -20,8 +20,10 @@
 //   getsockname4/getpeername4: show overlay addresses, never host ones.
 //   setsockopt    secure mode: priority, TOS, mark, device binding, saved
 //                 SYNs, repair, forced buffers and the received-packet
-//                 address options are refused on host sockets.
-//   getsockopt    SO_ORIGINAL_DST shows overlay addresses, never host ones.
+//                 address options are refused on host sockets; records
+//                 which options of optset.h a socket set.
+//   getsockopt    SO_ORIGINAL_DST shows overlay addresses, never host ones;
+//                 answers which options a socket had set (optset.h).
 //   sockops       writes the overlay addresses into the SYN (option kind 253),
 //                 publishes listeners in a socket map, learns an accepted
 //                 connection's overlay peer.
@@ -56,6 +58,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "sockets.h"
+#include "optset.h"
 
 char __license[] SEC("license") = "GPL";
 
@@ -110,6 +113,31 @@ struct {
 	__type(key, __u64); // cgroup id
 	__type(value, struct sks_container);
 } sks_containers SEC(".maps");
+
+// Which of the options in optset.h each socket of a replaced container had
+// set (bit i: the i-th), for the seccomp agent's swap.
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u32);
+} sks_optset SEC(".maps");
+
+// optset_bit is (level, name)'s bit in sks_optset, or -1.
+static __always_inline int optset_bit(int level, int name)
+{
+	if (level == SOL_SOCKET && name == SO_BINDTODEVICE)
+		name = SO_BINDTOIFINDEX;
+	int i = 0;
+#define OPTSET_BIT(l, n, len)                \
+	if (level == (l) && name == (n))      \
+		return i;                     \
+	i++;
+	SKS_OPTSET(OPTSET_BIT)
+#undef OPTSET_BIT
+	return -1;
+}
 
 // Published replaced listeners of the cluster, by overlay address and
 // port: the value is the listener's host.
@@ -454,6 +482,14 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	// optlen 0 passes the caller's own buffer to the kernel, which
 	// otherwise copies the value a second time (kmalloc, memcpy, kfree).
 	int level = ctx->level, name = ctx->optname;
+	// Recorded for the seccomp agent, which copies these to the host
+	// socket it swaps in (a refused one makes it keep the container's).
+	int bit = optset_bit(level, name);
+	if (bit >= 0) {
+		__u32 *set = bpf_sk_storage_get(&sks_optset, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (set) // two threads setting options of one socket at once may lose a bit
+			*set |= 1u << bit;
+	}
 	// TCP_REPAIR and the buffer limits' *FORCE variants need CAP_NET_ADMIN
 	// in the socket's namespace, the host's: a container granted it for
 	// its own namespace (Kubernetes' "NET_ADMIN") would otherwise rewrite
@@ -485,6 +521,20 @@ int sks_getsockopt(struct bpf_sockopt *ctx)
 	// non-blocking connect included: the cheap test first. optlen 0 keeps
 	// the kernel's answer without copying it back a second time.
 	struct sockaddr_in *sin = ctx->optval;
+	if (ctx->level == SKS_OPTSET_LEVEL && ctx->optname == SKS_OPTSET_NAME) {
+		// the options the socket had set (the seccomp agent asks)
+		__u32 *out = ctx->optval;
+		if ((void *)(out + 1) > ctx->optval_end)
+			goto keep;
+		__u32 *set = bpf_sk_storage_get(&sks_optset, ctx->sk, 0, 0);
+		*out = set ? *set : 0;
+		ctx->optlen = sizeof(*out);
+		// two stores: the verifier refuses the one 64-bit store clang
+		// would merge them into
+		asm volatile("" ::: "memory");
+		ctx->retval = 0;
+		return 1;
+	}
 	if (ctx->level != SOL_IP || ctx->optname != SO_ORIGINAL_DST || ctx->retval || (void *)(sin + 1) > ctx->optval_end)
 		goto keep;
 	struct bpf_sock *sk = ctx->sk;

@@ -47,6 +47,7 @@
 
 #include "skiff_broker.h"
 #include "broker.h"
+#include "../optset.h"
 
 #ifndef PIDFD_THREAD
 #define PIDFD_THREAD O_EXCL
@@ -182,29 +183,48 @@ static int getint(int fd, int level, int name)
 	return getsockopt(fd, level, name, &v, &l) < 0 ? -1 : v;
 }
 
-/* What a fresh socket has, for the options copied: measured once. */
+/* The options copied from the caller's socket, in sks_optset's bit order. */
 struct opt { int level, name; socklen_t len; };
 static const struct opt g_opts[] = {
-	{ SOL_SOCKET, SO_REUSEADDR, sizeof(int) }, { SOL_SOCKET, SO_KEEPALIVE, sizeof(int) },
-	{ SOL_SOCKET, SO_LINGER, sizeof(struct linger) }, { SOL_SOCKET, SO_RCVTIMEO, sizeof(struct timeval) },
-	{ SOL_SOCKET, SO_SNDTIMEO, sizeof(struct timeval) }, { SOL_SOCKET, SO_OOBINLINE, sizeof(int) },
-	{ SOL_SOCKET, SO_PRIORITY, sizeof(int) }, { SOL_SOCKET, SO_MARK, sizeof(int) },
-	{ SOL_SOCKET, SO_BINDTOIFINDEX, sizeof(int) }, { SOL_IP, IP_TOS, sizeof(int) },
-	{ SOL_TCP, TCP_NODELAY, sizeof(int) }, { SOL_TCP, TCP_KEEPIDLE, sizeof(int) },
-	{ SOL_TCP, TCP_KEEPINTVL, sizeof(int) }, { SOL_TCP, TCP_KEEPCNT, sizeof(int) },
-	{ SOL_TCP, TCP_USER_TIMEOUT, sizeof(int) }, { SOL_TCP, TCP_MAXSEG, sizeof(int) },
-	{ SOL_TCP, TCP_NOTSENT_LOWAT, sizeof(int) }, { SOL_TCP, TCP_CONGESTION, 16 },
-	{ SOL_IP, IP_BIND_ADDRESS_NO_PORT, sizeof(int) },
+#define OPT(l, n, len) { l, n, len },
+	SKS_OPTSET(OPT)
+#undef OPT
 };
 #define NOPTS (int)(sizeof g_opts / sizeof g_opts[0])
+_Static_assert(NOPTS <= 32, "sks_optset is 32 bits");
 static char g_fresh[NOPTS][16];
 static int g_fresh_known;
 
-/* Copies s's options that differ from a fresh socket's to h. Returns 0, or
- * the errno of one h refused (the layer's setsockopt hook: the fast path
- * does not carry it). */
+static int copy_option(int s, int h, int i)
+{
+	char v[16] = { 0 };
+	socklen_t l = g_opts[i].len;
+	if (getsockopt(s, g_opts[i].level, g_opts[i].name, v, &l) < 0)
+		return 0;
+	if (g_opts[i].level == SOL_TCP && g_opts[i].name == TCP_CONGESTION)
+		l = strnlen(v, sizeof v);
+	if (g_opts[i].level == SOL_SOCKET && (g_opts[i].name == SO_RCVBUF || g_opts[i].name == SO_SNDBUF))
+		*(int *)v /= 2;   /* reads back doubled */
+	return setsockopt(h, g_opts[i].level, g_opts[i].name, v, l) < 0 ? errno : 0;
+}
+
+/* Copies the options the program set on s to h. Returns 0, or the errno of
+ * one h refused (the layer's setsockopt hook: the fast path does not carry
+ * it). The layer records which options a socket set (sks_optset); where it
+ * cannot answer, every option that differs from a fresh socket's is
+ * copied. */
 static int copy_options(int s, int h)
 {
+	uint32_t set = 0;
+	socklen_t sl = sizeof set;
+	if (getsockopt(s, SKS_OPTSET_LEVEL, SKS_OPTSET_NAME, &set, &sl) == 0 && sl == sizeof set) {
+		for (int i = 0; set && i < NOPTS; i++, set >>= 1) {
+			int err = set & 1 ? copy_option(s, h, i) : 0;
+			if (err)
+				return err;
+		}
+		return 0;
+	}
 	if (!g_fresh_known) {
 		int f = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		for (int i = 0; f >= 0 && i < NOPTS; i++) {
@@ -220,10 +240,9 @@ static int copy_options(int s, int h)
 		socklen_t l = g_opts[i].len;
 		if (getsockopt(s, g_opts[i].level, g_opts[i].name, v, &l) < 0 || !memcmp(v, g_fresh[i], g_opts[i].len))
 			continue;
-		if (g_opts[i].name == TCP_CONGESTION && g_opts[i].level == SOL_TCP)
-			l = strnlen(v, sizeof v);
-		if (setsockopt(h, g_opts[i].level, g_opts[i].name, v, l) < 0)
-			return errno;
+		int err = copy_option(s, h, i);
+		if (err)
+			return err;
 	}
 	return 0;
 }
