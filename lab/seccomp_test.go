@@ -445,9 +445,45 @@ func TestSocketsSeccompFaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			appWaitBroker(t, l, client, 10*time.Second)
-			time.Sleep(500 * time.Millisecond)
+			// the restarted skiffd took the broker's control socket back:
+			// a new program's listener reaches the running broker
+			cmd, err = l.SeccompCommand(context.Background(), client, app, "hold", echo.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			hold := startProc(t, cmd, true)
+			hold.line(t, 10*time.Second)
+			if sc := seccompOf(t, l, client); sc.Listeners < 2 {
+				t.Errorf("the running broker did not get the listener of a program started after skiffd's restart: %+v", sc)
+			}
+			hold.cmd.Process.Kill()
 			killBroker(t) // the restarted skiffd gives the next broker the listener
 		})
+	})
+
+	t.Run("keeper", func(t *testing.T) {
+		// a process of no container (h2's own namespace) under the filter:
+		// the keeper continues its calls, also across a skiffd restart
+		h, _ := l.Host("h2")
+		cmd := exec.Command("ip", "netns", "exec", h.Netns, filepath.Join(l.Config.BinDir, "skiff-seccomp-exec"),
+			"--filter", filepath.Join(l.dir(), "seccomp.bpf"), "--socket", l.SeccompSocket("h2"), "--id", "host-process", "--",
+			app, "loop", echo.String(), "600", "10")
+		p := startProc(t, cmd, false)
+		time.Sleep(500 * time.Millisecond)
+		if err := l.StopAgent(context.Background(), "h2"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if err := l.StartAgent(context.Background(), "h2"); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.wait(time.Minute); err != nil {
+			t.Fatalf("a host process's loop across a skiffd restart: %v", err)
+		}
+		if out := p.out.String(); !strings.HasPrefix(out, "ok 600") {
+			t.Errorf("loop: %q", out)
+		}
+		appWaitBroker(t, l, client, 10*time.Second)
 	})
 
 	t.Run("foreign listener", func(t *testing.T) {

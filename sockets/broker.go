@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,8 +41,11 @@ type brokers struct {
 	log  *slog.Logger
 	mu   sync.Mutex
 	want map[string]*brokerSpec // by container ID
-	quit chan struct{}
-	done chan struct{}
+	// keeper serves the seccomp listeners of processes that get no host
+	// sockets (seccomp.go); nil until the first.
+	keeper *brokerSpec
+	quit   chan struct{}
+	done   chan struct{}
 }
 
 type brokerSpec struct {
@@ -162,6 +166,9 @@ const superviseEvery = 200 * time.Millisecond
 
 func newBrokers(cfg Config, log *slog.Logger) *brokers {
 	b := &brokers{cfg: cfg, log: log, want: map[string]*brokerSpec{}, quit: make(chan struct{}), done: make(chan struct{})}
+	if pid := b.running(keeperID); pid > 0 { // an agent restarted: its keeper runs on
+		b.keeper = &brokerSpec{ctl: takeControl(pid), notify: takeNotify(pid)}
+	}
 	go b.supervise()
 	return b
 }
@@ -357,6 +364,9 @@ func isBroker(pid int, id string) bool {
 	if len(args) == 0 || filepath.Base(string(args[0])) != "skiff-broker" {
 		return false
 	}
+	if id == keeperID {
+		return slices.ContainsFunc(args, func(a []byte) bool { return string(a) == "--keeper" })
+	}
 	for i := 1; i+1 < len(args); i++ {
 		if string(args[i]) == "--stats" {
 			return filepath.Base(string(args[i+1])) == id+".stats"
@@ -415,7 +425,7 @@ func (b *brokers) prune(local []cluster.Endpoint) {
 	gone := map[string]bool{}
 	entries, _ := os.ReadDir(b.dir())
 	for _, ent := range entries {
-		if id, ok := strings.CutSuffix(ent.Name(), ".pid"); ok && !keep[id] {
+		if id, ok := strings.CutSuffix(ent.Name(), ".pid"); ok && !keep[id] && id != keeperID {
 			gone[id] = true
 		}
 	}
@@ -459,6 +469,14 @@ func (b *brokers) supervise() {
 		case <-t.C:
 		}
 		b.mu.Lock()
+		if b.keeper != nil {
+			b.keeper.dropHung()
+			if b.running(keeperID) == 0 {
+				if err := b.startKeeper(); err != nil {
+					b.log.Warn("restart the seccomp keeper", "err", err)
+				}
+			}
+		}
 		for id, s := range b.want {
 			s.dropHung()
 			if b.running(id) > 0 {

@@ -49,12 +49,12 @@ type agentLayer struct {
 
 // takeNotify gives a container process's seccomp listener to its
 // container's broker; a process of no container with host sockets has its
-// calls continued untouched (the overlay).
-func (a *agentLayer) takeNotify(ctx context.Context, h seccomp.Handoff) {
+// calls continued untouched (the overlay) by the host's keeper.
+func (a *agentLayer) takeNotify(h seccomp.Handoff) {
 	id, err := a.l.brokers.giveNotify(h.State.Pid, h.FD)
 	if err != nil {
-		a.l.log.Info("seccomp listener served untouched: the overlay", "runtime-id", h.State.State.ID, "pid", h.State.Pid, "why", err)
-		go seccomp.PassThrough(h.FD, ctx.Done())
+		a.l.log.Info("seccomp listener passed to the keeper: calls continue untouched (the overlay)", "runtime-id", h.State.State.ID, "pid", h.State.Pid, "why", err)
+		a.l.brokers.giveKeeper(h.FD)
 		return
 	}
 	a.l.log.Info("seccomp listener passed to the broker", "container", id, "runtime-id", h.State.State.ID, "pid", h.State.Pid)
@@ -167,7 +167,7 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 			return err
 		}
 		a.seccomp = r
-		go r.Serve(ctx, func(h seccomp.Handoff) { a.takeNotify(ctx, h) })
+		go r.Serve(ctx, a.takeNotify)
 		env.Log.Info("seccomp agent listening", "socket", a.opts.SeccompSocket)
 	}
 	go publishListeners(ctx, env, l, changed)

@@ -3,8 +3,11 @@ package sockets
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -45,6 +48,10 @@ func (b *brokers) giveNotify(pid int, f *os.File) (string, error) {
 		if cg != s.cgroup && !strings.HasPrefix(cg, s.cgroup+"/") {
 			return "", errNotReplaced{fmt.Sprintf("process %d is in container %s's network namespace but not its cgroup (%s)", pid, id, cg)}
 		}
+		if s.ctl == nil && b.running(id) > 0 {
+			// served by nobody, its calls would wait for good
+			return "", errNotReplaced{fmt.Sprintf("container %s's broker takes no seccomp listeners (an earlier skiff's)", id)}
+		}
 		s.notify = append(s.notify, f)
 		if s.ctl != nil {
 			b.sendNotify(s, f)
@@ -52,6 +59,70 @@ func (b *brokers) giveNotify(pid int, f *os.File) (string, error) {
 		return id, nil
 	}
 	return "", errNotReplaced{fmt.Sprintf("process %d is in no local container with host sockets", pid)}
+}
+
+// keeperID names the keeper's files in the brokers' directory: no
+// container ID starts with a dot.
+const keeperID = ".keeper"
+
+// giveKeeper passes the listener of a process that gets no host sockets
+// to the host's keeper (skiff-broker --keeper), which continues its every
+// call and, unlike the agent, survives an agent restart: with no holder
+// left the kernel would fail the calls. The agent keeps a copy, for the
+// next keeper should this one die.
+func (b *brokers) giveKeeper(f *os.File) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keeper == nil {
+		b.keeper = &brokerSpec{}
+	}
+	b.keeper.notify = append(b.keeper.notify, f)
+	if b.running(keeperID) == 0 {
+		if err := b.startKeeper(); err != nil { // sends it; else the supervisor tries again
+			b.log.Warn("start the seccomp keeper", "err", err)
+		}
+		return
+	}
+	b.sendNotify(b.keeper, f)
+}
+
+// startKeeper starts the keeper and gives it the listeners held for it.
+func (b *brokers) startKeeper() error {
+	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
+		return fmt.Errorf("broker state: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(b.dir(), keeperID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("keeper log: %w", err)
+	}
+	defer logf.Close()
+	ctl, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("keeper control socket: %w", err)
+	}
+	brokerEnd, agentEnd := os.NewFile(uintptr(ctl[0]), "keeper-control"), os.NewFile(uintptr(ctl[1]), "control")
+	defer brokerEnd.Close()
+	cmd := exec.Command(b.cfg.Broker, "--keeper", "--control-fd", strconv.Itoa(brokerControlFD))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{nil, brokerEnd, agentEnd} // the descriptors a broker has
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		agentEnd.Close()
+		return fmt.Errorf("start the seccomp keeper: %w", err)
+	}
+	go cmd.Wait()
+	if err := os.WriteFile(b.pidFile(keeperID), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		return fmt.Errorf("keeper pid file: %w", err)
+	}
+	if b.keeper.ctl != nil {
+		b.keeper.ctl.Close()
+	}
+	b.keeper.ctl = agentEnd
+	for _, f := range b.keeper.notify {
+		b.sendNotify(b.keeper, f)
+	}
+	b.log.Info("seccomp keeper started", "pid", cmd.Process.Pid)
+	return nil
 }
 
 // sendNotify passes a listener to s's broker. A broker that does not take
@@ -108,9 +179,14 @@ func takeControl(pid int) *os.File {
 	if err != nil {
 		return nil
 	}
+	// a socket pair's end: unnamed (a shim's connection, which a broker
+	// of an earlier version may have at that number, is named)
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	dom, derr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
-	if err != nil || derr != nil || typ != unix.SOCK_SEQPACKET || dom != unix.AF_UNIX {
+	sa, serr := unix.Getsockname(fd)
+	ua, _ := sa.(*unix.SockaddrUnix)
+	// (x/sys reports an unnamed socket's empty address as "@")
+	if err != nil || derr != nil || serr != nil || typ != unix.SOCK_SEQPACKET || dom != unix.AF_UNIX || ua == nil || (ua.Name != "" && ua.Name != "@") {
 		unix.Close(fd)
 		return nil
 	}

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -194,65 +193,9 @@ func IsListener(f *os.File) bool {
 	return err == nil && link == notifyLink
 }
 
-// struct seccomp_notif and seccomp_notif_resp (uapi linux/seccomp.h).
-type notif struct {
-	ID    uint64
-	Pid   uint32
-	Flags uint32
-	Data  [64]byte
-}
-
-type notifResp struct {
-	ID    uint64
-	Val   int64
-	Error int32
-	Flags uint32
-}
-
-// PassThrough answers every notification of f with "continue" (the
-// container's own socket: the overlay) until no process uses the filter
-// or stop is closed; then it closes f. For containers skiff does not
-// replace and while no broker serves them.
-func PassThrough(f *os.File, stop <-chan struct{}) {
-	defer f.Close()
-	fd := int(f.Fd())
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(pfd, 200)
-		if err != nil && err != unix.EINTR {
-			return
-		}
-		if n == 0 || err != nil {
-			continue
-		}
-		if pfd[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 && pfd[0].Revents&unix.POLLIN == 0 {
-			return
-		}
-		var req notif
-		if err := ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&req)); err != nil {
-			continue // taken by another holder, or the target went
-		}
-		resp := notifResp{ID: req.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-		ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp)) // ENOENT: the target went
-	}
-}
-
 // Hung reports whether no process uses f's filter any more.
 func Hung(f *os.File) bool {
 	pfd := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLIN}}
 	n, err := unix.Poll(pfd, 0)
 	return err == nil && n == 1 && pfd[0].Revents&unix.POLLHUP != 0
-}
-
-func ioctl(fd int, req uint, arg unsafe.Pointer) error {
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
-	if e != 0 {
-		return e
-	}
-	return nil
 }

@@ -113,7 +113,8 @@ static void die_usage(const char *msg)
 {
 	fprintf(stderr, "skiff-broker: %s\n"
 		"usage: skiff-broker {--netns PATH | --listen-fd N} --cidr NET/LEN --ip IP [--cgroup DIR] "
-		"[--stats FILE] [--pool N] [--name NAME] [--transparent] [--refuse-privileged] [--control-fd N]\n", msg);
+		"[--stats FILE] [--pool N] [--name NAME] [--transparent] [--refuse-privileged] [--control-fd N]\n"
+		"       skiff-broker --keeper --control-fd N\n", msg);
 	exit(2);
 }
 
@@ -561,6 +562,43 @@ static int parse_ip(const char *s, uint32_t *out)
 	return 0;
 }
 
+int g_keeper;
+
+/* --keeper: holds the seccomp listeners of processes that get no host
+ * sockets (no container of the host, or none the layer replaces) and
+ * continues every call of theirs, so that they outlive skiffd: with no
+ * holder left the kernel would fail them (ENOSYS). One per host. */
+static int keep(int control_fd)
+{
+	g_name = "keeper";
+	if (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(control_fd) < 0)
+		return 1;
+	struct rlimit rl;   /* a listener per process of every container without host sockets */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	sigset_t block, empty;
+	sigemptyset(&block); sigaddset(&block, SIGTERM); sigaddset(&block, SIGINT);
+	sigemptyset(&empty);
+	sigprocmask(SIG_BLOCK, &block, NULL);
+	struct sigaction sact = { .sa_handler = on_signal };
+	sigaction(SIGTERM, &sact, NULL);
+	sigaction(SIGINT, &sact, NULL);
+	LOG("ready pid %d", (int)getpid());
+	struct pollfd p = { .fd = sc_epoll(), .events = POLLIN };
+	while (!g_stop) {
+		if (ppoll(&p, 1, NULL, &empty) < 0 && errno != EINTR) {
+			LOG("ppoll: %s", strerror(errno));
+			return 1;
+		}
+		if (p.revents)
+			sc_ready();
+	}
+	LOG("exiting (signal), %d listeners", sc_listeners());
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -569,7 +607,7 @@ int main(int argc, char **argv)
 		{ "stats", required_argument, 0, 's' }, { "pool", required_argument, 0, 'p' },
 		{ "name", required_argument, 0, 'N' }, { "transparent", no_argument, 0, 'T' },
 		{ "listen-fd", required_argument, 0, 'L' }, { "refuse-privileged", no_argument, 0, 'P' },
-		{ "control-fd", required_argument, 0, 'C' },
+		{ "control-fd", required_argument, 0, 'C' }, { "keeper", no_argument, 0, 'K' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
 	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
 	int listen_fd = -1, control_fd = -1;
@@ -586,6 +624,7 @@ int main(int argc, char **argv)
 		case 'N': g_name = optarg; break;
 		case 'T': g_transparent = 1; break;
 		case 'P': g_refuse_privileged = 1; break;
+		case 'K': g_keeper = 1; break;
 		case 'L': {
 			char *e; long v = strtol(optarg, &e, 10);
 			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --listen-fd (3..1023)");
@@ -614,6 +653,10 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind < argc) { snprintf(msg, sizeof msg, "unexpected argument %s", argv[optind]); die_usage(msg); }
+	if (g_keeper) {
+		if (control_fd < 0) die_usage("--keeper needs --control-fd");
+		return keep(control_fd);
+	}
 	if (!netns == (listen_fd < 0)) die_usage("want one of --netns and --listen-fd");
 	if (!cidr) die_usage("missing --cidr");
 	if (!ipstr) die_usage("missing --ip");

@@ -18,6 +18,7 @@ int make_transparent(int fd);
 extern uint64_t g_host_netns;       /* SO_NETNS_COOKIE of the host netns */
 extern uint64_t g_container_netns;  /* and of the container's (its listener's) */
 extern uint64_t g_inflight;         /* a notification the previous broker left unanswered, or 0 */
+extern int g_keeper;                /* --keeper: every call continues */
 extern uint32_t g_net, g_mask, g_ip; /* cluster network, its mask, the container's IP (network order) */
 
 /* seccomp.c: serves the container's seccomp notifications (connect and
