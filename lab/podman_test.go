@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/sockets/seccomp"
 )
 
 // podman runs Debian's podman (CNI backend, runc) as a runtime on a lab
@@ -132,6 +134,32 @@ func TestPodman(t *testing.T) {
 		t.Errorf("-p 8080:7000 from h2: %v", err)
 	}
 	p.run("rm", "-f", "web")
+
+	// skiff's seccomp profile on podman's own: podman hands the listener
+	// over; podman passes no cgroupPath, so the keeper continues the calls
+	base, err := seccomp.LoadBase("/usr/share/containers/seccomp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	profile, err := seccomp.Build(base, l.SeccompSocket("h1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(profile)
+	if err := os.WriteFile(filepath.Join(p.dir, "seccomp.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, l, "h2/c1", 7001)
+	out = p.run("run", "--rm", "--network", "skiff", "--security-opt", "seccomp="+filepath.Join(p.dir, "seccomp.json"),
+		"localhost/skiff-bb", "sh", "-c", fmt.Sprintf("echo skiff-seccomp | nc -w 3 %s 7001", peer))
+	if !strings.Contains(out, "skiff-seccomp") {
+		t.Errorf("nc under skiff's seccomp profile in podman:\n%s", out)
+	}
+	log, _ := os.ReadFile(filepath.Join(l.hostDir("h1"), "skiffd.log"))
+	if !strings.Contains(string(log), "seccomp listener passed to the keeper") {
+		t.Errorf("podman's seccomp listener did not reach skiffd:\n%s", tail(log, 2000))
+	}
+
 	before, err := agentOf(t, l, "h1").Endpoints(ctx, false)
 	if err != nil {
 		t.Fatal(err)
