@@ -112,10 +112,14 @@ func fastBoth(t *testing.T, l *Lab, server, client string, run func()) {
 	}
 }
 
-func TestSocketsSeccomp(t *testing.T) {
-	l := newLab(t, Config{Name: "sksc", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
+// seccompLab brings up a sockets lab of two hosts with a container each
+// (server h1/c1, client h2/c1), builds seccompapp into a directory of the
+// test's and starts its echo server under the filter in h1/c1, port 7000.
+// The brokers' logs go to the test's log if it fails.
+func seccompLab(t *testing.T, name string) (l *Lab, dir, app string, echo netip.AddrPort) {
+	t.Helper()
 	const server, client = "h1/c1", "h2/c1"
-	sip, _ := l.IP(server)
+	l = newLab(t, Config{Name: name, Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
 	appWaitBroker(t, l, server, 10*time.Second)
 	appWaitBroker(t, l, client, 10*time.Second)
 	t.Cleanup(func() {
@@ -127,15 +131,21 @@ func TestSocketsSeccomp(t *testing.T) {
 			}
 		}
 	})
-	dir := appTempDir(t, "sksc-")
-	app := buildSeccompApp(t, dir)
+	dir = appTempDir(t, name+"-")
+	app = buildSeccompApp(t, dir)
+	sip, _ := l.IP(server)
+	echo = netip.AddrPortFrom(sip, 7000)
+	seccompServer(t, l, server, client, 7000, app, "echo", echo.String())
+	return l, dir, app, echo
+}
+
+func TestSocketsSeccomp(t *testing.T) {
+	const server, client = "h1/c1", "h2/c1"
+	l, dir, app, echo := seccompLab(t, "sksc")
+	sip := echo.Addr()
 	blob := filepath.Join(dir, "blob.bin")
 	want := appRandomFile(t, blob, 1<<20)
-
-	// servers for the subtests: a Go HTTP server and a Go echo server
 	seccompServer(t, l, server, client, 8080, app, "serve", "0.0.0.0:8080", blob)
-	echo := netip.AddrPortFrom(sip, 7000)
-	seccompServer(t, l, server, client, 7000, app, "echo", echo.String())
 
 	t.Run("go", func(t *testing.T) {
 		if s := seccompOf(t, l, server); s.Replaced == 0 || s.Listeners == 0 {
@@ -374,14 +384,9 @@ print("ok" if s.recv(1) == b"x" else "bad")
 // epoll-registered socket stays the container's; a notification whose
 // caller died is dropped, the broker serving on.
 func TestSocketsSeccompFaults(t *testing.T) {
-	l := newLab(t, Config{Name: "skscf", Hosts: 2, ContainersPerHost: 1, Mode: "sockets"})
-	const server, client = "h1/c1", "h2/c1"
-	sip, _ := l.IP(server)
-	appWaitBroker(t, l, server, 10*time.Second)
-	appWaitBroker(t, l, client, 10*time.Second)
-	app := buildSeccompApp(t, appTempDir(t, "skscf-"))
-	echo := netip.AddrPortFrom(sip, 7000)
-	seccompServer(t, l, server, client, 7000, app, "echo", echo.String())
+	const client = "h2/c1"
+	l, _, app, echo := seccompLab(t, "skscf")
+	sip := echo.Addr()
 
 	// loop runs n connections from the client while during() runs.
 	loop := func(t *testing.T, n, pauseMS int, during func()) {

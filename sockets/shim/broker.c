@@ -562,6 +562,31 @@ static int parse_ip(const char *s, uint32_t *out)
 	return 0;
 }
 
+/* Raises the soft descriptor limit to the hard one. */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			LOG("raise RLIMIT_NOFILE: %s", strerror(errno));
+	}
+}
+
+/* SIGTERM and SIGINT end the loop: blocked but while in ppoll (with
+ * *empty, the mask it waits with), so none falls between a check of
+ * g_stop and the wait. */
+static void stop_on_signals(sigset_t *empty)
+{
+	sigset_t block;
+	sigemptyset(&block); sigaddset(&block, SIGTERM); sigaddset(&block, SIGINT);
+	sigemptyset(empty);
+	sigprocmask(SIG_BLOCK, &block, NULL);
+	struct sigaction sact = { .sa_handler = on_signal };
+	sigaction(SIGTERM, &sact, NULL);
+	sigaction(SIGINT, &sact, NULL);
+}
+
 int g_keeper;
 
 /* --keeper: holds the seccomp listeners of processes that get no host
@@ -573,18 +598,9 @@ static int keep(int control_fd)
 	g_name = "keeper";
 	if (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(control_fd) < 0)
 		return 1;
-	struct rlimit rl;   /* a listener per process of every container without host sockets */
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
-	}
-	sigset_t block, empty;
-	sigemptyset(&block); sigaddset(&block, SIGTERM); sigaddset(&block, SIGINT);
-	sigemptyset(&empty);
-	sigprocmask(SIG_BLOCK, &block, NULL);
-	struct sigaction sact = { .sa_handler = on_signal };
-	sigaction(SIGTERM, &sact, NULL);
-	sigaction(SIGINT, &sact, NULL);
+	raise_nofile();   /* a listener per process of every container without host sockets */
+	sigset_t empty;
+	stop_on_signals(&empty);
 	LOG("ready pid %d", (int)getpid());
 	struct pollfd p = { .fd = sc_epoll(), .events = POLLIN };
 	while (!g_stop) {
@@ -778,12 +794,7 @@ int main(int argc, char **argv)
 	/* one connection per process of the container, plus the pool: a
 	 * container of many processes (prefork servers) needs more than the
 	 * usual soft limit of 1024 */
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-			LOG("raise RLIMIT_NOFILE: %s", strerror(errno));
-	}
+	raise_nofile();
 	g_pool = calloc(MAX_POOL, sizeof(int));
 	g_capclients = 64;
 	g_pfd = calloc(g_capclients, sizeof *g_pfd);
@@ -799,13 +810,8 @@ int main(int argc, char **argv)
 	if (control_fd >= 0 && (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(control_fd) < 0))
 		return 1;
 
-	sigset_t block, empty;
-	sigemptyset(&block); sigaddset(&block, SIGTERM); sigaddset(&block, SIGINT);
-	sigemptyset(&empty);
-	sigprocmask(SIG_BLOCK, &block, NULL);
-	struct sigaction sact = { .sa_handler = on_signal };
-	sigaction(SIGTERM, &sact, NULL);
-	sigaction(SIGINT, &sact, NULL);
+	sigset_t empty;
+	stop_on_signals(&empty);
 	signal(SIGPIPE, SIG_IGN);
 	/* written after everything is set up (listener bound, stats mapped): readers
 	 * may treat a valid magic as "broker ready" */
