@@ -527,6 +527,11 @@ func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args .
 // skiff's seccomp filter (skiff-seccomp-exec), its listener handed to the
 // host's skiffd, as a runtime does with skiff's seccomp profile.
 func (l *Lab) SeccompCommand(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	return l.SeccompCommandCaps(ctx, RuntimeCaps, target, name, args...)
+}
+
+// SeccompCommandCaps is SeccompCommand with the bounding set caps.
+func (l *Lab) SeccompCommandCaps(ctx context.Context, caps, target, name string, args ...string) (*exec.Cmd, error) {
 	c, err := l.Container(target)
 	if err != nil {
 		return nil, err
@@ -537,7 +542,7 @@ func (l *Lab) SeccompCommand(ctx context.Context, target, name string, args ...s
 			return nil, fmt.Errorf("seccomp filter: %w", err)
 		}
 	}
-	cmd, err := l.Command(ctx, target, filepath.Join(l.Config.BinDir, "skiff-seccomp-exec"), append([]string{
+	cmd, err := l.CommandCaps(ctx, caps, target, filepath.Join(l.Config.BinDir, "skiff-seccomp-exec"), append([]string{
 		"--filter", filter, "--socket", l.SeccompSocket(c.Host), "--id", c.ID, "--", name}, args...)...)
 	if err != nil {
 		return nil, err

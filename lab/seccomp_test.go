@@ -555,6 +555,27 @@ func TestSocketsSeccompFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("privileged", func(t *testing.T) {
+		// a process that may hold CAP_NET_ADMIN in the host's user
+		// namespace gets no host socket through the agent either
+		priv, err := l.AddContainer(context.Background(), "h2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		appWaitBroker(t, l, priv, 10*time.Second)
+		before := seccompOf(t, l, priv)
+		cmd, err := l.SeccompCommandCaps(context.Background(), RuntimeCaps+",+net_admin", priv, app, "loop", echo.String(), "3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "ok 3") {
+			t.Fatalf("a privileged process's connections: %v %s", err, out)
+		}
+		if after := seccompOf(t, l, priv); after.Replaced != before.Replaced || after.Fallback < before.Fallback+3 {
+			t.Errorf("a privileged process got host sockets: %+v then %+v", before, after)
+		}
+	})
+
 	t.Run("caller died", func(t *testing.T) {
 		pid := brokerPID(t, l, client)
 		syscall.Kill(pid, syscall.SIGSTOP)

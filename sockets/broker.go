@@ -62,8 +62,9 @@ type brokerSpec struct {
 	ctl *os.File
 	// notify are the seccomp listeners of the container's processes
 	// (seccomp.go): the broker serves them; skiffd keeps a copy for
-	// the next broker should this one die.
-	notify []*os.File
+	// the next broker should this one die. unsent are those not passed
+	// to the running broker yet (its control socket was full).
+	notify, unsent []*os.File
 }
 
 // brokerName is the broker's abstract address in the container's netns
@@ -247,7 +248,9 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 	if s != nil && s.e.Netns != e.Netns {
 		// the runtime recreated the sandbox: a broker and a listener of
 		// the old namespace serve nobody
-		s.close()
+		for _, f := range s.close() {
+			b.keep(f)
+		}
 		if err := stopBroker(b.cfg.StateDir, e.ContainerID); err != nil {
 			return err
 		}
@@ -291,6 +294,26 @@ func (b *brokers) start(s *brokerSpec) error {
 		}
 		s.ln, s.squatted = ln, false
 	}
+	args := []string{"--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
+		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent"}
+	if b.cfg.Secure {
+		// A host socket answers ioctls in the host's namespace: no host
+		// sockets for a container that may hold CAP_NET_ADMIN there.
+		args = append(args, "--refuse-privileged")
+	}
+	if err := b.spawn(id, s, args...); err != nil {
+		return fmt.Errorf("start broker for %s: %w", id, err)
+	}
+	return nil
+}
+
+// spawn starts skiff-broker with args as id's, in a session of its own
+// (it must survive the agent), its log and pid file in the brokers'
+// directory, s.ln at brokerListenFD, its end of a new control socket at
+// brokerControlFD and the agent's at agentControlFD (kept for a restarted
+// agent to take back). The agent's end becomes s.ctl, and the broker gets
+// s's seccomp listeners (those its predecessor served).
+func (b *brokers) spawn(id string, s *brokerSpec, args ...string) error {
 	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
 		return fmt.Errorf("broker state: %w", err)
 	}
@@ -299,41 +322,31 @@ func (b *brokers) start(s *brokerSpec) error {
 		return fmt.Errorf("broker log: %w", err)
 	}
 	defer logf.Close()
-	args := []string{"--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
-		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent"}
-	if b.cfg.Secure {
-		// A host socket answers ioctls in the host's namespace: no host
-		// sockets for a container that may hold CAP_NET_ADMIN there.
-		args = append(args, "--refuse-privileged")
-	}
 	ctl, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("broker control socket: %w", err)
 	}
 	brokerEnd, agentEnd := os.NewFile(uintptr(ctl[0]), "broker-control"), os.NewFile(uintptr(ctl[1]), "control")
 	defer brokerEnd.Close()
-	args = append(args, "--control-fd", strconv.Itoa(brokerControlFD))
-	cmd := exec.Command(b.cfg.Broker, args...)
+	cmd := exec.Command(b.cfg.Broker, append(args, "--control-fd", strconv.Itoa(brokerControlFD))...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{s.ln, brokerEnd, agentEnd}
-	// Its own session: the broker must survive the agent.
+	cmd.ExtraFiles = []*os.File{s.ln, brokerEnd, agentEnd} // brokerListenFD (nil: none), brokerControlFD, agentControlFD
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		agentEnd.Close()
-		return fmt.Errorf("start broker for %s: %w", id, err)
+		return err
 	}
+	go cmd.Wait() // reap; the supervisor notices the exit
 	if s.ctl != nil {
 		s.ctl.Close()
 	}
 	s.ctl = agentEnd
-	for _, f := range s.notify { // the listeners its predecessor served
-		b.sendNotify(s, f)
-	}
-	go cmd.Wait() // reap; the supervisor notices the exit
+	s.unsent = append(s.unsent[:0], s.notify...)
+	b.sendUnsent(s)
 	if err := os.WriteFile(b.pidFile(id), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		return fmt.Errorf("broker pid file: %w", err)
+		return fmt.Errorf("broker pid file: %w", err) // it runs; the supervisor will start another
 	}
-	b.log.Info("socket broker started", "container", id, "pid", cmd.Process.Pid)
+	b.log.Info("socket broker started", "id", id, "pid", cmd.Process.Pid)
 	return nil
 }
 
@@ -406,11 +419,15 @@ func stopBroker(stateDir, id string) error {
 
 func (b *brokers) stop(id string) {
 	b.mu.Lock()
+	var live []*os.File
 	if s := b.want[id]; s != nil {
-		s.close()
+		live = s.close()
 	}
 	delete(b.want, id)
 	b.mu.Unlock()
+	for _, f := range live { // their processes outlive the broker: the keeper answers them
+		b.giveKeeper(f)
+	}
 	if err := stopBroker(b.cfg.StateDir, id); err != nil {
 		b.log.Warn("stop broker", "container", id, "err", err)
 	}
@@ -476,9 +493,11 @@ func (b *brokers) supervise() {
 					b.log.Warn("restart the seccomp keeper", "err", err)
 				}
 			}
+			b.sendUnsent(b.keeper)
 		}
 		for id, s := range b.want {
 			s.dropHung()
+			b.sendUnsent(s)
 			if b.running(id) > 0 {
 				continue
 			}

@@ -10,27 +10,26 @@
 #define SKS_OPTSET_NAME 1
 
 // X(level, name, length of the value): SOL_SOCKET 1, SOL_IP 0, SOL_TCP 6.
-// SO_BINDTODEVICE is recorded as SO_BINDTOIFINDEX (62), which reads back
-// what either set.
-#define SKS_OPTSET(X)                                                  \
-	X(1, 2, 4)   /* SO_REUSEADDR */                                    \
-	X(1, 9, 4)   /* SO_KEEPALIVE */                                    \
-	X(1, 13, 8)  /* SO_LINGER */                                       \
-	X(1, 20, 16) /* SO_RCVTIMEO */                                     \
-	X(1, 21, 16) /* SO_SNDTIMEO */                                     \
-	X(1, 10, 4)  /* SO_OOBINLINE */                                    \
-	X(1, 12, 4)  /* SO_PRIORITY (secure mode refuses it) */            \
-	X(1, 36, 4)  /* SO_MARK (refused) */                               \
-	X(1, 62, 4)  /* SO_BINDTOIFINDEX, SO_BINDTODEVICE (refused) */     \
-	X(1, 8, 4)   /* SO_RCVBUF (reads back doubled) */                  \
-	X(1, 7, 4)   /* SO_SNDBUF (reads back doubled) */                  \
-	X(0, 1, 4)   /* IP_TOS (refused) */                                \
-	X(0, 24, 4)  /* IP_BIND_ADDRESS_NO_PORT */                         \
-	X(6, 1, 4)   /* TCP_NODELAY */                                     \
-	X(6, 2, 4)   /* TCP_MAXSEG */                                      \
-	X(6, 4, 4)   /* TCP_KEEPIDLE */                                    \
-	X(6, 5, 4)   /* TCP_KEEPINTVL */                                   \
-	X(6, 6, 4)   /* TCP_KEEPCNT */                                     \
-	X(6, 13, 16) /* TCP_CONGESTION */                                  \
-	X(6, 18, 4)  /* TCP_USER_TIMEOUT */                                \
+// Only options anyone may set, whose copy the broker's privileges change
+// nothing about; any other option a socket set (priority, mark, device,
+// TOS, congestion control, IP options, ...) is SKS_OPTSET_OTHER, and such a
+// socket stays the program's.
+#define SKS_OPTSET(X)                                          \
+	X(1, 2, 4)   /* SO_REUSEADDR */                            \
+	X(1, 9, 4)   /* SO_KEEPALIVE */                            \
+	X(1, 13, 8)  /* SO_LINGER */                               \
+	X(1, 20, 16) /* SO_RCVTIMEO */                             \
+	X(1, 21, 16) /* SO_SNDTIMEO */                             \
+	X(1, 10, 4)  /* SO_OOBINLINE */                            \
+	X(1, 8, 4)   /* SO_RCVBUF (reads back doubled) */          \
+	X(1, 7, 4)   /* SO_SNDBUF (reads back doubled) */          \
+	X(0, 24, 4)  /* IP_BIND_ADDRESS_NO_PORT */                 \
+	X(6, 1, 4)   /* TCP_NODELAY */                             \
+	X(6, 2, 4)   /* TCP_MAXSEG */                              \
+	X(6, 4, 4)   /* TCP_KEEPIDLE */                            \
+	X(6, 5, 4)   /* TCP_KEEPINTVL */                           \
+	X(6, 6, 4)   /* TCP_KEEPCNT */                             \
+	X(6, 18, 4)  /* TCP_USER_TIMEOUT */                        \
 	X(6, 25, 4)  /* TCP_NOTSENT_LOWAT */
+
+#define SKS_OPTSET_OTHER 31 // the bit of every other option

@@ -1,13 +1,12 @@
 package sockets
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -48,14 +47,14 @@ func (b *brokers) giveNotify(pid int, f *os.File) (string, error) {
 		if cg != s.cgroup && !strings.HasPrefix(cg, s.cgroup+"/") {
 			return "", errNotReplaced{fmt.Sprintf("process %d is in container %s's network namespace but not its cgroup (%s)", pid, id, cg)}
 		}
-		if s.ctl == nil && b.running(id) > 0 {
-			// served by nobody, its calls would wait for good
-			return "", errNotReplaced{fmt.Sprintf("container %s's broker takes no seccomp listeners (an earlier skiff's)", id)}
+		if s.ctl == nil {
+			// no broker (its address taken, failing to start) or one of an
+			// earlier skiff: served by nobody, its calls would wait for good
+			return "", errNotReplaced{fmt.Sprintf("container %s has no broker that takes seccomp listeners", id)}
 		}
 		s.notify = append(s.notify, f)
-		if s.ctl != nil {
-			b.sendNotify(s, f)
-		}
+		s.unsent = append(s.unsent, f)
+		b.sendUnsent(s)
 		return id, nil
 	}
 	return "", errNotReplaced{fmt.Sprintf("process %d is in no local container with host sockets", pid)}
@@ -73,63 +72,47 @@ const keeperID = ".keeper"
 func (b *brokers) giveKeeper(f *os.File) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.keep(f)
+}
+
+// keep is giveKeeper with b.mu held.
+func (b *brokers) keep(f *os.File) {
 	if b.keeper == nil {
 		b.keeper = &brokerSpec{}
 	}
 	b.keeper.notify = append(b.keeper.notify, f)
+	b.keeper.unsent = append(b.keeper.unsent, f)
 	if b.running(keeperID) == 0 {
-		if err := b.startKeeper(); err != nil { // sends it; else the supervisor tries again
+		if err := b.startKeeper(); err != nil { // else the supervisor tries again
 			b.log.Warn("start the seccomp keeper", "err", err)
 		}
 		return
 	}
-	b.sendNotify(b.keeper, f)
+	b.sendUnsent(b.keeper)
 }
 
 // startKeeper starts the keeper and gives it the listeners held for it.
 func (b *brokers) startKeeper() error {
-	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
-		return fmt.Errorf("broker state: %w", err)
-	}
-	logf, err := os.OpenFile(filepath.Join(b.dir(), keeperID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("keeper log: %w", err)
-	}
-	defer logf.Close()
-	ctl, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("keeper control socket: %w", err)
-	}
-	brokerEnd, agentEnd := os.NewFile(uintptr(ctl[0]), "keeper-control"), os.NewFile(uintptr(ctl[1]), "control")
-	defer brokerEnd.Close()
-	cmd := exec.Command(b.cfg.Broker, "--keeper", "--control-fd", strconv.Itoa(brokerControlFD))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{nil, brokerEnd, agentEnd} // the descriptors a broker has
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		agentEnd.Close()
+	if err := b.spawn(keeperID, b.keeper, "--keeper"); err != nil {
 		return fmt.Errorf("start the seccomp keeper: %w", err)
 	}
-	go cmd.Wait()
-	if err := os.WriteFile(b.pidFile(keeperID), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		return fmt.Errorf("keeper pid file: %w", err)
-	}
-	if b.keeper.ctl != nil {
-		b.keeper.ctl.Close()
-	}
-	b.keeper.ctl = agentEnd
-	for _, f := range b.keeper.notify {
-		b.sendNotify(b.keeper, f)
-	}
-	b.log.Info("seccomp keeper started", "pid", cmd.Process.Pid)
 	return nil
 }
 
-// sendNotify passes a listener to s's broker. A broker that does not take
-// it (gone, to be restarted) gets it when it is back.
-func (b *brokers) sendNotify(s *brokerSpec, f *os.File) {
-	if err := unix.Sendmsg(int(s.ctl.Fd()), []byte{'L'}, unix.UnixRights(int(f.Fd())), nil, unix.MSG_DONTWAIT); err != nil {
-		b.log.Warn("seccomp listener not passed to the broker; passed to its next one", "container", s.e.ContainerID, "err", err)
+// sendUnsent passes s's unsent listeners to its broker, as far as its
+// control socket takes them; the supervisor sends the rest later.
+func (b *brokers) sendUnsent(s *brokerSpec) {
+	for s.ctl != nil && len(s.unsent) > 0 {
+		f := s.unsent[0]
+		err := unix.Sendmsg(int(s.ctl.Fd()), []byte{'L'}, unix.UnixRights(int(f.Fd())), nil, unix.MSG_DONTWAIT)
+		if errors.Is(err, unix.EAGAIN) {
+			return
+		}
+		if err != nil { // the broker has gone: its successor gets them all
+			b.log.Warn("seccomp listener not passed to the broker", "container", s.e.ContainerID, "err", err)
+			return
+		}
+		s.unsent = s.unsent[1:]
 	}
 }
 
@@ -149,26 +132,29 @@ func cgroupOf(root string, pid int) (string, error) {
 
 // dropHung closes the listeners no process uses any more.
 func (s *brokerSpec) dropHung() {
-	kept := s.notify[:0]
-	for _, f := range s.notify {
-		if seccomp.Hung(f) {
+	hung := func(f *os.File) bool { return seccomp.Hung(f) }
+	s.unsent = slices.DeleteFunc(s.unsent, hung)
+	s.notify = slices.DeleteFunc(s.notify, func(f *os.File) bool {
+		if hung(f) {
 			f.Close()
-		} else {
-			kept = append(kept, f)
+			return true
 		}
-	}
-	clear(s.notify[len(kept):])
-	s.notify = kept
+		return false
+	})
 }
 
-// close closes what the agent holds of s.
-func (s *brokerSpec) close() {
-	for _, f := range append([]*os.File{s.ln, s.ctl}, s.notify...) {
+// close closes what the agent holds of s but the seccomp listeners still
+// in use, which it returns.
+func (s *brokerSpec) close() []*os.File {
+	s.dropHung()
+	for _, f := range []*os.File{s.ln, s.ctl} {
 		if f != nil {
 			f.Close()
 		}
 	}
-	s.ln, s.ctl, s.notify = nil, nil, nil
+	live := s.notify
+	s.ln, s.ctl, s.notify, s.unsent = nil, nil, nil, nil
+	return live
 }
 
 // takeControl gets skiffd's end of the running broker pid's control socket

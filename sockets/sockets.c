@@ -124,11 +124,9 @@ struct {
 	__type(value, __u32);
 } sks_optset SEC(".maps");
 
-// optset_bit is (level, name)'s bit in sks_optset, or -1.
+// optset_bit is (level, name)'s bit in sks_optset.
 static __always_inline int optset_bit(int level, int name)
 {
-	if (level == SOL_SOCKET && name == SO_BINDTODEVICE)
-		name = SO_BINDTOIFINDEX;
 	int i = 0;
 #define OPTSET_BIT(l, n, len)                \
 	if (level == (l) && name == (n))      \
@@ -136,7 +134,7 @@ static __always_inline int optset_bit(int level, int name)
 	i++;
 	SKS_OPTSET(OPTSET_BIT)
 #undef OPTSET_BIT
-	return -1;
+	return SKS_OPTSET_OTHER;
 }
 
 // Published replaced listeners of the cluster, by overlay address and
@@ -484,12 +482,9 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	int level = ctx->level, name = ctx->optname;
 	// Recorded for the seccomp agent, which copies these to the host
 	// socket it swaps in (a refused one makes it keep the container's).
-	int bit = optset_bit(level, name);
-	if (bit >= 0) {
-		__u32 *set = bpf_sk_storage_get(&sks_optset, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (set) // two threads setting options of one socket at once may lose a bit
-			*set |= 1u << bit;
-	}
+	__u32 *set = bpf_sk_storage_get(&sks_optset, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (set) // two threads setting options of one socket at once may lose a bit
+		*set |= 1u << optset_bit(level, name);
 	// TCP_REPAIR and the buffer limits' *FORCE variants need CAP_NET_ADMIN
 	// in the socket's namespace, the host's: a container granted it for
 	// its own namespace (Kubernetes' "NET_ADMIN") would otherwise rewrite

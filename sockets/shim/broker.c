@@ -239,6 +239,11 @@ static pid_t privileged_in(const char *dir, int depth, pid_t *seen, int *nseen)
 	return again;
 }
 
+int sc_privileged(pid_t pid)
+{
+	return g_refuse_privileged && (g_privileged || privileged(pid));
+}
+
 static void drop_client(int i, const char *why);
 
 /* Looks at a new client (its fd; -1: none) or, once a second, at the

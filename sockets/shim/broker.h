@@ -3,6 +3,7 @@
 #ifndef SKIFF_BROKER_INTERNAL_H
 #define SKIFF_BROKER_INTERNAL_H
 #include <stdint.h>
+#include <sys/types.h>
 
 void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern const char *g_name;
@@ -13,6 +14,9 @@ extern volatile uint64_t *g_st;
 
 /* A host socket from the pool (made on the spot if it is empty), or -1. */
 int pool_take(void);
+/* Secure mode (--refuse-privileged): the container, or process pid, may
+ * hold CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace. */
+int sc_privileged(pid_t pid);
 /* IP_TRANSPARENT on a bound host listener; 0 or an errno. */
 int make_transparent(int fd);
 extern uint64_t g_host_netns;       /* SO_NETNS_COOKIE of the host netns */

@@ -191,92 +191,89 @@ static const struct opt g_opts[] = {
 #undef OPT
 };
 #define NOPTS (int)(sizeof g_opts / sizeof g_opts[0])
-_Static_assert(NOPTS <= 32, "sks_optset is 32 bits");
-static char g_fresh[NOPTS][16];
-static int g_fresh_known;
+_Static_assert(NOPTS < SKS_OPTSET_OTHER, "sks_optset is 32 bits, the last for any other option");
 
-static int copy_option(int s, int h, int i)
-{
-	char v[16] = { 0 };
-	socklen_t l = g_opts[i].len;
-	if (getsockopt(s, g_opts[i].level, g_opts[i].name, v, &l) < 0)
-		return 0;
-	if (g_opts[i].level == SOL_TCP && g_opts[i].name == TCP_CONGESTION)
-		l = strnlen(v, sizeof v);
-	if (g_opts[i].level == SOL_SOCKET && (g_opts[i].name == SO_RCVBUF || g_opts[i].name == SO_SNDBUF))
-		*(int *)v /= 2;   /* reads back doubled */
-	return setsockopt(h, g_opts[i].level, g_opts[i].name, v, l) < 0 ? errno : 0;
-}
-
-/* Copies the options the program set on s to h. Returns 0, or the errno of
- * one h refused (the layer's setsockopt hook: the fast path does not carry
- * it). The layer records which options a socket set (sks_optset); where it
- * cannot answer, every option that differs from a fresh socket's is
- * copied. */
+/* Copies the options the program set on s to h: 0, or -1 if the layer
+ * does not say which it set, or it set one outside those the broker copies
+ * (see optset.h), or h refused one. */
 static int copy_options(int s, int h)
 {
 	uint32_t set = 0;
 	socklen_t sl = sizeof set;
-	if (getsockopt(s, SKS_OPTSET_LEVEL, SKS_OPTSET_NAME, &set, &sl) == 0 && sl == sizeof set) {
-		for (int i = 0; set && i < NOPTS; i++, set >>= 1) {
-			int err = set & 1 ? copy_option(s, h, i) : 0;
-			if (err)
-				return err;
-		}
-		return 0;
-	}
-	if (!g_fresh_known) {
-		int f = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		for (int i = 0; f >= 0 && i < NOPTS; i++) {
-			socklen_t l = g_opts[i].len;
-			getsockopt(f, g_opts[i].level, g_opts[i].name, g_fresh[i], &l);
-		}
-		if (f >= 0)
-			close(f);
-		g_fresh_known = f >= 0;
-	}
-	for (int i = 0; i < NOPTS; i++) {
+	if (getsockopt(s, SKS_OPTSET_LEVEL, SKS_OPTSET_NAME, &set, &sl) < 0 || sl != sizeof set ||
+	    (set & (1u << SKS_OPTSET_OTHER)))
+		return -1;
+	for (int i = 0; set && i < NOPTS; i++, set >>= 1) {
+		if (!(set & 1))
+			continue;
 		char v[16] = { 0 };
 		socklen_t l = g_opts[i].len;
-		if (getsockopt(s, g_opts[i].level, g_opts[i].name, v, &l) < 0 || !memcmp(v, g_fresh[i], g_opts[i].len))
-			continue;
-		int err = copy_option(s, h, i);
-		if (err)
-			return err;
+		if (getsockopt(s, g_opts[i].level, g_opts[i].name, v, &l) < 0)
+			return -1;
+		if (g_opts[i].level == SOL_SOCKET && (g_opts[i].name == SO_RCVBUF || g_opts[i].name == SO_SNDBUF))
+			*(int *)v /= 2;   /* reads back doubled */
+		if (setsockopt(h, g_opts[i].level, g_opts[i].name, v, l) < 0)
+			return -1;
 	}
 	return 0;
 }
 
-/* Whether s (the target's fd n) is registered in one of the target's
- * epoll instances: a swap would lose the registration. The target's epoll
- * fds are looked up once a second per process. */
-static int in_epoll(pid_t pid, int n)
+/* What the broker knows of a calling thread, looked up at most once a
+ * second: whether it may hold CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's
+ * user namespace (secure mode: no host sockets for it, as for the shim),
+ * and its process's epoll descriptors (a swap would lose a registration:
+ * epoll keys on the file). By thread id, which is what a notification
+ * names. */
+#define MAX_EPS 32
+#define NCALLERS 16
+struct caller {
+	pid_t tid;
+	uint64_t at;
+	int privileged;
+	int neps;   /* -1: more than MAX_EPS, each socket counts as registered */
+	int eps[MAX_EPS];
+};
+static struct caller g_callers[NCALLERS];
+
+static struct caller *caller(pid_t tid)
 {
-	static pid_t cached;
-	static uint64_t at;
-	static int eps[32], neps;
+	struct caller *c = &g_callers[(unsigned)tid % NCALLERS];
 	uint64_t t = now_ns();
-	if (pid != cached || t - at > 1000000000ull) {
-		char path[300], link[64];
-		snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-		DIR *d = opendir(path);
-		neps = 0;
-		for (struct dirent *e; d && (e = readdir(d)) && neps < 32;) {
-			if (e->d_name[0] == '.')
-				continue;
-			snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)pid, e->d_name);
-			ssize_t l = readlink(path, link, sizeof link - 1);
-			if (l > 0 && (link[l] = 0, !strcmp(link, "anon_inode:[eventpoll]")))
-				eps[neps++] = atoi(e->d_name);
+	if (c->tid == tid && t - c->at < 1000000000ull)
+		return c;
+	c->tid = tid;
+	c->at = t;
+	c->privileged = sc_privileged(tid);
+	c->neps = 0;
+	char path[300], link[64];
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)tid);
+	DIR *d = opendir(path);
+	for (struct dirent *e; d && (e = readdir(d));) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)tid, e->d_name);
+		ssize_t l = readlink(path, link, sizeof link - 1);
+		if (l <= 0 || (link[l] = 0, strcmp(link, "anon_inode:[eventpoll]")))
+			continue;
+		if (c->neps == MAX_EPS) {
+			c->neps = -1;
+			break;
 		}
-		if (d)
-			closedir(d);
-		cached = pid;
-		at = t;
+		c->eps[c->neps++] = atoi(e->d_name);
 	}
-	for (int i = 0; i < neps; i++) {
-		struct kcmp_epoll_slot slot = { .efd = (uint32_t)eps[i], .tfd = (uint32_t)n, .toff = 0 };
-		if (syscall(SYS_kcmp, pid, pid, KCMP_EPOLL_TFD, n, &slot) == 0)
+	if (d)
+		closedir(d);
+	return c;
+}
+
+/* Whether the caller's fd n is registered in one of its epolls. */
+static int in_epoll(const struct caller *c, int n)
+{
+	if (c->neps < 0)
+		return 1;
+	for (int i = 0; i < c->neps; i++) {
+		struct kcmp_epoll_slot slot = { .efd = (uint32_t)c->eps[i], .tfd = (uint32_t)n, .toff = 0 };
+		if (syscall(SYS_kcmp, c->tid, c->tid, KCMP_EPOLL_TFD, n, &slot) == 0)
 			return 1;
 	}
 	return 0;
@@ -299,25 +296,45 @@ static int cloexec(pid_t pid, int n)
 	return f && (strtoul(f + 6, NULL, 8) & O_CLOEXEC);
 }
 
+/* A pidfd of thread tid's process: of the thread itself where the kernel
+ * has PIDFD_THREAD (6.9), else of its thread group leader. */
+static int pidfd_of(pid_t tid)
+{
+	int fd = syscall(SYS_pidfd_open, tid, PIDFD_THREAD);
+	if (fd >= 0 || errno != EINVAL)
+		return fd;
+	char path[64], line[128];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)tid);
+	FILE *f = fopen(path, "re");
+	int tgid = 0;
+	while (f && !tgid && fgets(line, sizeof line, f))
+		sscanf(line, "Tgid: %d", &tgid);
+	if (f)
+		fclose(f);
+	return tgid > 0 ? syscall(SYS_pidfd_open, tgid, 0) : -1;
+}
+
 enum outcome { PASSED, FALLBACK, REPLACED, DROPPED };
 
-/* The target's socket n, if it is a TCP/IPv4 socket of the container's
+/* The descriptors to release once the call is answered. */
+static int g_release[2] = { -1, -1 };
+
+/* The caller's socket n, if it is a TCP/IPv4 socket of the container's
  * namespace that has not connected, with where it is bound in *bound; else
- * -1 and *out says what to count. */
-static int target_socket(pid_t pid, int n, struct sockaddr_in *bound, enum outcome *out)
+ * -1 (the call is passed). */
+static int target_socket(int lfd, pid_t tid, int n, struct sockaddr_in *bound)
 {
-	*out = PASSED;
-	int pidfd = syscall(SYS_pidfd_open, pid, PIDFD_THREAD);
-	if (pidfd < 0 && errno == EINVAL)
-		pidfd = syscall(SYS_pidfd_open, pid, 0);
-	if (pidfd < 0) {
-		*out = DROPPED;
+	int pidfd = pidfd_of(tid);
+	if (pidfd < 0)
+		return -1;   /* gone: the answer finds out */
+	if (ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &g_req->id) < 0) {
+		close(pidfd);   /* the caller went, and tid may be another's now */
 		return -1;
 	}
 	int s = syscall(SYS_pidfd_getfd, pidfd, n, 0);
 	close(pidfd);
 	if (s < 0)
-		return -1;   /* not an fd: the kernel answers EBADF */
+		return -1;   /* not a descriptor: the kernel answers EBADF */
 	uint64_t ns = 0;
 	socklen_t l = sizeof ns, bl = sizeof *bound;
 	struct tcp_info ti;
@@ -334,15 +351,11 @@ static int target_socket(pid_t pid, int n, struct sockaddr_in *bound, enum outco
 		close(s);
 		return -1;
 	}
-	*out = FALLBACK;
-	if (in_epoll(pid, n)) {
-		close(s);
-		return -1;
-	}
+	g_release[0] = s;
 	return s;
 }
 
-/* Puts h at the target's fd n in place of s (closing s there). */
+/* Puts h at the target's fd n in place of s (closing s there): 0, or -1. */
 static int swap_in(int lfd, pid_t pid, int n, int s, int h)
 {
 	int fl = fcntl(s, F_GETFL);
@@ -356,44 +369,48 @@ static int swap_in(int lfd, pid_t pid, int n, int s, int h)
 	return ioctl(lfd, SECCOMP_IOCTL_NOTIF_ADDFD, &add) == n ? 0 : -1;
 }
 
-static enum outcome on_connect(int lfd)
+/* connect(n, addr): REPLACED (the call answered with error and flags) or why
+ * not; every call not replaced continues on the program's own socket. */
+static enum outcome on_connect(int lfd, int32_t *error, uint32_t *flags)
 {
-	pid_t pid = (pid_t)g_req->pid;
+	pid_t tid = (pid_t)g_req->pid;
 	int n = (int)g_req->data.args[0];
 	struct sockaddr_in sa;
 	struct iovec local = { &sa, sizeof sa }, remote = { (void *)(uintptr_t)g_req->data.args[1], sizeof sa };
-	if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof sa)
-		return reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), PASSED;
-	if (ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &g_req->id) < 0)
-		return DROPPED;
+	if (process_vm_readv(tid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof sa ||
+	    ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &g_req->id) < 0)
+		return PASSED;
 	uint32_t ip = sa.sin_addr.s_addr;
 	if (sa.sin_family != AF_INET || ((ip & g_mask) != g_net && (ntohl(ip) >> 24) != 127))
-		return reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), PASSED;
-	enum outcome out;
+		return PASSED;
 	struct sockaddr_in b;
-	int s = target_socket(pid, n, &b, &out), h = -1;
+	int s = target_socket(lfd, tid, n, &b);
 	if (s < 0)
-		return out == DROPPED ? DROPPED : (reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), out);
-	/* a socket bound first, or with an option the fast path refuses, or a
-	 * connect the layer refuses, stays the container's (the overlay);
-	 * another error the container's socket meets by itself */
-	out = FALLBACK;
-	if (!b.sin_port && !b.sin_addr.s_addr && (h = pool_take()) >= 0 && !copy_options(s, h) && fcntl(h, F_SETFL, O_NONBLOCK) == 0 &&
-	    (connect(h, (struct sockaddr *)&sa, sizeof sa) == 0 || errno == EINPROGRESS))
-		out = swap_in(lfd, pid, n, s, h) == 0 ? REPLACED : errno == ENOENT ? DROPPED : FALLBACK;
+		return PASSED;
+	/* a socket bound first, in an epoll, with an option the broker does not
+	 * copy, of a privileged process, or a connect the layer refuses stays
+	 * the program's (the overlay); another error the program's socket meets
+	 * by itself */
+	struct caller *c = caller(tid);
+	if (c->privileged || in_epoll(c, n) || b.sin_port || b.sin_addr.s_addr)
+		return FALLBACK;
+	int h = pool_take();
+	if (h < 0)
+		return FALLBACK;
+	g_release[1] = h;
+	if (copy_options(s, h) < 0 || fcntl(h, F_SETFL, O_NONBLOCK) < 0 ||
+	    (connect(h, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS))
+		return FALLBACK;
 	int blocking = !(fcntl(s, F_GETFL) & O_NONBLOCK);
-	if (out == REPLACED && !blocking)
-		reply(lfd, -EINPROGRESS, 0);
-	else if (out != DROPPED)
-		/* blocking: the kernel's connect on the connecting socket waits
-		 * for the handshake and returns its result */
-		reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);
-	/* after the answer: the last reference to the container's socket
-	 * goes here, and releasing it takes microseconds */
-	close(s);
-	if (h >= 0)
-		close(h);
-	return out;
+	if (swap_in(lfd, tid, n, s, h) < 0)
+		return FALLBACK;
+	if (!blocking) {
+		*error = -EINPROGRESS;
+		*flags = 0;
+	}
+	/* blocking: the call continues, and the kernel's connect on the
+	 * connecting socket waits for the handshake and returns its result */
+	return REPLACED;
 }
 
 static int on_lo(int fd)
@@ -401,50 +418,48 @@ static int on_lo(int fd)
 	return getint(fd, SOL_SOCKET, SO_BINDTOIFINDEX) == 1;
 }
 
-static enum outcome on_listen(int lfd)
+/* listen(n, backlog): as on_connect. */
+static enum outcome on_listen(int lfd, int32_t *error, uint32_t *flags)
 {
-	pid_t pid = (pid_t)g_req->pid;
+	pid_t tid = (pid_t)g_req->pid;
 	int n = (int)g_req->data.args[0], backlog = (int)g_req->data.args[1];
-	enum outcome out;
 	struct sockaddr_in b;
-	int s = target_socket(pid, n, &b, &out), h = -1;
-	if (s >= 0) {
-		out = FALLBACK;
-		const char *why = NULL;
-		struct sockaddr_in any = { .sin_family = AF_INET };
-		int err;
-		if (b.sin_addr.s_addr != INADDR_ANY && b.sin_addr.s_addr != g_ip)
-			why = "bound to another address";
-		else if (getint(s, SOL_SOCKET, SO_REUSEPORT) != 0)
-			why = "SO_REUSEPORT (the kernel shares the port in the container's namespace)";
-		else if ((h = pool_take()) < 0)
-			why = "no host socket";
-		else if ((err = copy_options(s, h)))
-			why = "an option the fast path refuses";
-		else if ((any.sin_port = b.sin_port, bind(h, (struct sockaddr *)&any, sizeof any) < 0))
-			why = "bind refused";
-		else if ((err = make_transparent(h)))
-			why = "not made transparent";
-		else if (listen(h, backlog) < 0)
-			why = "listen refused";
-		else if (on_lo(h))
-			why = "not publishable (left on lo)";
-		else if (swap_in(lfd, pid, n, s, h) < 0)
-			out = errno == ENOENT ? DROPPED : FALLBACK, why = "swap failed";
-		else
-			out = REPLACED;
-		if (why)
-			LOG("seccomp: listen(%d) of pid %d stays on the overlay: %s (%s)", n, (int)pid, why, strerror(errno));
-		(void)err;
-		close(s);
-		if (h >= 0)
-			close(h);
+	int s = target_socket(lfd, tid, n, &b);
+	if (s < 0)
+		return PASSED;
+	struct caller *c = caller(tid);
+	struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = b.sin_port };
+	const char *why = NULL;
+	int h = -1;
+	if (c->privileged)
+		why = "a privileged process";
+	else if (in_epoll(c, n))
+		why = "in an epoll";
+	else if (b.sin_addr.s_addr != INADDR_ANY && b.sin_addr.s_addr != g_ip)
+		why = "bound to another address";
+	else if (getint(s, SOL_SOCKET, SO_REUSEPORT) != 0)
+		why = "SO_REUSEPORT (the kernel shares the port in the container's namespace)";
+	else if ((h = g_release[1] = pool_take()) < 0)
+		why = "no host socket";
+	else if (copy_options(s, h) < 0)
+		why = "an option the broker does not copy";
+	else if (bind(h, (struct sockaddr *)&any, sizeof any) < 0)
+		why = "bind refused";
+	else if (make_transparent(h))
+		why = "not made transparent";
+	else if (listen(h, backlog) < 0)
+		why = "listen refused";
+	else if (on_lo(h))
+		why = "not publishable (left on lo)";
+	else if (swap_in(lfd, tid, n, s, h) < 0)
+		why = "swap failed";
+	if (why) {
+		LOG("seccomp: listen(%d) of %d stays on the overlay: %s", n, (int)tid, why);
+		return FALLBACK;
 	}
-	if (out == DROPPED)
-		return DROPPED;
-	if (out == REPLACED)
-		return reply(lfd, 0, 0), REPLACED;
-	return reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE), out;
+	*error = 0;
+	*flags = 0;   /* the host socket listens */
+	return REPLACED;
 }
 
 static void serve(int lfd)
@@ -455,16 +470,25 @@ static void serve(int lfd)
 	uint64_t t0 = now_ns();
 	g_st[SKIFF_ST_SC_INFLIGHT] = g_req->id;
 	enum outcome out = PASSED;
+	int32_t error = 0;
+	uint32_t flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
 #ifdef NATIVE_ARCH
-	if (g_keeper)
-		reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);
-	else if (g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_connect)
-		out = on_connect(lfd);
-	else if (g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_listen)
-		out = on_listen(lfd);
-	else
+	if (!g_keeper && g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_connect)
+		out = on_connect(lfd, &error, &flags);
+	else if (!g_keeper && g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_listen)
+		out = on_listen(lfd, &error, &flags);
 #endif
-		reply(lfd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);
+	/* every notification is answered: one left would leave its caller
+	 * waiting for good */
+	if (reply(lfd, error, flags) < 0 && errno == ENOENT)
+		out = DROPPED;
+	/* after the answer: the last reference to the container's socket
+	 * goes here, and releasing it takes microseconds */
+	for (int i = 0; i < 2; i++)
+		if (g_release[i] >= 0) {
+			close(g_release[i]);
+			g_release[i] = -1;
+		}
 	static const int slot[] = { [PASSED] = SKIFF_ST_SC_PASSED, [FALLBACK] = SKIFF_ST_SC_FALLBACK,
 				    [REPLACED] = SKIFF_ST_SC_REPLACED, [DROPPED] = SKIFF_ST_SC_DROPPED };
 	st_add(slot[out], 1);
