@@ -140,6 +140,14 @@ func renderMetrics(st api.Status) string {
 				func(c api.SocketsContainer) uint64 { return c.Replaced }},
 			{"skiff_sockets_fallback_total", "counter", "Sockets of the container that fell back to the overlay, as its shims report them.",
 				func(c api.SocketsContainer) uint64 { return c.Fallback }},
+			{"skiff_sockets_seccomp_listeners", "gauge", "Seccomp listeners of the container's processes its broker serves (skiff's seccomp profile).",
+				func(c api.SocketsContainer) uint64 { return c.Seccomp.Listeners }},
+			{"skiff_sockets_seccomp_replaced_total", "counter", "connect and listen calls the broker's seccomp agent moved to host sockets.",
+				func(c api.SocketsContainer) uint64 { return c.Seccomp.Replaced }},
+			{"skiff_sockets_seccomp_fallback_total", "counter", "connect and listen calls in the cluster the seccomp agent left on the container's socket.",
+				func(c api.SocketsContainer) uint64 { return c.Seccomp.Fallback }},
+			{"skiff_sockets_seccomp_passed_total", "counter", "connect and listen calls the seccomp agent continued untouched (not for the fast path).",
+				func(c api.SocketsContainer) uint64 { return c.Seccomp.Passed }},
 		}
 		for _, m := range perContainer {
 			family(m.name, m.typ, m.help)

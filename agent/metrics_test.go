@@ -49,7 +49,8 @@ func TestRenderSocketsMetrics(t *testing.T) {
 		Listeners: []string{"10.244.1.2:80", "10.244.1.3:11211"},
 		Policy:    &api.SocketsPolicy{Rules: 3},
 		Containers: []api.SocketsContainer{
-			{ContainerID: "c1", IP: "10.244.1.2", Broker: true, HandedOut: 64, Replaced: 40, Fallback: 1},
+			{ContainerID: "c1", IP: "10.244.1.2", Broker: true, HandedOut: 64, Replaced: 40, Fallback: 1,
+				Seccomp: api.SocketsSeccomp{Listeners: 2, Replaced: 30, Fallback: 4, Passed: 9}},
 			{ContainerID: "c2", IP: "10.244.1.3"},
 		},
 	}}
@@ -75,6 +76,10 @@ func TestRenderSocketsMetrics(t *testing.T) {
 		{"skiff_sockets_replaced_total", map[string]string{"container": "c1"}, 40},
 		{"skiff_sockets_fallback_total", map[string]string{"container": "c1"}, 1},
 		{"skiff_sockets_fallback_total", map[string]string{"container": "c2"}, 0},
+		{"skiff_sockets_seccomp_listeners", map[string]string{"container": "c1"}, 2},
+		{"skiff_sockets_seccomp_replaced_total", map[string]string{"container": "c1"}, 30},
+		{"skiff_sockets_seccomp_fallback_total", map[string]string{"container": "c1"}, 4},
+		{"skiff_sockets_seccomp_passed_total", map[string]string{"container": "c2"}, 0},
 	} {
 		if got := value(t, text, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)
