@@ -123,16 +123,7 @@ func TestChannels(t *testing.T) {
 	if after["added"]-before["added"] != 2 || after["redirected"]-before["redirected"] < 100 {
 		t.Errorf("the bulk connection did not take a channel: %v then %v", before, after)
 	}
-	start := time.Now()
-	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "short", dst.String(), "7101", "10000"); strings.TrimSpace(out) != "ok" {
-		t.Errorf("10 000 short connections: %s", out)
-	}
-	end := channelsStatus(t, l, "h1").Counters
-	t.Logf("10 000 short connections in %v: %d sockets joined, %d messages redirected", time.Since(start).Round(time.Millisecond),
-		end["added"]-after["added"], end["redirected"]-after["redirected"])
-	if end["redirected"]-after["redirected"] < 9000 {
-		t.Errorf("short connections took the channel %d times of 10 000", end["redirected"]-after["redirected"])
-	}
+	shortConnectionsChannelled(t, l, dst)
 
 	// A dual-stack listener's connections (AF_INET6 sockets with
 	// IPv4-mapped addresses, as Go's and nginx's [::] listeners make) take
@@ -239,6 +230,23 @@ func denyEnds(t *testing.T, l *Lab, hold *proc, dst netip.Addr) {
 	}
 }
 
+// shortConnectionsChannelled: 10 000 sequential short connections from
+// h1/c2 to dst:7101 all work and at least 9 000 take the channel.
+func shortConnectionsChannelled(t *testing.T, l *Lab, dst netip.Addr) {
+	t.Helper()
+	start := time.Now()
+	before := channelsStatus(t, l, "h1").Counters
+	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "short", dst.String(), "7101", "10000"); strings.TrimSpace(out) != "ok" {
+		t.Errorf("10 000 short connections: %s", out)
+	}
+	after := channelsStatus(t, l, "h1").Counters
+	t.Logf("10 000 short connections in %v: %d sockets joined, %d messages redirected", time.Since(start).Round(time.Millisecond),
+		after["added"]-before["added"], after["redirected"]-before["redirected"])
+	if after["redirected"]-before["redirected"] < 9000 {
+		t.Errorf("short connections took the channel %d times of 10 000", after["redirected"]-before["redirected"])
+	}
+}
+
 // limitedTakesNoChannel: with a limit on h1/c2, its bulk transfer to dst
 // is byte-exact and takes no channel (the unlimited server's socket joins,
 // the client's does not, and neither direction takes the channel); the
@@ -325,22 +333,12 @@ func TestChannelsHostSockets(t *testing.T) {
 	if n := counter(t, l, "h1", "connect_fast") - fast; n != 2 {
 		t.Errorf("%d connections on host sockets, want 2", n)
 	}
-	start := time.Now()
-	before := channelsStatus(t, l, "h1").Counters
-	if out := runPy(t, l, "h1/c2", pyChanClient, nil, "short", dst.String(), "7101", "10000"); strings.TrimSpace(out) != "ok" {
-		t.Errorf("10 000 short connections: %s", out)
-	}
-	after := channelsStatus(t, l, "h1").Counters
-	t.Logf("10 000 short connections in %v: %d sockets joined, %d messages redirected", time.Since(start).Round(time.Millisecond),
-		after["added"]-before["added"], after["redirected"]-before["redirected"])
-	if after["redirected"]-before["redirected"] < 9000 {
-		t.Errorf("short connections took the channel %d times of 10 000", after["redirected"]-before["redirected"])
-	}
+	shortConnectionsChannelled(t, l, dst)
 
 	// Without the shim (container sockets), auto joins nothing: a
 	// blocking reader there has no one to retry EAGAIN.
 	echoServer(t, l, "h1/c1", echoPort)
-	before = channelsStatus(t, l, "h1").Counters
+	before := channelsStatus(t, l, "h1").Counters
 	off := []string{"SKIFF_SOCKETS=off"}
 	if out := runPy(t, l, "h1/c2", pyOnce, off, dst.String(), strconv.Itoa(echoPort)); !strings.HasPrefix(out, "ok") {
 		t.Errorf("container sockets: %s", out)

@@ -564,18 +564,26 @@ c.setsockopt(socket.IPPROTO_TCP, 25, 4096)  # TCP_NOTSENT_LOWAT, the last
 print(optset(a), optset(b), optset(c))
 `
 
-// TestOptset: the layer records which options of optset.h a socket set
-// and answers them, for the seccomp agent's swap (bits by the order of
+// TestOptset: the layer records which options of optset.h a container's
+// socket set and answers them, for the seccomp agent's swap (bits by the order of
 // optset.h: SO_KEEPALIVE 1, TCP_NODELAY 9, TCP_NOTSENT_LOWAT 15, any
 // other option 31).
 func TestOptset(t *testing.T) {
 	_, python := containerHost(t, "sock_create", "setsockopt", "getsockopt")
-	out, err := python(pyOptset).CombinedOutput()
+	// a container's sockets: in a namespace of their own
+	cmd := python(pyOptset)
+	cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	want := fmt.Sprintf("%d 0 %d", 1<<1|1<<9|1<<31, 1<<15|1<<31)
 	if got := strings.TrimSpace(string(out)); got != want {
 		t.Fatalf("option sets %q, want %q", got, want)
+	}
+	// host sockets are never swapped: nothing recorded
+	out, err = python(pyOptset).CombinedOutput()
+	if got := strings.TrimSpace(string(out)); err != nil || got != "0 0 0" {
+		t.Fatalf("host sockets' option sets %q (%v), want \"0 0 0\"", got, err)
 	}
 }

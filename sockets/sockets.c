@@ -481,10 +481,15 @@ int sks_setsockopt(struct bpf_sockopt *ctx)
 	// otherwise copies the value a second time (kmalloc, memcpy, kfree).
 	int level = ctx->level, name = ctx->optname;
 	// Recorded for the seccomp agent, which copies these to the host
-	// socket it swaps in (a refused one makes it keep the container's).
-	__u32 *set = bpf_sk_storage_get(&sks_optset, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (set) // two threads setting options of one socket at once may lose a bit
-		*set |= 1u << optset_bit(level, name);
+	// socket it swaps in for a container's TCP/IPv4 socket (an option it
+	// does not copy makes it keep the container's). Host sockets, which it
+	// never swaps, get no storage.
+	struct bpf_sock *sk = ctx->sk;
+	if (sk && sk->family == AF_INET && sk->type == SOCK_STREAM && !host_socket(ctx)) {
+		__u32 *set = bpf_sk_storage_get(&sks_optset, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (set) // two threads setting options of one socket at once may lose a bit
+			*set |= 1u << optset_bit(level, name);
+	}
 	// TCP_REPAIR and the buffer limits' *FORCE variants need CAP_NET_ADMIN
 	// in the socket's namespace, the host's: a container granted it for
 	// its own namespace (Kubernetes' "NET_ADMIN") would otherwise rewrite

@@ -2,6 +2,7 @@ package seccomp
 
 import (
 	"encoding/binary"
+	"fmt"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -84,4 +85,18 @@ func TestFilterBytes(t *testing.T) {
 	if got, want := len(FilterBytes()), 8*len(Filter()); got != want {
 		t.Fatalf("%d bytes, want %d (struct sock_filter is 8 bytes)", got, want)
 	}
+}
+
+// validate checks that a program's jumps stay inside it and that it ends
+// in a return (the kernel's own checks).
+func validate(prog []unix.SockFilter) error {
+	for i, f := range prog {
+		if f.Code&0x07 == unix.BPF_JMP && (i+1+int(f.Jt) >= len(prog) || i+1+int(f.Jf) >= len(prog)) {
+			return fmt.Errorf("instruction %d jumps out of the program", i)
+		}
+	}
+	if len(prog) == 0 || prog[len(prog)-1].Code != unix.BPF_RET|unix.BPF_K {
+		return fmt.Errorf("the program does not end in a return")
+	}
+	return nil
 }

@@ -187,12 +187,6 @@ func parse(data []byte, fds []int) (Handoff, error) {
 	return Handoff{State: st, FD: os.NewFile(uintptr(fds[0]), "seccomp-notify")}, nil
 }
 
-// IsListener reports whether f is a seccomp listener.
-func IsListener(f *os.File) bool {
-	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
-	return err == nil && link == notifyLink
-}
-
 // Hung reports whether no process uses f's filter any more.
 func Hung(f *os.File) bool {
 	pfd := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLIN}}

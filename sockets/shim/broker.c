@@ -371,7 +371,7 @@ static int measure_reply_bytes(void)
 	return q;
 }
 
-static int sockopt_is(int fd, int level, int name, int want)
+int sockopt_is(int fd, int level, int name, int want)
 {
 	int v;
 	socklen_t l = sizeof v;

@@ -17,6 +17,8 @@ int pool_take(void);
 /* Secure mode (--refuse-privileged): the container, or process pid, may
  * hold CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace. */
 int sc_privileged(pid_t pid);
+/* Whether the int option (level, name) of fd reads want. */
+int sockopt_is(int fd, int level, int name, int want);
 /* IP_TRANSPARENT on a bound host listener; 0 or an errno. */
 int make_transparent(int fd);
 extern uint64_t g_host_netns;       /* SO_NETNS_COOKIE of the host netns */

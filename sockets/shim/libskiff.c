@@ -795,8 +795,7 @@ static int swap_to_container(int fd, struct fdent *e, int reason)
 static int fast_dest(const struct sockaddr *sa, socklen_t len)
 {
 	if (len < sizeof(struct sockaddr_in) || sa->sa_family != AF_INET || !g_have_hello) return 0;
-	uint32_t ip = ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
-	return (ip & g_mask) == g_net || (ntohl(ip) >> 24) == 127;
+	return skiff_fast_ip(((const struct sockaddr_in *)sa)->sin_addr.s_addr, g_net, g_mask);
 }
 
 /* connect() and listen() as the shim makes them: with skiff's seccomp tag in
@@ -890,15 +889,6 @@ EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
 	return r_bind(fd, sa, len);
 }
 
-/* Is fd bound to the host's lo?  sockops binds a listener it could not
- * publish there. */
-static int on_lo(int fd)
-{
-	int ifindex = 0;
-	socklen_t l = sizeof ifindex;
-	return getsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &ifindex, &l) == 0 && ifindex == 1;
-}
-
 EXPORT int listen(int fd, int backlog)
 {
 	RESOLVE(r_listen);
@@ -924,7 +914,7 @@ EXPORT int listen(int fd, int backlog)
 	e->transparent = 1;   /* a listen() that fails may be tried again */
 	int r = t_listen(fd, backlog), er = errno;
 	if (r < 0) { tab_put(fd, e); errno = er; return r; }
-	if (!on_lo(fd)) { count_replaced(); ent_free(e); errno = er; return 0; }
+	if (!skiff_on_lo(fd)) { count_replaced(); ent_free(e); errno = er; return 0; }
 	/* The layer could not publish it (a map full) and bound it to lo, where
 	 * nothing reaches it: a listener of the container's own, which the
 	 * overlay reaches. (Bound to lo by the app itself, outside secure mode,

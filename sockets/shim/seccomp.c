@@ -52,9 +52,6 @@
 #ifndef PIDFD_THREAD
 #define PIDFD_THREAD O_EXCL
 #endif
-#ifndef SO_BINDTOIFINDEX
-#define SO_BINDTOIFINDEX 62
-#endif
 #if defined(__x86_64__)
 #define NATIVE_ARCH AUDIT_ARCH_X86_64
 #elif defined(__aarch64__)
@@ -174,13 +171,6 @@ static void control(void)
 		}
 		LOG("seccomp listener fd %d, %d held", fd, g_nlisteners);
 	}
-}
-
-static int getint(int fd, int level, int name)
-{
-	int v = -1;
-	socklen_t l = sizeof v;
-	return getsockopt(fd, level, name, &v, &l) < 0 ? -1 : v;
 }
 
 /* The options copied from the caller's socket, in sks_optset's bit order. */
@@ -355,11 +345,11 @@ static int target_socket(int lfd, pid_t tid, int n, struct sockaddr_in *bound)
 	return s;
 }
 
-/* Puts h at the target's fd n in place of s (closing s there): 0, or -1. */
-static int swap_in(int lfd, pid_t pid, int n, int s, int h)
+/* Puts h at the target's fd n in place of s (closing s there), with s's
+ * O_NONBLOCK (in fl, s's file flags): 0, or -1. */
+static int swap_in(int lfd, pid_t pid, int n, int s, int fl, int h)
 {
-	int fl = fcntl(s, F_GETFL);
-	if (fl < 0 || fcntl(h, F_SETFL, fl & O_NONBLOCK) < 0)
+	if (fcntl(h, F_SETFL, fl & O_NONBLOCK) < 0)
 		return -1;
 	/* n is still s: the target did not close and reuse it meanwhile */
 	if (syscall(SYS_kcmp, pid, getpid(), KCMP_FILE, n, s) != 0)
@@ -380,8 +370,7 @@ static enum outcome on_connect(int lfd, int32_t *error, uint32_t *flags)
 	if (process_vm_readv(tid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof sa ||
 	    ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &g_req->id) < 0)
 		return PASSED;
-	uint32_t ip = sa.sin_addr.s_addr;
-	if (sa.sin_family != AF_INET || ((ip & g_mask) != g_net && (ntohl(ip) >> 24) != 127))
+	if (sa.sin_family != AF_INET || !skiff_fast_ip(sa.sin_addr.s_addr, g_net, g_mask))
 		return PASSED;
 	struct sockaddr_in b;
 	int s = target_socket(lfd, tid, n, &b);
@@ -401,21 +390,16 @@ static enum outcome on_connect(int lfd, int32_t *error, uint32_t *flags)
 	if (copy_options(s, h) < 0 || fcntl(h, F_SETFL, O_NONBLOCK) < 0 ||
 	    (connect(h, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS))
 		return FALLBACK;
-	int blocking = !(fcntl(s, F_GETFL) & O_NONBLOCK);
-	if (swap_in(lfd, tid, n, s, h) < 0)
+	int fl = fcntl(s, F_GETFL);
+	if (fl < 0 || swap_in(lfd, tid, n, s, fl, h) < 0)
 		return FALLBACK;
-	if (!blocking) {
+	if (fl & O_NONBLOCK) {
 		*error = -EINPROGRESS;
 		*flags = 0;
 	}
 	/* blocking: the call continues, and the kernel's connect on the
 	 * connecting socket waits for the handshake and returns its result */
 	return REPLACED;
-}
-
-static int on_lo(int fd)
-{
-	return getint(fd, SOL_SOCKET, SO_BINDTOIFINDEX) == 1;
 }
 
 /* listen(n, backlog): as on_connect. */
@@ -437,7 +421,7 @@ static enum outcome on_listen(int lfd, int32_t *error, uint32_t *flags)
 		why = "in an epoll";
 	else if (b.sin_addr.s_addr != INADDR_ANY && b.sin_addr.s_addr != g_ip)
 		why = "bound to another address";
-	else if (getint(s, SOL_SOCKET, SO_REUSEPORT) != 0)
+	else if (!sockopt_is(s, SOL_SOCKET, SO_REUSEPORT, 0))
 		why = "SO_REUSEPORT (the kernel shares the port in the container's namespace)";
 	else if ((h = g_release[1] = pool_take()) < 0)
 		why = "no host socket";
@@ -449,9 +433,9 @@ static enum outcome on_listen(int lfd, int32_t *error, uint32_t *flags)
 		why = "not made transparent";
 	else if (listen(h, backlog) < 0)
 		why = "listen refused";
-	else if (on_lo(h))
+	else if (skiff_on_lo(h))
 		why = "not publishable (left on lo)";
-	else if (swap_in(lfd, tid, n, s, h) < 0)
+	else if (swap_in(lfd, tid, n, s, fcntl(s, F_GETFL), h) < 0)
 		why = "swap failed";
 	if (why) {
 		LOG("seccomp: listen(%d) of %d stays on the overlay: %s", n, (int)tid, why);

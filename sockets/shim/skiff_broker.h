@@ -28,12 +28,16 @@
  */
 #ifndef SKIFF_BROKER_H
 #define SKIFF_BROKER_H
+#include <arpa/inet.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#ifndef SO_BINDTOIFINDEX
+#define SO_BINDTOIFINDEX 62
+#endif
 #ifndef SO_NETNS_COOKIE
 #define SO_NETNS_COOKIE 71
 #endif
@@ -220,6 +224,23 @@ static inline int skiff_received_fds(struct msghdr *m, int *fds, int max)
 bad:
 	skiff_close_received(m);
 	return -1;
+}
+
+/* Whether a connection to ip (network order) may take the fast path: an
+ * address of the cluster network (net/mask, network order) or loopback.
+ * The shim and the broker's seccomp agent decide alike. */
+static inline int skiff_fast_ip(uint32_t ip, uint32_t net, uint32_t mask)
+{
+	return (ip & mask) == net || (ntohl(ip) >> 24) == 127;
+}
+
+/* Whether sockops bound a listener to lo (index 1): it could not publish
+ * it, so it takes nothing over the network. */
+static inline int skiff_on_lo(int fd)
+{
+	int ifindex = 0;
+	socklen_t l = sizeof ifindex;
+	return getsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &ifindex, &l) == 0 && ifindex == 1;
 }
 
 _Static_assert(sizeof(struct skiff_hello) == 32, "hello layout");
