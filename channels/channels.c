@@ -8,11 +8,15 @@
 //   skch_sockops  sockops on the cgroup v2 root: a TCP socket of an IPv4
 //                 connection (AF_INET, or AF_INET6 with mapped addresses) that
 //                 reaches ESTABLISHED in the namespace of a local
-//                 container, with that container's address, joins
+//                 container, with that container's address, and whose peer
+//                 is a local container that may take a channel, joins
 //                 skch_socks under its 4-tuple (when the agent registers
 //                 the containers' namespaces: Options.Containers); so does a host
 //                 socket of the sockets layer (host namespace, in a local
-//                 container's cgroup). Nothing else does.
+//                 container's cgroup) connected to this host itself. Nothing
+//                 else does: a socket in a socket hash sends through the
+//                 sk_msg path for as long as it lives, which a connection to
+//                 another host would pay for on every write for nothing.
 //   skch_msg      sk_msg verdict of skch_socks: a send goes to the peer's
 //                 socket (the reversed 4-tuple) when the peer is in the
 //                 map and both ends' containers may take a channel
@@ -88,17 +92,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skch_ips SEC(".maps");
 
-// The client side of each channelled connection (socket cookie → its own
-// 4-tuple), for the agent to judge by the policy: the side that connected
-// and the port it connected to.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u64);
-	__type(value, struct skch_key);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} skch_clients SEC(".maps");
-
 // Sockets skch_destroy ends (socket cookies), written by the agent.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -107,11 +100,15 @@ struct {
 	__type(value, __u8);
 } skch_kill SEC(".maps");
 
+// Each joined socket's side, kind and directions' state, pinned: a
+// restarted agent's programs must see a direction that fell back as on
+// TCP, or it could take the channel again and reorder bytes.
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct skch_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skch_dir SEC(".maps");
 
 struct {
@@ -168,6 +165,21 @@ static __always_inline bool ipv4(struct bpf_sock_ops *skops)
 	       skops->remote_ip6[2] == bpf_htonl(0xffff);
 }
 
+// local_peer says whether a socket's peer is on this host, so that the
+// connection may take a channel: a container socket's peer is a local
+// container without a rate limit (skch_ips); a host socket's is one of
+// this host's own addresses — the sockets layer sends a same-host
+// connection to the host's underlay address, and the kernel picks a
+// local destination as the source of a connection to it, so both ends
+// read the same address. Anything else stays out of the socket hash.
+static __always_inline bool local_peer(struct bpf_sock_ops *skops, bool host)
+{
+	if (host)
+		return skops->remote_ip4 == skops->local_ip4;
+	__u32 peer = skops->remote_ip4;
+	return bpf_map_lookup_elem(&skch_ips, &peer) != NULL;
+}
+
 SEC("sockops")
 int skch_sockops(struct bpf_sock_ops *skops)
 {
@@ -179,23 +191,28 @@ int skch_sockops(struct bpf_sock_ops *skops)
 	__u32 ip = owner(skops, &host);
 	if (!ip)
 		return 1;
+	if (!local_peer(skops, host)) {
+		count(SKCH_REMOTE);
+		return 1;
+	}
+	bool client = skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
 	struct skch_key k = {
 		.sip = skops->local_ip4,
 		.dip = skops->remote_ip4,
 		.sport = skops->local_port,
 		.dport = bpf_ntohl(skops->remote_port),
 		.host = host,
+		.client = client,
 	};
-	if (host) {
-		struct bpf_sock *bsk = skops->sk;
-		struct skch_sock *s = bsk ? bpf_sk_storage_get(&skch_dir, bsk, 0, BPF_SK_STORAGE_GET_F_CREATE) : NULL;
-		if (!s || bpf_map_update_elem(&skch_owners, &k, &ip, BPF_ANY)) {
-			count(SKCH_ADD_FAILED);
-			return 1;
-		}
-		s->host = 1;
-		s->ip = ip;
+	struct bpf_sock *bsk = skops->sk;
+	struct skch_sock *s = bsk ? bpf_sk_storage_get(&skch_dir, bsk, 0, BPF_SK_STORAGE_GET_F_CREATE) : NULL;
+	if (!s || (host && bpf_map_update_elem(&skch_owners, &k, &ip, BPF_ANY))) {
+		count(SKCH_ADD_FAILED);
+		return 1;
 	}
+	s->host = host;
+	s->client = client;
+	s->ip = ip;
 	if (bpf_sock_hash_update(skops, &skch_socks, &k, BPF_NOEXIST)) {
 		if (host)
 			bpf_map_delete_elem(&skch_owners, &k);
@@ -203,12 +220,6 @@ int skch_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	}
 	count(SKCH_ADDED);
-	// The policy judges container sockets' channels here; host sockets'
-	// connections are the sockets layer's to judge and end.
-	if (skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && !host) {
-		__u64 cookie = bpf_get_socket_cookie(skops);
-		bpf_map_update_elem(&skch_clients, &cookie, &k, BPF_ANY);
-	}
 	return 1;
 }
 
@@ -223,7 +234,8 @@ static __always_inline int fall_back(struct skch_sock *s)
 SEC("sk_msg")
 int skch_msg(struct sk_msg_md *msg)
 {
-	struct skch_sock *s = bpf_sk_storage_get(&skch_dir, msg->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	// skch_sockops gave every socket it joined its storage.
+	struct skch_sock *s = bpf_sk_storage_get(&skch_dir, msg->sk, 0, 0);
 	if (!s || s->state == SKCH_TCP)
 		return SK_PASS;
 	__u32 local = msg->local_ip4, remote = msg->remote_ip4;
@@ -233,6 +245,7 @@ int skch_msg(struct sk_msg_md *msg)
 		.sport = bpf_ntohl(msg->remote_port),
 		.dport = msg->local_port,
 		.host = s->host,
+		.client = !s->client,
 	};
 	// The containers at both ends: a container socket's addresses, or the
 	// owners recorded for host sockets.

@@ -2,15 +2,19 @@
 #pragma once
 
 // A TCP socket in skch_socks, by its own 4-tuple (addresses in network
-// order, ports in host order) and its kind: a container-namespace socket
-// (0) or a host socket of the sockets layer (1). A socket's peer is of its
-// own kind: the kinds' addresses cannot meet.
+// order, ports in host order), its kind: a container-namespace socket (0)
+// or a host socket of the sockets layer (1), and its side: the one that
+// connected (1) or accepted (0). A socket's peer is of its own kind and of
+// the other side: the kinds' addresses cannot meet, and the agent finds
+// every channelled connection's client in the map itself (no side table
+// that could forget one).
 struct skch_key {
 	__u32 sip;
 	__u32 dip;
 	__u32 sport;
 	__u32 dport;
 	__u32 host;
+	__u32 client;
 };
 
 // Which way one direction of a connection goes: decided at its first
@@ -29,6 +33,7 @@ enum skch_state {
 struct skch_sock {
 	enum skch_state state;
 	__u32 host;
+	__u32 client;
 	__u32 ip; // the container's address, network order (host sockets)
 };
 
@@ -40,5 +45,6 @@ enum skch_counter {
 	SKCH_FELL_BACK = 4,    // a channelled direction back on TCP: the peer left, or an end got a rate limit
 	SKCH_DESTROYED = 5,    // channelled sockets ended: the policy denies their flow
 	SKCH_SOCKOPT = 6,      // sockets sent to TCP for an option a channel cannot honour
-	SKCH_NCOUNTERS = 7,
+	SKCH_REMOTE = 7,       // established sockets left out: the peer is not a local container
+	SKCH_NCOUNTERS = 8,
 };

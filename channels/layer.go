@@ -281,19 +281,18 @@ func (l *Layer) Settle(_ context.Context, v *layer.View) error {
 	return l.endDenied(v.Rules, v.Local)
 }
 
+// endDenied ends the channelled connections of containers' own sockets
+// that rules deny, found in the socket hash itself: every connection's
+// client side is there for as long as it lives (no side table that
+// churn could evict).
 func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
-	clients, err := bpfmap.Entries[uint64, skchSkchKey](l.objs.SkchClients)
-	if err != nil {
-		return err
-	}
-	var kill, gone []uint64
+	var kill []uint64
 	where := map[netip.Addr]bool{}
-	for cookie, k := range clients {
-		// A client that closed left the socket hash (and another socket
-		// may have its 4-tuple now): forgotten.
-		var now uint64
-		if err := l.objs.SkchSocks.Lookup(k, &now); err != nil || now != cookie {
-			gone = append(gone, cookie)
+	var k skchSkchKey
+	var cookie uint64
+	it := l.objs.SkchSocks.Iterate()
+	for it.Next(&k, &cookie) {
+		if k.Host != 0 || k.Client == 0 {
 			continue
 		}
 		f := policy.Flow{Src: bpfmap.Addr(k.Sip), Dst: bpfmap.Addr(k.Dip), Proto: policy.TCP, Port: uint16(k.Dport)}
@@ -302,14 +301,16 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 		}
 		kill = append(kill, cookie)
 		var peer uint64
-		if err := l.objs.SkchSocks.Lookup(skchSkchKey{Sip: k.Dip, Dip: k.Sip, Sport: k.Dport, Dport: k.Sport, Host: k.Host}, &peer); err == nil {
+		if err := l.objs.SkchSocks.Lookup(skchSkchKey{Sip: k.Dip, Dip: k.Sip, Sport: k.Dport, Dport: k.Sport}, &peer); err == nil {
 			kill = append(kill, peer)
 		}
 		where[f.Src], where[f.Dst] = true, true
 	}
-	_, err = bpfmap.Delete(l.objs.SkchClients, append(gone, kill...))
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read the channel map: %w", err)
+	}
 	var errs []error
-	// In batches of what skch_kill holds, run in each namespace involved.
+// In batches of what skch_kill holds, run in each namespace involved.
 	for batch := int(l.objs.SkchKill.MaxEntries()); len(kill) > 0; kill = kill[min(batch, len(kill)):] {
 		part := kill[:min(batch, len(kill))]
 		for _, c := range part {
@@ -325,11 +326,11 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 		_, derr := bpfmap.Delete(l.objs.SkchKill, part)
 		errs = append(errs, derr)
 	}
-	return errors.Join(append(errs, err)...)
+	return errors.Join(errs...)
 }
 
 // Counters names the programs' counters, in the order of enum skch_counter.
-var Counters = []string{"added", "add_failed", "redirected", "tcp_no_peer", "fell_back", "destroyed", "sockopt"}
+var Counters = []string{"added", "add_failed", "redirected", "tcp_no_peer", "fell_back", "destroyed", "sockopt", "remote"}
 
 func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
 	sums, err := bpfmap.Counters(l.objs.SkchStats, len(Counters))

@@ -23,23 +23,26 @@ const (
 	skchSkchCounterSKCH_FELL_BACK   skchSkchCounter = 4
 	skchSkchCounterSKCH_DESTROYED   skchSkchCounter = 5
 	skchSkchCounterSKCH_SOCKOPT     skchSkchCounter = 6
-	skchSkchCounterSKCH_NCOUNTERS   skchSkchCounter = 7
+	skchSkchCounterSKCH_REMOTE      skchSkchCounter = 7
+	skchSkchCounterSKCH_NCOUNTERS   skchSkchCounter = 8
 )
 
 type skchSkchKey struct {
-	_     structs.HostLayout
-	Sip   uint32
-	Dip   uint32
-	Sport uint32
-	Dport uint32
-	Host  uint32
+	_      structs.HostLayout
+	Sip    uint32
+	Dip    uint32
+	Sport  uint32
+	Dport  uint32
+	Host   uint32
+	Client uint32
 }
 
 type skchSkchSock struct {
-	_     structs.HostLayout
-	State skchSkchState
-	Host  uint32
-	Ip    uint32
+	_      structs.HostLayout
+	State  skchSkchState
+	Host   uint32
+	Client uint32
+	Ip     uint32
 }
 
 type skchSkchState uint32
@@ -55,7 +58,6 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	skchMapSkchCgroups     = "skch_cgroups"
-	skchMapSkchClients     = "skch_clients"
 	skchMapSkchDir         = "skch_dir"
 	skchMapSkchIps         = "skch_ips"
 	skchMapSkchKill        = "skch_kill"
@@ -123,7 +125,6 @@ type skchProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type skchMapSpecs struct {
 	SkchCgroups *ebpf.MapSpec `ebpf:"skch_cgroups"`
-	SkchClients *ebpf.MapSpec `ebpf:"skch_clients"`
 	SkchDir     *ebpf.MapSpec `ebpf:"skch_dir"`
 	SkchIps     *ebpf.MapSpec `ebpf:"skch_ips"`
 	SkchKill    *ebpf.MapSpec `ebpf:"skch_kill"`
@@ -161,7 +162,6 @@ func (o *skchObjects) Close() error {
 // It can be passed to loadSkchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type skchMaps struct {
 	SkchCgroups *ebpf.Map `ebpf:"skch_cgroups"`
-	SkchClients *ebpf.Map `ebpf:"skch_clients"`
 	SkchDir     *ebpf.Map `ebpf:"skch_dir"`
 	SkchIps     *ebpf.Map `ebpf:"skch_ips"`
 	SkchKill    *ebpf.Map `ebpf:"skch_kill"`
@@ -174,7 +174,6 @@ type skchMaps struct {
 func (m *skchMaps) Close() error {
 	return _SkchClose(
 		m.SkchCgroups,
-		m.SkchClients,
 		m.SkchDir,
 		m.SkchIps,
 		m.SkchKill,

@@ -58,9 +58,10 @@ func roundTrips(l *Lab, src, network string, addr netip.AddrPort, n int) error {
 	return nil
 }
 
-// layerCounters is what tells the paths apart: host sockets' fast connects
-// and the cache's hits, summed over the lab's hosts.
-type layerCounters struct{ fastConnects, cacheHits uint64 }
+// layerCounters is what tells the paths apart: host sockets' fast connects,
+// the cache's hits and the sockets joined to channels, summed over the
+// lab's hosts.
+type layerCounters struct{ fastConnects, cacheHits, channelJoins uint64 }
 
 func countersOf(t *testing.T, l *Lab) layerCounters {
 	t.Helper()
@@ -70,10 +71,11 @@ func countersOf(t *testing.T, l *Lab) layerCounters {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Sockets == nil || st.Cache == nil {
-			t.Fatalf("%s runs without the sockets or the cache layer: %+v", h.Name, st.Layers)
+		if st.Sockets == nil || st.Cache == nil || st.Channels == nil {
+			t.Fatalf("%s runs without the sockets, the cache or the channels layer: %+v", h.Name, st.Layers)
 		}
 		c.fastConnects += st.Sockets.Counters["connect_fast"]
+		c.channelJoins += st.Channels.Counters["added"]
 		c.cacheHits += st.Cache["from_container/hit"] + st.Cache["from_underlay/hit"]
 	}
 	return c
@@ -81,7 +83,8 @@ func countersOf(t *testing.T, l *Lab) layerCounters {
 
 // TestAutoPaths: with every layer on (auto), each kind of traffic takes its
 // layer, between every pair of 3 hosts x 2 containers: TCP between
-// preloaded processes host sockets (the cache sees none of it); TCP without
+// preloaded processes host sockets (the cache sees none of it), and only
+// a same-host connection's sockets join the channels; TCP without
 // the shim, UDP and ICMP the cache across hosts (host sockets none) and the
 // overlay on one host (neither). Then a deny rule ends flows on both fast
 // paths, transfers of each kind survive agent restarts, and restarting with
@@ -117,6 +120,11 @@ func TestAutoPaths(t *testing.T) {
 		after := countersOf(t, l)
 		if n := strings.Count(out, "ok "); n != len(dsts) {
 			t.Errorf("preloaded TCP from %s: %d of %d destinations: %s", src.Name, n, len(dsts), out)
+		}
+		// One destination is on src's host: its two sockets join; a
+		// connection to another host pays no sk_msg path.
+		if got := after.channelJoins - before.channelJoins; got != 2 {
+			t.Errorf("preloaded TCP from %s: %d sockets joined channels, want 2 (the same-host connection's)", src.Name, got)
 		}
 		if got := after.fastConnects - before.fastConnects; got != uint64(len(dsts)) || after.cacheHits != before.cacheHits {
 			t.Errorf("preloaded TCP from %s: %d fast connects (want %d), %d cache hits (want 0)",
