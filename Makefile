@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 CMDS    := skiff skiffd skiff-cni
 
-.PHONY: all deps build test unit run clean vet
+.PHONY: all deps build test unit run clean vet bench-check
 
 all: build
 
@@ -34,6 +34,23 @@ test: build vet
 # Unit tests only (no root needed for most).
 unit:
 	$(GO) test -count=1 -short ./...
+
+# The regression gate a person runs before resolving any issue that
+# touches a data path (timing is not a test on a shared machine: not in CI).
+# One paired run, cross-host, of auto, auto-plain and each layer alone
+# against host; prints the table and PASS/FAIL per floor (bench/check.go)
+# and keeps the JSON with the commit it measured under docs/bench/.
+# Then the same modes on one host (channels among them), kept beside it.
+# About an hour.
+CHECK_WORKLOADS ?= tcp_stream,tcp_stream_4,udp_rr,tcp_rr,tcp_crr,connect,memcached,nginx,nginx_crr
+bench-check: build
+	@mkdir -p docs/bench
+	./bin/skiff bench --modes host,overlay,cache,sockets,auto,auto-plain --workloads $(CHECK_WORKLOADS) \
+		--cell 3s --repeat 5 --check --json docs/bench/check.json --markdown docs/bench/check.md; \
+	cross=$$?; \
+	./bin/skiff bench --same-host --modes host,overlay,channels,sockets,auto,auto-plain --workloads $(CHECK_WORKLOADS) \
+		--cell 3s --repeat 5 --check --json docs/bench/check-same-host.json --markdown docs/bench/check-same-host.md; \
+	test $$cross -eq 0 -a $$? -eq 0
 
 # Builds, brings up a 2-host lab with 2 containers each and shows it working.
 run: build

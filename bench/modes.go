@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -103,6 +104,26 @@ var Modes = map[string]Mode{
 		Placement:   ContainerPlacement,
 		Description: "containers with every layer on (--mode auto): host sockets for TCP, the cache for the rest",
 	},
+	// What a user with an image as it comes gets from auto: the same lab,
+	// programs run as an unmodified image runs them (no preload, no
+	// seccomp profile): TCP takes the cache across hosts.
+	"auto-plain": {
+		Name:        "auto-plain",
+		LabMode:     "auto",
+		Placement:   ContainerPlacement,
+		Wrap:        func(cmd *exec.Cmd) { UnsetEnv(cmd, "LD_PRELOAD") },
+		Description: "auto as an unmodified image runs in it: no preload, no seccomp profile",
+	},
+	// auto with programs under skiff's seccomp profile, no preload: what
+	// an unmodified image gets where the runtime is given the profile.
+	"auto-seccomp": {
+		Name:        "auto-seccomp",
+		LabMode:     "auto",
+		Placement:   ContainerPlacement,
+		Seccomp:     true,
+		Description: "auto with programs under skiff's seccomp profile (no preload: unmodified images)",
+		Explicit:    true,
+	},
 	// Same-host fast channels (asked for by name, with --same-host: across
 	// hosts it is the overlay).
 	"channels": {
@@ -191,6 +212,15 @@ func SetEnv(cmd *exec.Cmd, key, value string) {
 		}
 	}
 	cmd.Env = append(env, prefix+value)
+}
+
+// UnsetEnv removes key from cmd's environment (starting from the current
+// process environment when cmd has none of its own). Meant for Mode.Wrap.
+func UnsetEnv(cmd *exec.Cmd, key string) {
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = slices.DeleteFunc(slices.Clone(cmd.Env), func(kv string) bool { return strings.HasPrefix(kv, key+"=") })
 }
 
 // ModeNames returns the registered mode names, host first, the rest sorted.

@@ -89,7 +89,7 @@ func TestResolveModes(t *testing.T) {
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
 		{"default on a sockets lab: no host-sockets", nil, "sockets", []string{"host", "sockets"}, ""},
 		{"host-sockets asked for", []string{"host", "sockets", "host-sockets"}, "overlay+sockets", []string{"host", "sockets", "host-sockets"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, cache, channels, host-sockets, overlay, sockets, sockets-seccomp, steering)`},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, auto-plain, auto-seccomp, cache, channels, host-sockets, overlay, sockets, sockets-seccomp, steering)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {
@@ -229,5 +229,19 @@ func TestEstimateQuickProfileFits(t *testing.T) {
 	}
 	if total <= 0 || total > 3*time.Minute {
 		t.Fatalf("quick profile estimate %s, want within 3m", total)
+	}
+}
+
+// TestAutoPlainRunsWithoutShim: auto-plain takes the preload a lab's
+// command carries away (and only it); auto-seccomp runs under the filter.
+func TestAutoPlainRunsWithoutShim(t *testing.T) {
+	cmd := exec.Command("true")
+	cmd.Env = []string{"A=1", "LD_PRELOAD=/x/libskiff.so", "LD_PRELOAD_X=2"}
+	Modes["auto-plain"].Wrap(cmd)
+	if got := strings.Join(cmd.Env, " "); got != "A=1 LD_PRELOAD_X=2" {
+		t.Errorf("auto-plain environment %q", got)
+	}
+	if m := Modes["auto-seccomp"]; !m.Seccomp || m.LabMode != "auto" || m.Wrap != nil {
+		t.Errorf("auto-seccomp: %+v", m)
 	}
 }

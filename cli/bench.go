@@ -16,9 +16,17 @@ import (
 	"github.com/skiffnet/skiff/lab"
 )
 
+// What a run measures unless told: the baseline, the standard overlay,
+// the cache, and auto as preloaded programs and as unmodified images run
+// in it (what users run); the CI smoke only the first two.
+const (
+	defaultModes = "host,overlay,cache,auto,auto-plain"
+	quickModes   = "host,overlay"
+)
+
 func cmdBench(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "bench")
-	modes := fs.String("modes", "host,overlay", "comma-separated modes: "+strings.Join(bench.ModeNames(), ", "))
+	modes := fs.String("modes", "", "comma-separated modes (default "+defaultModes+"; with --quick "+quickModes+"): "+strings.Join(bench.ModeNames(), ", "))
 	workloads := fs.String("workloads", "", "comma-separated workloads (default: all; with --quick the micro set): "+strings.Join(bench.WorkloadNames(false), ", "))
 	repeat := fs.Int("repeat", 0, "repetitions of every cell (default 3; 1 with --quick)")
 	quick := fs.Bool("quick", false, "short cells on the micro workloads (CI smoke, about a minute)")
@@ -28,11 +36,18 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	jsonOut := fs.String("json", "", "write the results as JSON (schema skiff-bench/v1) to FILE")
 	mdOut := fs.String("markdown", "", "write a Markdown table to FILE")
 	svgOut := fs.String("chart", "", "write an SVG bar chart of ratios to host to FILE")
+	check := fs.Bool("check", false, "judge the run against the regression floors (auto against host and its parts; make bench-check) and fail when one is missed")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *modes == "" {
+		*modes = defaultModes
+		if *quick {
+			*modes = quickModes
+		}
 	}
 	opts := bench.Options{Modes: splitComma(*modes), Workloads: splitComma(*workloads), Repeat: *repeat,
 		Quick: *quick, SameHost: *sameHost, CellDuration: *cell, Progress: env.Stderr}
@@ -77,6 +92,14 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 		writeFile(*svgOut, report.WriteSVG),
 	)
 	fmt.Fprintf(env.Stderr, "benchmark took %s\n", time.Since(start).Round(time.Second))
+	if *check {
+		fmt.Fprintln(env.Stdout)
+		failed, werr := bench.WriteCheck(env.Stdout, report.Check())
+		err = errors.Join(err, werr)
+		if failed > 0 {
+			err = errors.Join(err, fmt.Errorf("%d regression floors missed", failed))
+		}
+	}
 	return errors.Join(runErr, err)
 }
 
