@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 CMDS    := skiff skiffd skiff-cni
 
-.PHONY: all deps build test unit run clean vet bench-check
+.PHONY: all deps build test unit run clean vet bench-check install uninstall install-check
 
 all: build
 
@@ -26,7 +26,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
 # Unit tests, eBPF golden-packet tests and lab integration tests.
-test: build vet
+test: build vet install-check
 	$(MAKE) -C perf test
 	$(MAKE) -C sockets/shim test
 	SKIFF_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
@@ -51,6 +51,46 @@ bench-check: build
 	./bin/skiff bench --same-host --modes host,overlay,channels,sockets,auto,auto-plain --workloads $(CHECK_WORKLOADS) \
 		--cell 3s --repeat 5 --check --json docs/bench/check-same-host.json --markdown docs/bench/check-same-host.md; \
 	test $$cross -eq 0 -a $$? -eq 0
+
+# Installing on a host (docs/install.md). DESTDIR stages a package.
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+LIBDIR      ?= $(PREFIX)/lib/skiff
+DOCDIR      ?= $(PREFIX)/share/doc/skiff
+SYSCONFDIR  ?= /etc
+UNITDIR     ?= /etc/systemd/system
+CNI_BIN_DIR ?= /opt/cni/bin
+CNI_NET_DIR ?= /etc/cni/net.d
+INSTALLED   := $(BINDIR)/skiff $(BINDIR)/skiffd $(BINDIR)/skiff-broker $(BINDIR)/skiff-seccomp-exec \
+	$(LIBDIR)/libskiff.so $(CNI_BIN_DIR)/skiff-cni $(CNI_NET_DIR)/10-skiff.conflist $(UNITDIR)/skiffd.service \
+	$(DOCDIR)/install.md
+
+# skiffd needs skiff-broker beside it; the config file is kept when there
+# is one (it is the host's).
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(CNI_BIN_DIR) $(DESTDIR)$(CNI_NET_DIR) \
+		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/skiff
+	install -m 0755 $(BIN)/skiff $(BIN)/skiffd $(BIN)/skiff-broker $(BIN)/skiff-seccomp-exec $(DESTDIR)$(BINDIR)/
+	install -m 0644 $(BIN)/libskiff.so $(DESTDIR)$(LIBDIR)/
+	install -m 0755 $(BIN)/skiff-cni $(DESTDIR)$(CNI_BIN_DIR)/
+	install -m 0644 deploy/cni/10-skiff.conflist $(DESTDIR)$(CNI_NET_DIR)/
+	install -m 0644 docs/install.md $(DESTDIR)$(DOCDIR)/
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+		deploy/systemd/skiffd.service.in > $(DESTDIR)$(UNITDIR)/skiffd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/skiffd.service
+	test -e $(DESTDIR)$(SYSCONFDIR)/skiff/skiffd.conf || install -m 0644 deploy/skiffd.conf $(DESTDIR)$(SYSCONFDIR)/skiff/
+
+# Removes the installed files (the host's config file stays; skiffd
+# --cleanup removes what the agent made in the kernel first).
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	-rmdir $(DESTDIR)$(LIBDIR) $(DESTDIR)$(DOCDIR) 2>/dev/null
+
+# make install into a scratch DESTDIR: every file in place, the unit's
+# paths filled in, the default config accepted by the installed skiffd,
+# and make uninstall leaves only the config.
+install-check:
+	./scripts/install-check.sh
 
 # Builds, brings up a 2-host lab with 2 containers each and shows it working.
 run: build

@@ -21,6 +21,7 @@ import (
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/version"
 )
 
 func (a *Agent) serve(socket string) (*http.Server, error) {
@@ -180,7 +181,7 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 	s := api.Status{
 		Host: a.host, Cluster: a.cluster, Mode: a.mode(), StoreReachable: pingErr == nil,
 		Ready: pingErr == nil && a.isRegistered && a.syncErr == nil && !a.lastSync.IsZero(), Endpoints: a.endpoints,
-		RemoteHosts: a.remotes, LastSync: a.lastSync, Version: api.Version,
+		RemoteHosts: a.remotes, LastSync: a.lastSync, Version: version.String(),
 	}
 	if pingErr != nil {
 		s.StoreError = pingErr.Error()

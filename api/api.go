@@ -20,9 +20,6 @@ import (
 	"github.com/skiffnet/skiff/policy"
 )
 
-// Version of skiff, reported by every binary.
-const Version = "0.1.0"
-
 // DefaultSocket is where skiffd listens unless told otherwise.
 const DefaultSocket = "/run/skiff/skiffd.sock"
 

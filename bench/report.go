@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"time"
 )
@@ -122,27 +121,6 @@ func (r *Report) find(workload, mode, metric string) (Result, bool) {
 		}
 	}
 	return Result{}, false
-}
-
-// commit returns the VCS revision the running binary was built from.
-func commit() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	rev, dirty := "unknown", false
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			dirty = s.Value == "true"
-		}
-	}
-	if dirty && rev != "unknown" {
-		rev += "-dirty"
-	}
-	return rev
 }
 
 // collectMachine describes the machine the benchmark runs on.

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/skiffnet/skiff/version"
 )
 
 // Lab is the emulated cluster the benchmark runs on. Targets: "h1" (a host
@@ -482,7 +484,7 @@ func (r *runner) report(start time.Time) *Report {
 		Config: Config{
 			Repeat: r.repeat, SameHost: r.opts.SameHost, Profile: r.prof.Name,
 			CellSeconds: r.duration.Seconds(), ConnectCount: r.connects, LabMode: r.lab.Mode(),
-			Commit: commit(),
+			Commit: version.Commit(),
 		},
 		Results:  []Result{},
 		Failures: append([]Failure{}, r.failures...),

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -56,17 +58,46 @@ func cmdCert(ctx context.Context, env Env, args []string) error {
 		return nil
 	}
 	url := *endpoint
+	var allowErr error
 	if url == "" {
 		url = "https://STORE:2379"
 		fmt.Fprintf(env.Stdout, "the store lets %s in once it has its user and role: skiff cert allow --ca-dir %s --name %s --etcd-endpoints %s\n", *name, *caDir, *name, url)
-	} else if err := allowHost(ctx, p, *name, url); err != nil {
-		fmt.Fprintf(env.Stderr, "skiff: %v\nonce the store answers: skiff cert allow --ca-dir %s --name %s --etcd-endpoints %s\n", err, *caDir, *name, url)
-	} else {
+	} else if allowErr = allowHost(ctx, p, *name, url); allowErr == nil {
 		fmt.Fprintf(env.Stdout, "made %s's user and role in the store at %s\n", *name, url)
 	}
+	// The other host reaches the store at an address of the network, not
+	// at this machine's loopback.
+	remote := url
+	if loopbackURL(url) {
+		remote = "https://STORE-ADDRESS:2379"
+		fmt.Fprintf(env.Stderr, "skiff: %s is this machine's loopback: %s reaches the store at an address of the network (the embedded etcd's --embedded-etcd-listen)\n", url, *name)
+	}
 	fmt.Fprintf(env.Stdout, "copy %s to %s as /etc/skiff/pki and run there:\n  skiffd --name %s --etcd-endpoints %s --etcd-cafile /etc/skiff/pki/%s --etcd-certfile /etc/skiff/pki/%s.crt --etcd-keyfile /etc/skiff/pki/%s.key\n",
-		*out, *name, *name, url, store.CAFile, *name, *name)
+		*out, *name, *name, remote, store.CAFile, *name, *name)
+	if allowErr != nil {
+		// The certificate is issued, but the host cannot join yet: a
+		// script must not take this for success.
+		return fmt.Errorf("%w\n%s's certificate is issued; once the store answers: skiff cert allow --ca-dir %s --name %s --etcd-endpoints %s", allowErr, *name, *caDir, *name, url)
+	}
 	return nil
+}
+
+// loopbackURL reports whether every host of a comma-separated URL list is
+// a loopback address or localhost.
+func loopbackURL(urls string) bool {
+	for _, u := range strings.Split(urls, ",") {
+		h := u
+		if i := strings.Index(h, "://"); i >= 0 {
+			h = h[i+3:]
+		}
+		if host, _, err := net.SplitHostPort(h); err == nil {
+			h = host
+		}
+		if ip, err := netip.ParseAddr(h); !(h == "localhost" || err == nil && ip.IsLoopback()) {
+			return false
+		}
+	}
+	return true
 }
 
 // allowHost makes host's user and role in the store at endpoints, as the

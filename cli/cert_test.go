@@ -24,11 +24,15 @@ func TestCertIssue(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, stdout, stderr := run(t, "cert", "issue", "--ca-dir", caDir, "--name", "node2", "--out", out, "--etcd-endpoints", "https://127.0.0.1:1")
-	if code != 0 || !strings.Contains(stderr, "once the store answers: skiff cert allow --ca-dir "+caDir+" --name node2") {
-		t.Fatalf("exit %d: %s; want success, and what to run when the store answers", code, stderr)
+	// The certificate is issued, but the store did not answer: a failure,
+	// with what to run when it does.
+	if code != 1 || !strings.Contains(stderr, "once the store answers: skiff cert allow --ca-dir "+caDir+" --name node2") {
+		t.Fatalf("exit %d: %s; want 1, and what to run when the store answers", code, stderr)
 	}
-	if !strings.Contains(stdout, "skiffd --name node2 --etcd-endpoints https://127.0.0.1:1 --etcd-cafile /etc/skiff/pki/ca.crt") {
-		t.Errorf("no join command in %q", stdout)
+	// node2 cannot reach the store at this machine's loopback.
+	if !strings.Contains(stdout, "skiffd --name node2 --etcd-endpoints https://STORE-ADDRESS:2379 --etcd-cafile /etc/skiff/pki/ca.crt") ||
+		!strings.Contains(stderr, "is this machine's loopback") {
+		t.Errorf("join command %q, %q; want the store's network address asked for", stdout, stderr)
 	}
 	creds := store.TLS{CAFile: filepath.Join(out, "ca.crt"), CertFile: filepath.Join(out, "node2.crt"), KeyFile: filepath.Join(out, "node2.key")}
 	if cn, err := creds.CommonName(); err != nil || cn != "node2" {
@@ -78,5 +82,16 @@ func TestCertIssueMakesUser(t *testing.T) {
 	}
 	if code, _, stderr := run(t, "cert", "allow", "--ca-dir", e.PKI.Dir, "--name", "root", "--etcd-endpoints", e.URL); code != 1 || !strings.Contains(stderr, "reserved") {
 		t.Errorf("allow root: exit %d, %q", code, stderr)
+	}
+}
+
+func TestLoopbackURL(t *testing.T) {
+	for url, want := range map[string]bool{
+		"https://127.0.0.1:2379": true, "https://localhost:2379": true, "https://127.0.0.1:1,https://[::1]:2379": true,
+		"https://10.0.0.1:2379": false, "https://127.0.0.1:2379,https://10.0.0.2:2379": false, "https://node1:2379": false,
+	} {
+		if got := loopbackURL(url); got != want {
+			t.Errorf("loopbackURL(%q) = %v", url, got)
+		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/version"
 )
 
 // Env is what a command sees of the world.
@@ -66,7 +67,7 @@ func init() {
 		"cert":            {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":           {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
-			fmt.Fprintln(env.Stdout, "skiff", api.Version)
+			fmt.Fprintln(env.Stdout, "skiff", version.String())
 			return nil
 		}},
 	}

@@ -6,13 +6,13 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cni"
+	"github.com/skiffnet/skiff/version"
 )
 
 // A CNI plugin may switch network namespaces; keep main on one OS thread.
 func init() { runtime.LockOSThread() }
 
 func main() {
-	skel.PluginMainFuncs(cni.Funcs, cni.SpecVersions, "skiff-cni "+api.Version)
+	skel.PluginMainFuncs(cni.Funcs, cni.SpecVersions, "skiff-cni "+version.String())
 }

@@ -25,13 +25,17 @@ import (
 	"github.com/skiffnet/skiff/sockets/seccomp"
 	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/version"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "skiffd:", err)
-		}
+	err := run(os.Args[1:])
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		// --help: the usage went to stderr; asking for it is no failure.
+	default:
+		fmt.Fprintln(os.Stderr, "skiffd:", err)
 		os.Exit(2)
 	}
 }
@@ -97,11 +101,24 @@ func run(args []string) error {
 	fs.IntVar(&steer.HeavyBytes, "steering-heavy", steering.DefaultHeavyBytes, "steering layer: bytes a flow carries in a millisecond before its stages spread (-1: every flow)")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	config := fs.String("config", "", "read flags from this file, one \"flag = value\" a line (deploy/skiffd.conf); the command line overrides it")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	// A config file is read before --version, so that
+	// skiffd --config FILE --version checks the file.
+	if *config != "" {
+		if err := applyConfig(fs, *config); err != nil {
+			return err
+		}
+	}
+	if *showVersion {
+		fmt.Println("skiffd", version.String())
+		return nil
 	}
 	var layerList []string
 	if set(fs, "layers") {
@@ -121,6 +138,7 @@ func run(args []string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log.Info("skiffd starting", "version", version.Release, "commit", version.Commit(), "host", *name)
 	prefix, err := netip.ParsePrefix(*cidr)
 	if err != nil {
 		return fmt.Errorf("--cluster-cidr: %w", err)
