@@ -310,7 +310,7 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 		return fmt.Errorf("read the channel map: %w", err)
 	}
 	var errs []error
-// In batches of what skch_kill holds, run in each namespace involved.
+	// In batches of what skch_kill holds, run in each namespace involved.
 	for batch := int(l.objs.SkchKill.MaxEntries()); len(kill) > 0; kill = kill[min(batch, len(kill)):] {
 		part := kill[:min(batch, len(kill))]
 		for _, c := range part {
