@@ -111,3 +111,61 @@ func (c Chain) Remove() {
 		Run("-t", c.Table, "-X", c.Name)
 	}
 }
+
+// RemoveChains removes, from every table, the chains whose names start
+// with prefix and every rule of other chains that jumps to one, in one
+// iptables-restore per table, and returns what it removed ("table/chain").
+// It works from what iptables-save shows, so it removes what any version
+// of skiff made.
+func RemoveChains(prefix string) ([]string, error) {
+	var removed []string
+	for _, table := range []string{"raw", "mangle", "nat", "filter"} {
+		out, err := exec.Command("iptables-save", "-t", table).Output()
+		if err != nil {
+			return removed, fmt.Errorf("iptables-save -t %s: %w", table, err)
+		}
+		in, chains := removal(string(out), prefix)
+		if len(chains) == 0 {
+			continue
+		}
+		if err := Restore("*" + table + "\n" + in + "COMMIT\n"); err != nil {
+			return removed, err
+		}
+		for _, c := range chains {
+			removed = append(removed, table+"/"+c)
+		}
+	}
+	return removed, nil
+}
+
+// removal returns the iptables-restore lines that delete, from one table's
+// iptables-save output, the chains named prefix* and the jumps into them,
+// and those chains' names.
+func removal(save, prefix string) (string, []string) {
+	var chains []string
+	var del strings.Builder
+	for _, line := range strings.Split(save, "\n") {
+		if name, ok := strings.CutPrefix(line, ":"+prefix); ok {
+			chains = append(chains, prefix+strings.Fields(name)[0])
+			continue
+		}
+		rule, ok := strings.CutPrefix(line, "-A ")
+		if !ok || strings.HasPrefix(rule, prefix) {
+			continue // the chain goes whole
+		}
+		f := strings.Fields(rule)
+		for i := 1; i+1 < len(f); i++ {
+			if (f[i] == "-j" || f[i] == "-g") && strings.HasPrefix(f[i+1], prefix) {
+				fmt.Fprintf(&del, "-D %s\n", rule)
+				break
+			}
+		}
+	}
+	for _, c := range chains {
+		fmt.Fprintf(&del, "-F %s\n", c)
+	}
+	for _, c := range chains {
+		fmt.Fprintf(&del, "-X %s\n", c)
+	}
+	return del.String(), chains
+}

@@ -6,6 +6,7 @@ package tc
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -102,4 +103,25 @@ func Detach(h *netlink.Handle, link netlink.Link, hook uint32, name string) erro
 		}
 	}
 	return nil
+}
+
+// DetachPrefix removes from both hooks of link every filter whose name
+// starts with prefix, and returns how many it removed.
+func DetachPrefix(h *netlink.Handle, link netlink.Link, prefix string) (int, error) {
+	n := 0
+	for _, hook := range []uint32{Ingress, Egress} {
+		filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
+		if err != nil {
+			return n, fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, prefix) {
+				if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+					return n, fmt.Errorf("detach %s from %s: %w", bf.Name, link.Attrs().Name, err)
+				}
+				n++
+			}
+		}
+	}
+	return n, nil
 }

@@ -103,6 +103,7 @@ func run(args []string) error {
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "read flags from this file, one \"flag = value\" a line (deploy/skiffd.conf); the command line overrides it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	cleanup := fs.Bool("cleanup", false, "remove everything skiffd made on this host (devices, iptables chains, tc filters, pinned eBPF state, brokers, state files; an embedded etcd's data stays) and exit; skiffd must be stopped")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -119,6 +120,9 @@ func run(args []string) error {
 	if *showVersion {
 		fmt.Println("skiffd", version.String())
 		return nil
+	}
+	if *cleanup {
+		return cleanupHost(agent.CleanupConfig{StateDir: *stateDir, BPFDir: *bpfDir, Socket: *socket, SeccompSocket: *seccompSocket, Keep: splitList(*embedded)})
 	}
 	var layerList []string
 	if set(fs, "layers") {
@@ -209,6 +213,19 @@ func run(args []string) error {
 		return err
 	}
 	return nil
+}
+
+// cleanupHost runs skiffd --cleanup and says what it removed.
+func cleanupHost(cfg agent.CleanupConfig) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	removed, err := agent.Cleanup(cfg, log)
+	for _, r := range removed {
+		fmt.Println("removed", r)
+	}
+	if len(removed) == 0 && err == nil {
+		fmt.Println("nothing of skiff's left on this host")
+	}
+	return err
 }
 
 // memberFlags makes the embedded etcd a member of several, named after
