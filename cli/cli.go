@@ -66,6 +66,7 @@ func init() {
 		"seccomp-profile": {summary: "print the seccomp profile that gives unmodified images host sockets (sockets layer)", run: cmdSeccompProfile},
 		"cert":            {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":           {summary: "measure every data-plane mode against the host network", run: cmdBench},
+		"doctor":          {summary: "what this host has and lacks for skiff and each layer, with the fix", run: cmdDoctor},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", version.String())
 			return nil
