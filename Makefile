@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 CMDS    := skiff skiffd skiff-cni
 
-.PHONY: all deps build test unit run clean vet bench-check install uninstall install-check
+.PHONY: all deps build test unit run clean vet bench-check install uninstall install-check check-generated
 
 all: build
 
@@ -25,8 +25,15 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
+# The committed eBPF objects are what their C sources compile to: every
+# package with a gen.go regenerated, and nothing may differ.
+check-generated:
+	$(GO) generate $(addprefix ./,$(dir $(wildcard */gen.go)))
+	@git diff --quiet -- '*_bpfel.go' '*_bpfel.o' || { git diff --stat -- '*_bpfel.go' '*_bpfel.o'; \
+		echo "committed eBPF objects differ from their C sources: run go generate and commit them"; exit 1; }
+
 # Unit tests, eBPF golden-packet tests and lab integration tests.
-test: build vet install-check
+test: build vet install-check check-generated
 	$(MAKE) -C perf test
 	$(MAKE) -C sockets/shim test
 	SKIFF_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
