@@ -346,7 +346,11 @@ func limitChangesLive(t *testing.T, id string, was, to float64, cmd *exec.Cmd) {
 	}
 	before, after = before/nb, after/na
 	t.Logf("live change at %.1f s: %.1f Mbit/s before (limit %.0f), %.1f Mbit/s from a second after (limit %.0f)", set, before/1e6, was/1e6, after/1e6, to/1e6)
-	if after < 0.9*to || after > 1.1*to || before < 0.9*was || before > 1.1*was {
+	// What a limit promises: never above it (5 % for the intervals'
+	// edges), and at it — goodput is about 0.95 of the rate before
+	// headers, 0.89 seen once on a busy machine — from a second after the
+	// change.
+	if after < 0.85*to || after > 1.05*to || before < 0.85*was || before > 1.05*was {
 		t.Errorf("rate %.1f Mbit/s before the change (limit %.0f) and %.1f after (limit %.0f)", before/1e6, was/1e6, after/1e6, to/1e6)
 	}
 }
