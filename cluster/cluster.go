@@ -116,3 +116,11 @@ type Listener struct {
 	Host string         `json:"host"`
 	Addr netip.AddrPort `json:"addr"`
 }
+
+// Gateway is the bridge address of a host subnet (.1).
+func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
+
+// VTEPAddr is the overlay address of a host's VXLAN device: the subnet's
+// network address, as in Flannel, so the neighbour entry for a remote host can
+// be derived from its subnet alone.
+func VTEPAddr(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr() }

@@ -29,14 +29,6 @@ var ErrInUse = errors.New("address in use")
 // ErrNotInSubnet means an address asked for is not one this host gives.
 var ErrNotInSubnet = errors.New("not an address of this host's subnet")
 
-// Gateway is the bridge address of a host subnet (.1).
-func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
-
-// VTEPAddr is the overlay address of a host's VXLAN device: the subnet's
-// network address, as in Flannel, so the neighbour entry for a remote host can
-// be derived from its subnet alone.
-func VTEPAddr(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr() }
-
 // Subnets enumerates the host subnets of the cluster in address order.
 func Subnets(c cluster.Config) []netip.Prefix {
 	n := 1 << (c.HostPrefix - c.CIDR.Bits())
@@ -62,7 +54,7 @@ func addU32(a netip.Addr, n uint32) netip.Addr {
 func hostAddrs(subnet netip.Prefix) []netip.Addr {
 	var out []netip.Addr
 	last := broadcast(subnet)
-	for a := Gateway(subnet).Next(); a.Less(last); a = a.Next() {
+	for a := cluster.Gateway(subnet).Next(); a.Less(last); a = a.Next() {
 		out = append(out, a)
 	}
 	return out
@@ -222,7 +214,7 @@ func freeSubnet(c cluster.Config, holders map[netip.Prefix]store.Claim, prefer n
 func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluster.Endpoint) (cluster.Endpoint, error) {
 	epKey := store.KeyOf(e)
 	want := e.IP.Addr()
-	if first, last := Gateway(subnet).Next(), broadcast(subnet).Prev(); e.IP.IsValid() && (want.Less(first) || last.Less(want)) {
+	if first, last := cluster.Gateway(subnet).Next(), broadcast(subnet).Prev(); e.IP.IsValid() && (want.Less(first) || last.Less(want)) {
 		return cluster.Endpoint{}, fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet, first, last)
 	}
 	for attempt := 0; attempt < 16; attempt++ {

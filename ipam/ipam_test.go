@@ -25,7 +25,7 @@ func TestSubnets(t *testing.T) {
 	if len(addrs) != 253 || addrs[0].String() != "10.244.3.2" || addrs[252].String() != "10.244.3.254" {
 		t.Fatalf("host addrs: %d, %v..%v", len(addrs), addrs[0], addrs[len(addrs)-1])
 	}
-	if Gateway(got[3]).String() != "10.244.3.1" || VTEPAddr(got[3]).String() != "10.244.3.0" {
+	if cluster.Gateway(got[3]).String() != "10.244.3.1" || cluster.VTEPAddr(got[3]).String() != "10.244.3.0" {
 		t.Fatal("gateway or VTEP address wrong")
 	}
 }

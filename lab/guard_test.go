@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
@@ -53,7 +53,7 @@ func TestGuardKeepsContainersFromControlPlane(t *testing.T) {
 			}
 			for _, h := range l.Hosts {
 				targets[netip.AddrPortFrom(h.UnderlayIP, metricsPort)] = "h1"
-				targets[netip.AddrPortFrom(ipam.Gateway(hostSubnet(t, l, h.Name)), metricsPort)] = h.Name
+				targets[netip.AddrPortFrom(cluster.Gateway(hostSubnet(t, l, h.Name)), metricsPort)] = h.Name
 			}
 			args = nil
 			for a, host := range targets {
@@ -107,7 +107,7 @@ func TestGuardDropsForgedVXLAN(t *testing.T) {
 		name := fmt.Sprintf("%s to %s", tc.from, tc.to)
 		victim, _ := l.IP(tc.victim)
 		dstHost, _ := l.IP(tc.to)
-		spoofed := ipam.Gateway(hostSubnet(t, l, "h1")).Next().Next().Next() // unassigned, h1's subnet
+		spoofed := cluster.Gateway(hostSubnet(t, l, "h1")).Next().Next().Next() // unassigned, h1's subnet
 		frame := forgedVXLAN(overlay.VTEPMAC(dstHost), spoofed, victim, 0, port, []byte(name))
 		var conn *net.UDPConn
 		if err := l.Do(tc.victim, func() (err error) {

@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
 	"github.com/skiffnet/skiff/tc/tctest"
@@ -128,7 +128,7 @@ func TestSourceCheck(t *testing.T) {
 				warmFlow(t, l, nbr.Name, remote.Name, recvRemote)
 			}
 			subnet := hostSubnet(t, l, "h1")
-			gw := ipam.Gateway(subnet)
+			gw := cluster.Gateway(subnet)
 			outside := netip.MustParseAddr("192.0.2.77")
 			unassigned := gw
 			for range 200 {

@@ -50,7 +50,6 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/store"
 )
 
 // Layer is one running data-plane layer of a host. The agent calls its
@@ -100,8 +99,15 @@ type Env struct {
 	Underlay string // underlay device
 	PinDir   string // the layer's bpffs directory: <bpf-dir>/<name>
 	StateDir string // the agent's state directory (shared; name files after the layer)
-	Store    *store.Store
-	Log      *slog.Logger
+	// Listeners publishes this host's replaced listeners to the cluster
+	// (the sockets layer's); a layer gets nothing else of the store.
+	Listeners ListenerPublisher
+	Log       *slog.Logger
+}
+
+// ListenerPublisher writes a host's listeners to the cluster store.
+type ListenerPublisher interface {
+	SetListeners(ctx context.Context, host string, ls []cluster.Listener) error
 }
 
 // Needs is what a layer needs the agent to watch and read.

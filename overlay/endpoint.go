@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 )
@@ -191,7 +190,7 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 			return Attachment{}, fmt.Errorf("set container %s up: %w", l, err)
 		}
 	}
-	gw := ipam.Gateway(e.IP)
+	gw := cluster.Gateway(e.IP)
 	dst := o.routeTo(e)
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: c.Attrs().Index, Dst: prefixNet(dst), Gw: gw.AsSlice()}); err != nil {
 		return Attachment{}, fmt.Errorf("route to %s via %s in container: %w", dst, gw, err)
@@ -294,7 +293,7 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 	if !found {
 		return Attachment{}, fmt.Errorf("container %s lacks address %s", e.IfName, e.IP)
 	}
-	gw := ipam.Gateway(e.IP)
+	gw := cluster.Gateway(e.IP)
 	routes, err := h.RouteList(c, netlink.FAMILY_V4)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("routes of container %s: %w", e.IfName, err)

@@ -23,7 +23,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/policy"
@@ -203,7 +202,7 @@ func (o *Overlay) setupBridge() error {
 			return fmt.Errorf("set %s address: %w", BridgeName, err)
 		}
 	}
-	gw := netip.PrefixFrom(ipam.Gateway(o.cfg.Host.Subnet), o.cfg.Host.Subnet.Bits())
+	gw := netip.PrefixFrom(cluster.Gateway(o.cfg.Host.Subnet), o.cfg.Host.Subnet.Bits())
 	if err := ensureOnlyAddr(br, gw); err != nil {
 		return err
 	}
@@ -252,7 +251,7 @@ func (o *Overlay) setupVXLAN() error {
 			return fmt.Errorf("set %s MAC: %w", VXLANName, err)
 		}
 	}
-	if err := ensureOnlyAddr(vx, netip.PrefixFrom(ipam.VTEPAddr(c.Host.Subnet), 32)); err != nil {
+	if err := ensureOnlyAddr(vx, netip.PrefixFrom(cluster.VTEPAddr(c.Host.Subnet), 32)); err != nil {
 		return err
 	}
 	return ensureUpMTU(vx, o.mtu)
@@ -339,7 +338,7 @@ func (o *Overlay) SyncHosts(hosts []cluster.Host) error {
 			errs = append(errs, fmt.Errorf("host %s: VTEP MAC %q: %w", h.Name, h.VTEPMAC, err))
 			continue
 		}
-		vtep := ipam.VTEPAddr(h.Subnet)
+		vtep := cluster.VTEPAddr(h.Subnet)
 		routes[h.Subnet.String()] = true
 		neighs[vtep.String()] = true
 		fdb[mac.String()] = true

@@ -9,7 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/skiffnet/skiff/bpfmap"
-	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -141,7 +141,7 @@ func (l *Layer) hostAddress(a netip.Addr) bool {
 		return false
 	}
 	subnet := netip.PrefixFrom(a, l.cfg.Cluster.HostPrefix)
-	return a == ipam.VTEPAddr(subnet) || a == ipam.Gateway(subnet)
+	return a == cluster.VTEPAddr(subnet) || a == cluster.Gateway(subnet)
 }
 
 // end destroys the replaced sockets kill selects.

@@ -196,7 +196,7 @@ func publishListeners(ctx context.Context, env layer.Env, l *Layer, changed <-ch
 	for {
 		ls, err := l.LocalListeners()
 		if err == nil {
-			err = env.Store.SetListeners(ctx, env.Host.Name, ls)
+			err = env.Listeners.SetListeners(ctx, env.Host.Name, ls)
 		}
 		if err != nil && ctx.Err() == nil {
 			env.Log.Warn("publish listeners", "err", err)
