@@ -29,7 +29,7 @@ vet:
 # package with a gen.go regenerated, and nothing may differ.
 check-generated:
 	$(GO) generate $(addprefix ./,$(dir $(wildcard */gen.go)))
-	@git diff --quiet -- '*_bpfel.go' '*_bpfel.o' || { git diff --stat -- '*_bpfel.go' '*_bpfel.o'; \
+	@git diff --quiet -- '*_bpfel*.go' '*_bpfel*.o' || { git diff --stat -- '*_bpfel*.go' '*_bpfel*.o'; \
 		echo "committed eBPF objects differ from their C sources: run go generate and commit them"; exit 1; }
 
 # Unit tests, eBPF golden-packet tests and lab integration tests.
