@@ -617,6 +617,37 @@ func TestSocketsPrivilegedContainer(t *testing.T) {
 			t.Errorf("the privileged container has a replaced listener %s", s)
 		}
 	}
+
+	// A process granted CAP_NET_ADMIN that drops it from its bounding set
+	// (PR_CAPBSET_DROP: runtimes grant CAP_SETPCAP) keeps it permitted and
+	// effective: still privileged, found all the same.
+	dropper, err := l.AddContainer(ctx, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	drop, err := l.CommandCaps(ctx, RuntimeCaps+",+net_admin", dropper, "python3", "-c", `
+import ctypes, sys, time
+if ctypes.CDLL(None, use_errno=True).prctl(24, 12, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_NET_ADMIN
+    sys.exit("prctl: errno %d" % ctypes.get_errno())
+caps = {l.split(":")[0]: int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("Cap")}
+print("bnd", caps["CapBnd"] >> 12 & 1, "eff", caps["CapEff"] >> 12 & 1, flush=True)
+time.sleep(60)
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := startProc(t, drop, true)
+	if got := dp.line(t, 10*time.Second); got != "bnd 0 eff 1" {
+		t.Fatalf("the dropping process: %q, want NET_ADMIN out of its bounding set and still effective", got)
+	}
+	if _, err := eventually(5*time.Second, func() error {
+		if pid := privileged(dropper); pid != drop.Process.Pid {
+			return fmt.Errorf("h1 reports privileged pid %d for %s, want %d (NET_ADMIN effective, dropped from the bounding set)", pid, dropper, drop.Process.Pid)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
 }
 
 // TestSocketsHostReach: the host's own processes (a kubelet's probes, a

@@ -181,28 +181,60 @@ static uint64_t mono_ms(void)
 #define CAP_NET_ADMIN_BIT 12
 #define CAP_SYS_ADMIN_BIT 21
 
+/* Whether a /proc status file shows CAP_NET_ADMIN or CAP_SYS_ADMIN in any
+ * capability set: effective, permitted, inheritable, ambient or bounding.
+ * The bounding set alone is not enough: a process may drop a capability
+ * from it (PR_CAPBSET_DROP, with CAP_SETPCAP, which runtimes grant) and
+ * keep it permitted and effective. An unreadable file counts as
+ * privileged. */
+static int status_privileged(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -1;
+	char line[256];
+	unsigned long long all = 0, v;
+	int sets = 0;
+	while (fgets(line, sizeof line, f)) {
+		char name[8];
+		if (sscanf(line, "Cap%3[a-zA-Z]: %llx", name, &v) == 2) {
+			all |= v;
+			sets++;
+		}
+	}
+	fclose(f);
+	if (sets < 5)
+		return 1;
+	return (all & (1ull << CAP_NET_ADMIN_BIT | 1ull << CAP_SYS_ADMIN_BIT)) != 0;
+}
+
 /* Whether pid lives in the host's user namespace with CAP_NET_ADMIN or
- * CAP_SYS_ADMIN in its bounding set (which limits what it or any program it
- * runs can ever hold). A process that has gone is not. */
+ * CAP_SYS_ADMIN in any capability set of any of its threads (threads hold
+ * their own sets: capset(2) is per thread). A process that has gone is
+ * not. */
 static int privileged(pid_t pid)
 {
-	char path[64];
+	char path[96];
 	struct stat st;
 	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
 	if (pid <= 0 || pid == getpid() || stat(path, &st) < 0 || st.st_dev != g_userns.st_dev ||
 	    st.st_ino != g_userns.st_ino)
 		return 0;
-	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return 0;
-	char line[256];
-	unsigned long long bnd = 0;
-	int found = 0;
-	while (!found && fgets(line, sizeof line, f))
-		found = sscanf(line, "CapBnd: %llx", &bnd) == 1;
-	fclose(f);
-	return found && (bnd & (1ull << CAP_NET_ADMIN_BIT | 1ull << CAP_SYS_ADMIN_BIT));
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (!d) {
+		snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+		return status_privileged(path) == 1;
+	}
+	int priv = 0;
+	for (struct dirent *e; !priv && (e = readdir(d));) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/task/%.16s/status", (int)pid, e->d_name);
+		priv = status_privileged(path) == 1; /* a thread gone (-1) is not */
+	}
+	closedir(d);
+	return priv;
 }
 
 /* Adds the privileged processes of cgroup dir and the cgroups below it to
