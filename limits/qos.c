@@ -4,7 +4,11 @@
 // device (after the cache's to_underlay, which learns and never takes a
 // packet), marks the VXLAN packets of a container of the high or low
 // class: the outer header's DSCP (ECN bits kept, checksum fixed) for the
-// network beyond the host, skb->priority for this host's qdisc. It sees
+// network beyond the host, skb->priority for this host's qdisc; every
+// other VXLAN packet of the overlay gets the normal class's priority, so
+// a priority the container chose (SO_PRIORITY, or IP_TOS, which sets it)
+// never picks the underlay's band or class, nor its HTB's direct queue: a
+// packet's priority survives the veth and the cache's redirect. It sees
 // the overlay's packets and the cache's alike (both leave through the
 // underlay's egress). Host sockets get their class from sockops
 // (limits.c: IP_TOS and SO_PRIORITY on the socket), the same TOS and
@@ -76,6 +80,7 @@ int skq_underlay(struct __sk_buff *skb)
 	__be32 src = inner->saddr;
 	enum skq_class *class = bpf_map_lookup_elem(&skq_classes, &src);
 	if (!class || *class == SKQ_NORMAL) {
+		skb->priority = (HTB_MAJOR << 16) | 8; // normal
 		count(SKQ_UNCLASSED);
 		return TC_ACT_UNSPEC;
 	}

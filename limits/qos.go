@@ -130,11 +130,12 @@ func (q *QoS) ShapeUnderlay(rate uint64) error {
 	if rate == 0 {
 		return Shape(h, q.underlay, 0, 0)
 	}
-	if ours, err := shaped(h, q.underlay); err != nil {
+	if ours, err := shapedNoDirect(h, q.underlay, true); err != nil {
 		return err
 	} else if !ours {
 		qdisc := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: q.underlay.Attrs().Index, Handle: netlink.MakeHandle(handle, 0), Parent: netlink.HANDLE_ROOT})
 		qdisc.Defcls = uint32(classes[ClassNormal].minor)
+		qdisc.DirectQlen = &noDirectQueue
 		if err := h.QdiscReplace(qdisc); err != nil {
 			return fmt.Errorf("HTB on %s: %w", q.underlay.Attrs().Name, err)
 		}

@@ -13,6 +13,13 @@ import (
 // another handle is someone else's, and skiff leaves it alone.
 const handle = 0x5c
 
+// noDirectQueue is the length of skiff's HTBs' direct queue: none. HTB
+// sends a packet whose skb->priority is the qdisc's handle (5c:0) to that
+// queue, unshaped and first, and a container chooses its packets'
+// priority (SO_PRIORITY, with CAP_NET_RAW, which runtimes grant): with no
+// room there, such a packet is dropped instead of skipping the limit.
+var noDirectQueue uint32 = 0
+
 // Shape makes the root qdisc of link (through h, in link's namespace) an
 // HTB that sends at most rate bit/s with bursts of burst bits, or, with
 // rate 0, removes skiff's HTB. HTB queues what is over the rate rather
@@ -22,7 +29,7 @@ const handle = 0x5c
 func Shape(h *netlink.Handle, link netlink.Link, rate, burst uint64) error {
 	name := link.Attrs().Name
 	qdisc := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(handle, 0), Parent: netlink.HANDLE_ROOT})
-	ours, err := shaped(h, link)
+	ours, err := shapedNoDirect(h, link, rate != 0)
 	switch {
 	case err != nil:
 		return err
@@ -35,6 +42,7 @@ func Shape(h *netlink.Handle, link netlink.Link, rate, burst uint64) error {
 		return nil
 	case !ours: // HTB has no change operation: an existing one keeps its qdisc, the class changes
 		qdisc.Defcls = 1
+		qdisc.DirectQlen = &noDirectQueue
 		if err := h.QdiscReplace(qdisc); err != nil {
 			return fmt.Errorf("rate limit on %s: %w", name, err)
 		}
@@ -58,6 +66,30 @@ func setClassUnder(h *netlink.Handle, link netlink.Link, parent, minor uint16, r
 		return fmt.Errorf("rate limit class %x:%x on %s: %w", handle, minor, link.Attrs().Name, err)
 	}
 	return nil
+}
+
+// shapedNoDirect is shaped, but removes first (when keep) an HTB of skiff's
+// that an earlier version made with a direct queue: HTB cannot change it
+// in place, and the limit is unshaped for the moment it takes.
+func shapedNoDirect(h *netlink.Handle, link netlink.Link, keep bool) (bool, error) {
+	ours, err := shaped(h, link)
+	if err != nil || !ours || !keep {
+		return ours, err
+	}
+	qdiscs, err := h.QdiscList(link)
+	if err != nil {
+		return false, fmt.Errorf("qdiscs of %s: %w", link.Attrs().Name, err)
+	}
+	for _, q := range qdiscs {
+		if htb, ok := q.(*netlink.Htb); ok && htb.Parent == netlink.HANDLE_ROOT && htb.Handle == netlink.MakeHandle(handle, 0) &&
+			htb.DirectQlen != nil && *htb.DirectQlen != 0 {
+			if err := h.QdiscDel(htb); err != nil && !errors.Is(err, unix.ENOENT) {
+				return false, fmt.Errorf("replace the HTB of %s: %w", link.Attrs().Name, err)
+			}
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // shaped reports whether link's root qdisc is skiff's HTB.

@@ -120,7 +120,7 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 			err = o.src.guard(host, e.IP.Addr(), mac)
 		}
 		if err == nil {
-			err = reshape(e, host)
+			err = o.reshape(e, host)
 		}
 		if err != nil {
 			return Attachment{}, err
@@ -196,7 +196,7 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 		return Attachment{}, fmt.Errorf("route to %s via %s in container: %w", dst, gw, err)
 	}
 	if !e.Limit.None() { // a new veth pair has no qdisc of skiff's to remove
-		if err := shape(h, c, host, e.Limit); err != nil {
+		if err := o.shape(h, c, host, e.Limit); err != nil {
 			return Attachment{}, err
 		}
 	}
@@ -206,11 +206,14 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 // shape puts a rate limit on a veth pair: egress on the container's
 // interface c (through h, in its namespace: before any skiff program sees
 // a packet, so every layer that takes the packet from the host veth gets
-// it shaped), ingress on the host veth's egress, where the overlay and the
-// cache (cache.c: a shaped endpoint's packets are not redirected to the
-// peer) deliver. Limits of zero remove skiff's qdiscs.
-func shape(h *netlink.Handle, c, host netlink.Link, l limits.Limit) error {
+// it shaped) and, where the container cannot send around it, policed on
+// the host veth's ingress (police.c: a packet socket bypasses the
+// container's qdisc); ingress on the host veth's egress, where the overlay
+// and the cache (cache.c: a shaped endpoint's packets are not redirected
+// to the peer) deliver. Limits of zero remove skiff's qdiscs and policer.
+func (o *Overlay) shape(h *netlink.Handle, c, host netlink.Link, l limits.Limit) error {
 	return errors.Join(limits.Shape(h, c, l.EgressRate, l.EgressBurst),
+		o.police.Set(&netlink.Handle{}, host, l.EgressRate, l.EgressBurst),
 		limits.Shape(&netlink.Handle{}, host, l.IngressRate, l.IngressBurst))
 }
 
@@ -334,13 +337,14 @@ func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	if err := deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth); err != nil {
 		return err
 	}
-	if o.src == nil {
+	if o.src == nil || ifindex == 0 {
 		return nil
 	}
-	if ifindex == 0 {
-		return nil
+	var err error
+	if o.police != nil {
+		err = o.police.Forget(ifindex)
 	}
-	return o.src.unguard(ifindex)
+	return errors.Join(err, o.src.unguard(ifindex))
 }
 
 func deleteLink(byName func(string) (netlink.Link, error), del func(netlink.Link) error, name string) error {

@@ -45,7 +45,7 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 		}
 		host, err := netlink.LinkByName(e.Veth)
 		if err == nil {
-			err = reshape(e, host)
+			err = o.reshape(e, host)
 		}
 		if err != nil {
 			if prev, ok := o.limitErrs[key]; !ok || prev != err.Error() {
@@ -57,6 +57,19 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 		shaped[key] = e.Limit
 	}
 	o.shaped, o.limitErrs = shaped, failed
+	if repair && o.police != nil {
+		// Policers of veths no limited endpoint has (containers deleted
+		// while the agent was down) go.
+		keep := map[uint32]bool{}
+		for _, e := range eps {
+			if l, err := netlink.LinkByName(e.Veth); err == nil && e.Limit.EgressRate != 0 {
+				keep[uint32(l.Attrs().Index)] = true
+			}
+		}
+		if err := o.police.Prune(keep); err != nil {
+			o.log.Warn("prune egress policers", "err", err)
+		}
+	}
 	if o.qos == nil {
 		return
 	}
@@ -67,12 +80,13 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 
 // reshape applies e's limit, as it is now, to an endpoint built earlier
 // (host is its host veth). An endpoint whose namespace skiffd cannot enter
-// again (NetnsHidden) gets its ingress limit; its egress limit, in its
-// namespace, stays the one it had at ADD.
-func reshape(e cluster.Endpoint, host netlink.Link) error {
+// again (NetnsHidden) gets its ingress limit and its egress policer; the
+// egress HTB, in its namespace, stays the one it had at ADD.
+func (o *Overlay) reshape(e cluster.Endpoint, host netlink.Link) error {
 	h, _, done, err := inNetns(e)
 	if errors.Is(err, ErrNetnsHidden) {
-		return limits.Shape(&netlink.Handle{}, host, e.Limit.IngressRate, e.Limit.IngressBurst)
+		return errors.Join(limits.Shape(&netlink.Handle{}, host, e.Limit.IngressRate, e.Limit.IngressBurst),
+			o.police.Set(&netlink.Handle{}, host, e.Limit.EgressRate, e.Limit.EgressBurst))
 	}
 	if err != nil {
 		return err
@@ -82,7 +96,7 @@ func reshape(e cluster.Endpoint, host netlink.Link) error {
 	if err != nil {
 		return fmt.Errorf("container %s: %w", e.IfName, err)
 	}
-	return shape(h, c, host, e.Limit)
+	return o.shape(h, c, host, e.Limit)
 }
 
 // QoSCounters are the QoS marking program's counters.

@@ -59,6 +59,7 @@ type Overlay struct {
 	guard    string      // the guard chains last written
 	src      *sourceCheck
 	qos      *limits.QoS
+	police   *limits.Police
 	// shaped is the rate limit SyncLimits last applied to each local
 	// endpoint (container ID/interface), limitErrs why it could not.
 	shaped    map[string]limits.Limit
@@ -88,6 +89,9 @@ func (o *Overlay) Close() error {
 	}
 	if o.qos != nil {
 		errs = append(errs, o.qos.Close())
+	}
+	if o.police != nil {
+		errs = append(errs, o.police.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -161,6 +165,13 @@ func (o *Overlay) Setup() error {
 			return err
 		}
 		o.qos = q
+	}
+	if o.police == nil {
+		p, err := limits.LoadPolice(o.cfg.PinDir, o.log)
+		if err != nil {
+			return err
+		}
+		o.police = p
 	}
 	if err := o.qos.ShapeUnderlay(o.cfg.UnderlayRate); err != nil {
 		return err

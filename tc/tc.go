@@ -26,17 +26,19 @@ const (
 // filter sees it; one that takes it (redirect, drop, or "the stack's":
 // TC_ACT_OK) ends the hook. Only a container's host-side veth carries
 // filters of several: the overlay's source check first (every layer sees
-// only what it passed), then the sockets layer (its checks of a
-// container's TCP must see every packet, and packets it turns to the host
-// stack are no other layer's), then the cache (its fast path redirects
-// what it takes). docs/layers.md has the whole map.
+// only what it passed), then a limited container's egress policer (no
+// layer may carry what is over the limit), then the sockets layer (its
+// checks of a container's TCP must see every packet, and packets it turns
+// to the host stack are no other layer's), then the cache (its fast path
+// redirects what it takes). docs/layers.md has the whole map.
 const (
 	PrioSource  = 1
-	PrioSockets = 2
-	PrioCache   = 3
+	PrioPolice  = 2
+	PrioSockets = 3
+	PrioCache   = 4
 	// PrioLimits is the ingress shaping of host sockets (limits.c) on the
 	// underlay and lo, after the cache (which takes VXLAN packets only).
-	PrioLimits = 4
+	PrioLimits = 5
 )
 
 // Attach puts prog, named name, on link's hook (clsact, direct action) at
