@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/version"
 )
@@ -247,6 +249,9 @@ func validate(req api.AddRequest, del bool) error {
 			return badRequest(err)
 		}
 	}
+	if err := cluster.ValidateCgroup(req.Cgroup); err != nil {
+		return badRequest(err)
+	}
 	if err := req.Limit.Validate(); err != nil {
 		return badRequest(fmt.Errorf("rate limit: %w", err))
 	}
@@ -255,6 +260,43 @@ func validate(req api.AddRequest, del bool) error {
 	}
 	return nil
 }
+
+// unshared refuses an ADD whose cgroup or MAC is another local
+// endpoint's, or whose cgroup holds skiffd itself: the sockets layer knows
+// a container by its cgroup (one container would get another's identity,
+// or the host's processes would all count as a container), the cache and
+// the source check by its MAC. The same container's other interfaces
+// share its cgroup.
+func (a *Agent) unshared(ctx context.Context, req api.AddRequest) error {
+	if req.Cgroup != "" {
+		cg, own := sockets.CgroupRel(req.Cgroup), sockets.OwnCgroup()
+		if within(own, cg) {
+			return badRequest(fmt.Errorf("cgroup %q holds skiffd itself (%s): a container's cgroup is its own", req.Cgroup, own))
+		}
+	}
+	if req.Cgroup == "" && req.MAC == "" {
+		return nil
+	}
+	eps, err := a.store.Endpoints(ctx, a.host.Name)
+	if err != nil {
+		return fmt.Errorf("read this host's endpoints: %w", err)
+	}
+	for _, e := range eps {
+		if e.ContainerID == req.ContainerID && e.IfName == req.IfName {
+			continue // this endpoint, added again
+		}
+		if req.Cgroup != "" && e.Cgroup != "" && e.ContainerID != req.ContainerID && sockets.CgroupRel(e.Cgroup) == sockets.CgroupRel(req.Cgroup) {
+			return badRequest(fmt.Errorf("cgroup %q is container %s's", req.Cgroup, e.ContainerID))
+		}
+		if req.MAC != "" && strings.EqualFold(e.MAC, req.MAC) {
+			return badRequest(fmt.Errorf("MAC %s is container %s's (%s)", req.MAC, e.ContainerID, e.IfName))
+		}
+	}
+	return nil
+}
+
+// within reports whether cgroup path p is c or below it.
+func within(p, c string) bool { return p == c || c == "/" || strings.HasPrefix(p, c+"/") }
 
 func (a *Agent) attachment(e cluster.Endpoint, o overlay.Attachment) api.Attachment {
 	return api.Attachment{Endpoint: e, Gateway: o.Gateway.String(), MTU: o.MTU, HostVethMAC: o.HostVethMAC,
@@ -281,6 +323,9 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.unshared(ctx, req); err != nil {
+		return api.Attachment{}, err
+	}
 	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
 		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit}

@@ -86,3 +86,28 @@ func ParseMAC(s string) (net.HardwareAddr, error) {
 	}
 	return hw, nil
 }
+
+// ValidateCgroup checks a container's cgroup as a runtime passes it (CNI
+// cgroupPath; "" is none): a path, relative to the cgroup v2 mount or on
+// it, or what a systemd cgroup driver names. It must name a cgroup below
+// the root: "/", "." or "-.slice" would put the sockets layer's hooks on
+// every process of the host, and ".." could climb anywhere.
+func ValidateCgroup(p string) error {
+	switch {
+	case p == "":
+		return nil
+	case len(p) > 4095 || strings.ContainsRune(p, 0):
+		return fmt.Errorf("cgroup %.64q: too long, or holds a NUL", p)
+	case p == "-.slice" || strings.HasPrefix(p, "-.slice:"):
+		return fmt.Errorf("cgroup %q is the root: a container's cgroup is below it", p)
+	}
+	for _, part := range strings.FieldsFunc(p, func(r rune) bool { return r == '/' || r == ':' }) {
+		if part == ".." {
+			return fmt.Errorf("cgroup %q climbs with \"..\"", p)
+		}
+	}
+	if c := filepath.Clean("/" + p); c == "/" {
+		return fmt.Errorf("cgroup %q is the root: a container's cgroup is below it", p)
+	}
+	return nil
+}

@@ -97,3 +97,15 @@ func TestValidMode(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateCgroup(t *testing.T) {
+	for p, ok := range map[string]bool{
+		"": true, "kubepods.slice:cri-containerd:abc": true, "/sys/fs/cgroup/unified/skiff/c1": true, "skiff/c1": true,
+		"/": false, ".": false, "//": false, "-.slice": false, "-.slice:x:y": false, "a/../..": false, "../x": false,
+		"x/..": false, "system.slice:..:x": false, "a\x00b": false,
+	} {
+		if err := ValidateCgroup(p); (err == nil) != ok {
+			t.Errorf("ValidateCgroup(%q) = %v, want ok %v", p, err, ok)
+		}
+	}
+}

@@ -131,6 +131,60 @@ func TestAPIInput(t *testing.T) {
 		}
 	})
 
+	// Issue 40 item 7: a cgroup that is the root, climbs, holds skiffd,
+	// or is another container's, and a MAC another container has, are
+	// refused (400, CNI code 4) before anything is made.
+	t.Run("cgroups and MACs", func(t *testing.T) {
+		ns := l.prefix() + "dup"
+		if err := addNetns(ns); err != nil {
+			t.Fatal(err)
+		}
+		defer l.killNetns(ctx, ns)
+		c2, _ := l.Container("h1/c2")
+		var mac string
+		eps, err := client.Endpoints(ctx, false)
+		for _, e := range eps {
+			if e.IP.Addr() == c2.IP {
+				mac = e.MAC
+			}
+		}
+		if err != nil || mac == "" {
+			t.Fatalf("h1/c2's MAC: %v %v", eps, err)
+		}
+		own, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", h1.AgentPID))
+		agentCg := "/"
+		for _, line := range strings.Split(string(own), "\n") {
+			if rest, ok := strings.CutPrefix(line, "0::"); ok {
+				agentCg = rest
+			}
+		}
+		t.Logf("skiffd's cgroup: %s", agentCg)
+		for name, req := range map[string]api.AddRequest{
+			"root":                  {Cgroup: "/"},
+			"dot":                   {Cgroup: "."},
+			"systemd root":          {Cgroup: "-.slice"},
+			"climbs":                {Cgroup: "skiff/../.."},
+			"another's cgroup":      {Cgroup: c1.Cgroup},
+			"another's MAC":         {MAC: mac},
+			"skiffd's own cgroup":   {Cgroup: agentCg},
+			"above skiffd's cgroup": {Cgroup: filepath.Dir(agentCg)},
+		} {
+			if name != "root" && (agentCg == "/" || agentCg == "") && strings.Contains(name, "skiffd") {
+				continue // the agent runs in the root cgroup: "root" covers it
+			}
+			req.ContainerID, req.IfName, req.Netns = "dup-"+strings.ReplaceAll(name, " ", "-"), "eth0", NetnsPath(ns)
+			req.ContainerID = strings.ReplaceAll(req.ContainerID, "'", "")
+			_, err := client.AddEndpoint(ctx, req)
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+				t.Errorf("ADD with %s (%+v): %v, want a bad request (400)", name, req, err)
+			}
+		}
+		if eps, err := client.Endpoints(ctx, false); err != nil || len(eps) != 2 {
+			t.Errorf("endpoints %v (%v), want h1/c1 and h1/c2 only", eps, err)
+		}
+	})
+
 	t.Run("address held", func(t *testing.T) {
 		if got := squat(t, l, "h1/c1").line(t, 10*time.Second); !strings.HasPrefix(got, "taken") {
 			t.Fatalf("an unprivileged process bound the broker's address of a running container: %q", got)

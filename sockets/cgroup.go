@@ -154,3 +154,33 @@ func RemoveCgroup(dir string) error {
 		}
 	}
 }
+
+// CgroupRel is the cgroup a runtime's cgroupPath names, as a path from the
+// cgroup v2 root ("/a/b"), whichever of its forms the runtime used (a
+// path on a mount, relative to one, or systemd's), so two endpoints'
+// cgroups compare, and compare with /proc's.
+func CgroupRel(p string) string {
+	if sp, ok := SystemdPath(p); ok {
+		return filepath.Clean("/" + sp)
+	}
+	for _, m := range []string{DefaultCgroupRoot, "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} { // longest first
+		if rest, ok := strings.CutPrefix(p, m+"/"); ok {
+			return filepath.Clean("/" + rest)
+		}
+	}
+	return filepath.Clean("/" + p)
+}
+
+// OwnCgroup is the cgroup v2 path of this process ("/" when it has none).
+func OwnCgroup() string {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "/"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok {
+			return filepath.Clean(rest)
+		}
+	}
+	return "/"
+}

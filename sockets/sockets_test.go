@@ -454,3 +454,17 @@ func TestSystemdPath(t *testing.T) {
 		}
 	}
 }
+
+// TestCgroupRel: every form of one cgroup compares equal.
+func TestCgroupRel(t *testing.T) {
+	for p, want := range map[string]string{
+		"/sys/fs/cgroup/unified/skiff/c1": "/skiff/c1", "/sys/fs/cgroup/skiff/c1": "/skiff/c1", "skiff/c1": "/skiff/c1",
+		"/run/skiff/cgroup2/skiff/c1/": "/skiff/c1", "skiff//c1": "/skiff/c1",
+		"kubepods-besteffort-pod1.slice:cri-containerd:ID": "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-ID.scope",
+		"system.slice": "/system.slice",
+	} {
+		if got := CgroupRel(p); got != want {
+			t.Errorf("CgroupRel(%q) = %q, want %q", p, got, want)
+		}
+	}
+}
