@@ -499,6 +499,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		listenErr,
 		a.overlay.SyncHosts(hosts),
 		a.overlay.SyncGuard(a.control, hosts),
+		a.overlay.SyncBridgeNetfilter(),
 		a.overlay.PruneEndpoints(eps),
 		a.overlay.SyncSources(eps),
 	)

@@ -179,6 +179,9 @@ func (o *Overlay) Setup() error {
 	if err := o.setupBridge(); err != nil {
 		return err
 	}
+	if err := o.SyncBridgeNetfilter(); err != nil {
+		return err
+	}
 	if err := o.setupVXLAN(); err != nil {
 		return err
 	}
@@ -186,6 +189,33 @@ func (o *Overlay) Setup() error {
 		return err
 	}
 	return o.setupGuard()
+}
+
+// bridgeNetfilter is the sysctl that passes bridged IPv4 packets through
+// iptables (br_netfilter; per network namespace): without it, the policy
+// chain never sees traffic between two containers of this host.
+const bridgeNetfilter = "net/bridge/bridge-nf-call-iptables"
+
+// SyncBridgeNetfilter makes sure bridged packets pass iptables, so that
+// the policy holds between containers of one host: it sets the sysctl,
+// and says so when someone had turned it off. Without br_netfilter skiff
+// cannot enforce that policy and refuses (skiff doctor says how to load
+// it).
+func (o *Overlay) SyncBridgeNetfilter() error {
+	cur, err := os.ReadFile("/proc/sys/" + bridgeNetfilter)
+	if errors.Is(err, os.ErrNotExist) {
+		return errors.New("br_netfilter is not loaded: the policy between containers of one host needs it (modprobe br_netfilter; skiff doctor)")
+	} else if err != nil {
+		return fmt.Errorf("read %s: %w", bridgeNetfilter, err)
+	}
+	if v := strings.TrimSpace(string(cur)); v != "1" {
+		if o.log != nil {
+			o.log.Warn("bridged packets did not pass iptables (the policy between containers of this host did not hold); set again",
+				"sysctl", strings.ReplaceAll(bridgeNetfilter, "/", "."), "was", v)
+		}
+		return writeSysctl(bridgeNetfilter, "1")
+	}
+	return nil
 }
 
 func writeSysctl(key, val string) error {
