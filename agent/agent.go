@@ -515,7 +515,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		errs = errors.Join(errs, layerErr(l.name, err))
 	}
 	if !hold {
-		errs = errors.Join(errs, a.overlay.SyncPolicy(rules))
+		errs = errors.Join(errs, a.overlay.SyncPolicy(rules, eps))
 	}
 	for _, l := range layers {
 		errs = errors.Join(errs, layerErr(l.name, l.Settle(ctx, v)))

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -111,7 +112,7 @@ func TestSetupIsIdempotentAndPrunes(t *testing.T) {
 			if err := o.SyncHosts(remotes); err != nil {
 				t.Fatal(err)
 			}
-			if err := o.SyncPolicy(rules); err != nil {
+			if err := o.SyncPolicy(rules, nil); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -230,4 +231,29 @@ func TestJudgeInput(t *testing.T) {
 			t.Errorf("%s after UnjudgeInput:\n%s", chainDeny, got)
 		}
 	})
+}
+
+// TestBroadcastRules: each local container's copy of a broadcast is
+// judged by the rules whose destination covers it, in order, then
+// accepted.
+func TestBroadcastRules(t *testing.T) {
+	set, _ := policy.NewSet([]policy.Rule{
+		{ID: "deny-c2", Priority: 1, Action: policy.Deny, Src: netip.MustParsePrefix("10.244.1.2/32"), Dst: netip.MustParsePrefix("10.244.1.3/32"), Proto: policy.UDP},
+		{ID: "elsewhere", Priority: 2, Action: policy.Deny, Dst: netip.MustParsePrefix("10.244.9.0/24")},
+		{ID: "allow-dns", Priority: 3, Action: policy.Allow, Proto: policy.UDP, Port: 53},
+	})
+	local := []cluster.Endpoint{
+		{Veth: "skfa", IP: netip.MustParsePrefix("10.244.1.2/32")},
+		{Veth: "skfb", IP: netip.MustParsePrefix("10.244.1.3/32")},
+	}
+	want := []string{
+		`-A SKIFF-BCAST -m physdev --physdev-out skfa -p udp --dport 53 -m comment --comment "skiff policy allow-dns" -j ACCEPT`,
+		`-A SKIFF-BCAST -m physdev --physdev-out skfa -j ACCEPT`,
+		`-A SKIFF-BCAST -m physdev --physdev-out skfb -s 10.244.1.2/32 -p udp -m comment --comment "skiff policy deny-c2" -j DROP`,
+		`-A SKIFF-BCAST -m physdev --physdev-out skfb -p udp --dport 53 -m comment --comment "skiff policy allow-dns" -j ACCEPT`,
+		`-A SKIFF-BCAST -m physdev --physdev-out skfb -j ACCEPT`,
+	}
+	if got := BroadcastRules(set, local); !slices.Equal(got, want) {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -22,6 +23,7 @@ import (
 const (
 	chainForward = "SKIFF-FORWARD"
 	chainPolicy  = "SKIFF-POLICY"
+	chainBcast   = "SKIFF-BCAST"
 	chainDeny    = "SKIFF-DENY"
 	chainNAT     = "SKIFF-POSTROUTING"
 )
@@ -35,7 +37,7 @@ var denyRule = []string{"-m", "comment", "--comment", "skiff policy deny", "-j",
 // the last policy), fills the fixed ones and hooks them into the built-in
 // chains.
 func (o *Overlay) setupChains() error {
-	for _, c := range []string{chainPolicy, chainDeny} {
+	for _, c := range []string{chainPolicy, chainDeny, chainBcast} {
 		if err := iptables.NewChain("filter", c); err != nil {
 			return err
 		}
@@ -47,7 +49,8 @@ func (o *Overlay) setupChains() error {
 	toForward := []string{"-m", "comment", "--comment", "skiff overlay", "-j", chainForward}
 	return errors.Join(
 		iptables.Chain{Table: "filter", Name: chainForward,
-			Rules: []string{"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", "-j " + chainPolicy, "-j ACCEPT"},
+			Rules: []string{"-m pkttype ! --pkt-type unicast -m physdev --physdev-is-bridged -j " + chainBcast,
+				"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", "-j " + chainPolicy, "-j ACCEPT"},
 			Jumps: []iptables.Jump{{From: "FORWARD", Rule: append([]string{"-d", cidr}, toForward...)},
 				{From: "FORWARD", Rule: append([]string{"-s", cidr}, toForward...)}},
 		}.Install(),
@@ -126,13 +129,57 @@ func PolicyRules(set policy.Set) []string {
 	return out
 }
 
+// BroadcastRules renders SKIFF-BCAST: for each local container, by the
+// bridge port a copy of a broadcast or multicast packet leaves through
+// (its host veth), the rules whose destination covers that container, in
+// order, then acceptance. Bridged non-unicast packets between containers
+// come here first: their destination address (a broadcast or a group) is
+// no container's, and would match no destination a rule names.
+func BroadcastRules(set policy.Set, local []cluster.Endpoint) []string {
+	var out []string
+	for _, e := range local {
+		port := fmt.Sprintf("-A %s -m physdev --physdev-out %s", chainBcast, e.Veth)
+		for _, r := range set {
+			if r.Dst.IsValid() && !r.Dst.Contains(e.IP.Addr()) {
+				continue
+			}
+			var b strings.Builder
+			b.WriteString(port)
+			if r.Src.IsValid() {
+				fmt.Fprintf(&b, " -s %s", r.Src)
+			}
+			if r.Proto != "" {
+				fmt.Fprintf(&b, " -p %s", r.Proto)
+			}
+			if r.Port != 0 {
+				fmt.Fprintf(&b, " --dport %d", r.Port)
+			}
+			fmt.Fprintf(&b, " -m comment --comment \"skiff policy %s\"", r.ID)
+			if r.Action == policy.Allow {
+				b.WriteString(" -j ACCEPT")
+			} else {
+				b.WriteString(" -j DROP")
+			}
+			out = append(out, b.String())
+		}
+		out = append(out, port+" -j ACCEPT")
+	}
+	return out
+}
+
 // SyncPolicy replaces SKIFF-POLICY with set, so new flows are judged by it,
 // and — when the set changed — ends established flows it denies: their
 // conntrack entries are deleted, so their next packet is a new flow that the
 // chain rejects. A policy change thus takes effect on established flows too.
-func (o *Overlay) SyncPolicy(set policy.Set) error {
+// SKIFF-BCAST judges broadcast and multicast between the local containers
+// as if each copy were addressed to the container receiving it.
+func (o *Overlay) SyncPolicy(set policy.Set, local []cluster.Endpoint) error {
 	rules := "*filter\n:" + chainPolicy + " - [0:0]\n"
 	for _, r := range PolicyRules(set) {
+		rules += r + "\n"
+	}
+	rules += ":" + chainBcast + " - [0:0]\n"
+	for _, r := range BroadcastRules(set, local) {
 		rules += r + "\n"
 	}
 	if err := iptables.Restore(rules + "COMMIT\n"); err != nil {
