@@ -48,6 +48,16 @@ func TestCleanup(t *testing.T) {
 	if len(brokers) == 0 {
 		t.Fatal("no broker runs in h1's namespace before the cleanup")
 	}
+	// The brokers' files are root's alone (issue 40 item 10).
+	files, _ := filepath.Glob(filepath.Join(state, "brokers", "*"))
+	for _, f := range append(files, filepath.Join(state, "brokers")) {
+		if fi, err := os.Stat(f); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s: mode %o, readable by others", f, fi.Mode().Perm())
+		}
+	}
+	if len(files) == 0 {
+		t.Error("no broker state files")
+	}
 	if err := l.StopAgent(context.Background(), "h1"); err != nil {
 		t.Fatal(err)
 	}

@@ -314,10 +314,14 @@ func (b *brokers) start(s *brokerSpec) error {
 // agent to take back). The agent's end becomes s.ctl, and the broker gets
 // s's seccomp listeners (those its predecessor served).
 func (b *brokers) spawn(id string, s *brokerSpec, args ...string) error {
-	if err := os.MkdirAll(b.dir(), 0o755); err != nil {
+	err := os.MkdirAll(b.dir(), 0o700)
+	if err == nil {
+		err = os.Chmod(b.dir(), 0o700) // an earlier skiff's was 0755
+	}
+	if err != nil {
 		return fmt.Errorf("broker state: %w", err)
 	}
-	logf, err := os.OpenFile(filepath.Join(b.dir(), id+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(filepath.Join(b.dir(), id+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("broker log: %w", err)
 	}
@@ -343,7 +347,7 @@ func (b *brokers) spawn(id string, s *brokerSpec, args ...string) error {
 	s.ctl = agentEnd
 	s.unsent = append(s.unsent[:0], s.notify...)
 	b.sendUnsent(s)
-	if err := os.WriteFile(b.pidFile(id), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+	if err := os.WriteFile(b.pidFile(id), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		return fmt.Errorf("broker pid file: %w", err) // it runs; the supervisor will start another
 	}
 	b.log.Info("socket broker started", "id", id, "pid", cmd.Process.Pid)
@@ -363,8 +367,18 @@ func (b *brokers) running(id string) int {
 	return pid
 }
 
-// isBroker checks pid is the broker of container id (pids are reused).
+// isBroker checks pid is the broker of container id (pids are reused):
+// root's, running a skiff-broker binary (/proc/PID/exe: an unprivileged
+// user's process cannot pose as one by its command line alone; " (deleted)"
+// after an upgrade replaced the file), with id's command line.
 func isBroker(pid int, id string) bool {
+	if !rootsProcess(pid) {
+		return false
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil || filepath.Base(strings.TrimSuffix(exe, " (deleted)")) != "skiff-broker" {
+		return false
+	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
 		return false
@@ -383,6 +397,22 @@ func isBroker(pid int, id string) bool {
 	for i := 1; i+1 < len(args); i++ {
 		if string(args[i]) == "--stats" {
 			return filepath.Base(string(args[i+1])) == id+".stats"
+		}
+	}
+	return false
+}
+
+// rootsProcess reports whether every user id of pid (real, effective,
+// saved, filesystem) is root's.
+func rootsProcess(pid int) bool {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(rest)
+			return len(f) == 4 && f[0] == "0" && f[1] == "0" && f[2] == "0" && f[3] == "0"
 		}
 	}
 	return false

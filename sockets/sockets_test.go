@@ -9,11 +9,13 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/bpfmap"
@@ -465,6 +467,49 @@ func TestCgroupRel(t *testing.T) {
 	} {
 		if got := CgroupRel(p); got != want {
 			t.Errorf("CgroupRel(%q) = %q, want %q", p, got, want)
+		}
+	}
+}
+
+// TestIsBroker: a broker is recognised by its command line, its binary
+// (/proc/PID/exe) and its owner (root): a process named skiff-broker by
+// its command line only, or run by another user, is not one.
+func TestIsBroker(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "skiff-broker") // a shell under the broker's name
+	data, err := os.ReadFile("/bin/sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func(name string, args ...string) int {
+		cmd := exec.Command(name, args...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd.Process.Pid
+	}
+	flags := []string{"-c", "sleep 30; true", "x", "--stats", "/x/c1.stats"}
+	cases := map[string]struct {
+		pid  int
+		want bool
+	}{
+		"root's skiff-broker":            {start(bin, flags...), true},
+		"named by its command line only": {start("bash", "-c", `exec -a skiff-broker sh "$@"`, "bash", "-c", "sleep 30; true", "x", "--stats", "/x/c1.stats"), false},
+		"another user's":                 {start("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, flags...)...), false},
+	}
+	time.Sleep(200 * time.Millisecond) // the execs done
+	for name, c := range cases {
+		if got := isBroker(c.pid, "c1"); got != c.want {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.pid))
+			t.Errorf("%s (%q): isBroker %v, want %v", name, cmdline, got, c.want)
 		}
 	}
 }

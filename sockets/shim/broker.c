@@ -770,7 +770,7 @@ int main(int argc, char **argv)
 				g_inflight = prev[SKIFF_ST_SC_INFLIGHT];
 			close(old);
 		}
-		int fd = open(stats, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		int fd = open(stats, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 		if (fd < 0 || ftruncate(fd, SKIFF_STATS_SIZE) < 0) {
 			fprintf(stderr, "skiff-broker: stats %s: %s\n", stats, strerror(errno));
 			return 1;
