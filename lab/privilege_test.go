@@ -103,3 +103,46 @@ func TestStorePrivileges(t *testing.T) {
 		t.Errorf("hosts %v, %v", hosts, err)
 	}
 }
+
+// TestRecordChurnPaced: h1 rewriting its own record 1 000 times as fast as
+// it can (its certificate allows it) makes h2 reconcile a bounded number
+// of times, one per 100 ms at most plus a trailing one, not once per write.
+func TestRecordChurnPaced(t *testing.T) {
+	l := newLab(t, Config{Name: "tchurn", Hosts: 2, ContainersPerHost: 0})
+	ctx := context.Background()
+	h1, err := l.OpenStore("h1", "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h1.Close()
+	rec, err := h1.Client.Get(ctx, store.HostKey("h1"))
+	if err != nil || len(rec.Kvs) != 1 {
+		t.Fatalf("h1's record: %v, %v", rec, err)
+	}
+	val := string(rec.Kvs[0].Value)
+	status := func() uint64 {
+		st, err := agentOf(t, l, "h2").Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Reconciles
+	}
+	time.Sleep(300 * time.Millisecond) // h2's start-up reconciles settle
+	before := status()
+	start := time.Now()
+	for range 1000 {
+		if _, err := h1.Client.Put(ctx, store.HostKey("h1"), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	time.Sleep(500 * time.Millisecond) // the trailing reconcile
+	got := status() - before
+	// One at once, then one per 100 ms gap, a trailing one, and slack for
+	// a periodic resync.
+	limit := uint64(took/(100*time.Millisecond)) + 4
+	t.Logf("1 000 writes in %v: h2 reconciled %d times (limit %d)", took, got, limit)
+	if got == 0 || got > limit {
+		t.Errorf("h2 reconciled %d times for 1 000 writes of h1's record in %v, want 1..%d", got, took, limit)
+	}
+}
