@@ -51,6 +51,9 @@ type Config struct {
 	// cache.Capacity, sockets.Options).
 	LayerOptions map[string]any
 	ResyncEvery  time.Duration // full reconcile period besides watch events
+	// ReconcileGap is the least time between two reconciles that store
+	// watch events trigger (0: 100 ms); see pacer.
+	ReconcileGap time.Duration
 	// Serves is what this host serves to the control plane (its embedded
 	// etcd's client and peer URLs, its metrics address): published in its
 	// host record and refused to every container of the cluster.
@@ -99,6 +102,8 @@ type Agent struct {
 	remotes      int
 	endpoints    int
 	local        []cluster.Endpoint
+	reconciles   uint64 // reconciles run since start
+	eventsHeld   uint64 // watch events folded into a later reconcile
 }
 
 // running is one of the agent's layers.
@@ -131,6 +136,9 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	if cfg.ResyncEvery == 0 {
 		cfg.ResyncEvery = 30 * time.Second
+	}
+	if cfg.ReconcileGap == 0 {
+		cfg.ReconcileGap = 100 * time.Millisecond
 	}
 	if err := cfg.Cluster.Validate(); err != nil {
 		return nil, err
@@ -385,6 +393,20 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 		}
 		return err == nil
 	}
+	pace := pacer{gap: a.cfg.ReconcileGap}
+	var trailing <-chan time.Time // the paced reconcile held events wait for
+	watched := func() {
+		run, arm := pace.event(time.Now())
+		a.stateMu.Lock()
+		a.eventsHeld = pace.held
+		a.stateMu.Unlock()
+		if arm > 0 {
+			trailing = time.After(arm)
+		}
+		if run {
+			resync()
+		}
+	}
 	ok := resync()
 	for {
 		select {
@@ -394,11 +416,15 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 			if !open {
 				return ok
 			}
-			resync()
+			watched()
 		case _, open := <-endpoints:
 			if !open {
 				return ok
 			}
+			watched()
+		case <-trailing:
+			trailing = nil
+			pace.due(time.Now())
 			resync()
 		case _, open := <-listeners:
 			if !open {
@@ -427,6 +453,9 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 // reconcile makes the data plane match the store.
 func (a *Agent) reconcile(ctx context.Context) error {
 	start := time.Now()
+	a.stateMu.Lock()
+	a.reconciles++
+	a.stateMu.Unlock()
 	err := a.reconcileOnce(ctx)
 	a.log.Debug("reconciled", "took", time.Since(start), "err", err)
 	if err == nil {

@@ -184,6 +184,7 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 		Host: a.host, Cluster: a.cluster, Mode: a.mode(), StoreReachable: pingErr == nil,
 		Ready: pingErr == nil && a.isRegistered && a.syncErr == nil && !a.lastSync.IsZero(), Endpoints: a.endpoints,
 		RemoteHosts: a.remotes, LastSync: a.lastSync, Version: version.String(),
+		Reconciles: a.reconciles, ReconcileEventsHeld: a.eventsHeld,
 	}
 	if pingErr != nil {
 		s.StoreError = pingErr.Error()

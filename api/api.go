@@ -74,6 +74,11 @@ type Status struct {
 	LastSync    time.Time `json:"lastSync"`
 	SyncError   string    `json:"syncError,omitempty"`
 	Version     string    `json:"version"`
+	// Reconciles counts the reconciles since start; ReconcileEventsHeld
+	// the store watch events folded into a later one (paced: at most one
+	// watch-triggered reconcile per 100 ms).
+	Reconciles          uint64 `json:"reconciles"`
+	ReconcileEventsHeld uint64 `json:"reconcileEventsHeld"`
 	// Cache holds the fast path's counters (program/outcome → packets)
 	// when the cache layer runs.
 	Cache map[string]uint64 `json:"cache,omitempty"`

@@ -262,6 +262,7 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 	}
 	fmt.Fprintf(w, "store:      %s\n", store)
 	fmt.Fprintf(w, "ready:      %v (last sync %s)\n", st.Ready, st.LastSync.Format("15:04:05.000"))
+	fmt.Fprintf(w, "reconciles: %d (%d store events folded into later ones)\n", st.Reconciles, st.ReconcileEventsHeld)
 	if st.SyncError != "" {
 		fmt.Fprintf(w, "sync error: %s\n", st.SyncError)
 	}

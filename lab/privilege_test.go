@@ -103,3 +103,87 @@ func TestStorePrivileges(t *testing.T) {
 		t.Errorf("hosts %v, %v", hosts, err)
 	}
 }
+
+// TestRecordChurnPaced: h1 rewriting its own record 1 000 times as fast as
+// it can (its certificate allows it) makes h2 reconcile a bounded number
+// of times, one per 100 ms at most plus a trailing one, not once per write.
+func TestRecordChurnPaced(t *testing.T) {
+	l := newLab(t, Config{Name: "tchurn", Hosts: 2, ContainersPerHost: 0})
+	ctx := context.Background()
+	h1, err := l.OpenStore("h1", "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h1.Close()
+	rec, err := h1.Client.Get(ctx, store.HostKey("h1"))
+	if err != nil || len(rec.Kvs) != 1 {
+		t.Fatalf("h1's record: %v, %v", rec, err)
+	}
+	val := string(rec.Kvs[0].Value)
+	status := func() uint64 {
+		st, err := agentOf(t, l, "h2").Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Reconciles
+	}
+	time.Sleep(300 * time.Millisecond) // h2's start-up reconciles settle
+	before := status()
+	start := time.Now()
+	for range 1000 {
+		if _, err := h1.Client.Put(ctx, store.HostKey("h1"), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	time.Sleep(500 * time.Millisecond) // the trailing reconcile
+	got := status() - before
+	// One at once, then one per 100 ms gap, a trailing one, and slack for
+	// a periodic resync.
+	limit := uint64(took/(100*time.Millisecond)) + 4
+	t.Logf("1 000 writes in %v: h2 reconciled %d times (limit %d)", took, got, limit)
+	if got == 0 || got > limit {
+		t.Errorf("h2 reconciled %d times for 1 000 writes of h1's record in %v, want 1..%d", got, took, limit)
+	}
+}
+
+// TestUnderlayTakenRefused: h2 (its agent stopped, so nothing writes the
+// record back) publishes h1's underlay address in its own record, which
+// its certificate allows. h1's agent leaves h2 out of its hosts (no route,
+// no VXLAN accepted from that address in h2's name) instead of taking it.
+func TestUnderlayTakenRefused(t *testing.T) {
+	l := newLab(t, Config{Name: "tunder", Hosts: 2, ContainersPerHost: 0})
+	ctx := context.Background()
+	if err := l.StopAgent(ctx, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	h2, err := l.OpenStore("h2", "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	rec, err := h2.Host(ctx, "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.UnderlayIP = l.Hosts[0].UnderlayIP
+	val, _ := json.Marshal(rec)
+	if _, err := h2.Client.Put(ctx, store.HostKey("h2"), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		hosts, err := agentOf(t, l, "h1").Hosts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = names[:0]
+		for _, h := range hosts {
+			names = append(names, h.Name)
+		}
+		if st, err := agentOf(t, l, "h1").Status(ctx); err == nil && len(names) == 1 && st.RemoteHosts == 0 {
+			return
+		}
+	}
+	t.Errorf("h1's hosts %v after h2 published h1's underlay address %s, want h1 alone and no remote host", names, rec.UnderlayIP)
+}

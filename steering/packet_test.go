@@ -134,7 +134,7 @@ func counters(t *testing.T, m *ebpf.Map, n int) []uint64 {
 func portFor(t *testing.T, want uint32) uint16 {
 	for p := uint16(1000); p < 2000; p++ {
 		f := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Sport: p, Dport: 80}
-		if firstChoice(f.hash(), loIndex, 2) == want {
+		if firstChoice(f.hash(0), loIndex, 2) == want {
 			return p
 		}
 	}
@@ -171,7 +171,7 @@ func TestSteer(t *testing.T) {
 	} {
 		setLoads(t, objs, c.age, c.cpu0, c.cpu1)
 		inner := innerTCP(c.sport, tctest.IPOpts{})
-		flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Sport: c.sport, Dport: 80}.hash()
+		flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Sport: c.sport, Dport: 80}.hash(0)
 		for _, p := range []struct {
 			prog *ebpf.Program
 			pkt  []byte
@@ -230,7 +230,7 @@ func TestUntouched(t *testing.T) {
 		}
 	}
 	frag := innerTCP(1234, tctest.IPOpts{Frag: 0x2000}) // MF
-	flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Fragment: true}.hash()
+	flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Fragment: true}.hash(0)
 	before := counters(t, objs.StxStats, int(stxStxReasonSTX_NREASONS))
 	if got := run(t, objs, objs.StxUnderlay, vxlan(frag)); got.Flow != flow || got.Hash == 0 {
 		t.Errorf("inner fragment: recorded %+v, want flow %#x (no ports)", got, flow)
@@ -300,7 +300,7 @@ func TestSplitUDP(t *testing.T) {
 	udp := func(o tctest.IPOpts) []byte {
 		return vxlan(tctest.Eth(mac, mac, 0x0800, tctest.IPv4(o, tctest.ProtoUDP, ipRemote, ipLocal, tctest.UDP(5000, 6000, make([]byte, 1000)))))
 	}
-	flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 17, Sport: 5000, Dport: 6000}.hash()
+	flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 17, Sport: 5000, Dport: 6000}.hash(0)
 	first := firstChoice(flow, loIndex, 2)
 	for p := uint32(1); p <= 12; p++ {
 		want := (first + p/4) % 2
@@ -350,20 +350,63 @@ func TestSeed(t *testing.T) {
 	setLoads(t, objs, 0, 10, 10)
 	differ := 0
 	for p := uint16(1000); p < 1032; p++ {
-		flow := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Sport: p, Dport: 80}.hash()
+		f := Flow{Src: ipRemote, Dst: ipLocal, Proto: 6, Sport: p, Dport: 80}
+		flow := f.hash(seed)
 		want := stxStxReasonSTX_SELF_AVOIDED // (its first choice is CPU 0, running the program)
 		if firstChoice(flow, loIndex^seed, 2) == 1 {
 			want = stxStxReasonSTX_FIRST
 		}
-		if firstChoice(flow, loIndex^seed, 2) != firstChoice(flow, loIndex, 2) {
+		if firstChoice(flow, loIndex^seed, 2) != firstChoice(f.hash(0), loIndex, 2) {
 			differ++
 		}
 		got := run(t, objs, objs.StxToContainer, innerTCP(p, tctest.IPOpts{}))
-		if got.Reason != uint32(want) || got.Hash != hashForIndex(1, 2, mix32(flow^loIndex^seed)) {
-			t.Errorf("port %d: %+v, want %v", p, got, want)
+		if got.Flow != flow || got.Reason != uint32(want) || got.Hash != hashForIndex(1, 2, mix32(flow^loIndex^seed)) {
+			t.Errorf("port %d: %+v, want flow %#x, %v", p, got, flow, want)
 		}
 	}
 	if differ == 0 {
 		t.Error("the seed changed no flow's first choice")
 	}
+}
+
+// TestSeedSplitsCollisions: two flows whose seed-free hashes collide (a
+// sender can search for one offline, next to a known flow) get different
+// hashes, slots and hence CPUs once seeded: the seed is in the first mix,
+// not only in the per-device one.
+func TestSeedSplitsCollisions(t *testing.T) {
+	a, b := seedFreeCollision(t)
+	objs := loadTest(t)
+	const seed = 0x5eed1234
+	configure(t, objs, func(c *stxStxCfg) { c.Seed = seed })
+	setLoads(t, objs, 0, 10, 10)
+	frame := func(f Flow) []byte {
+		return tctest.Eth(mac, mac, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, f.Src, f.Dst, tctest.TCP(f.Sport, f.Dport, tctest.ACK, []byte("steer"))))
+	}
+	ga := run(t, objs, objs.StxToContainer, frame(a))
+	gb := run(t, objs, objs.StxToContainer, frame(b))
+	if ga.Flow == gb.Flow || ga.Hash == gb.Hash {
+		t.Errorf("%v and %v (seed-free hash %#x both) share flow %#x / hash %#x with seed %#x", a, b, a.hash(0), ga.Flow, ga.Hash, seed)
+	}
+	if ga.Flow != a.hash(seed) || gb.Flow != b.hash(seed) {
+		t.Errorf("recorded flows %#x, %#x; the Go mirror says %#x, %#x", ga.Flow, gb.Flow, a.hash(seed), b.hash(seed))
+	}
+}
+
+// seedFreeCollision finds two TCP flows to ipLocal:80 from different
+// sources of 10.244.0.0/16 with the same seed-free hash (a birthday
+// search: about 2^16 flows).
+func seedFreeCollision(t *testing.T) (Flow, Flow) {
+	t.Helper()
+	seen := map[uint32]Flow{}
+	for i := range uint32(1 << 22) {
+		src := netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})
+		f := Flow{Src: src, Dst: ipLocal, Proto: 6, Sport: uint16(1024 + i>>16), Dport: 80}
+		h := f.hash(0)
+		if g, ok := seen[h]; ok && g.Src != f.Src {
+			return g, f
+		}
+		seen[h] = f
+	}
+	t.Fatal("no seed-free collision found")
+	return Flow{}, Flow{}
 }

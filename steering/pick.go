@@ -44,11 +44,12 @@ type Flow struct {
 	Fragment     bool // hashed without ports
 }
 
-// hash is flow_at's: the addresses and the ports as the program loads
-// them from the packet (network order in memory, read natively).
-func (f Flow) hash() uint32 {
+// hash is flow_at's with the configuration's seed: the addresses and the
+// ports as the program loads them from the packet (network order in
+// memory, read natively).
+func (f Flow) hash(seed uint32) uint32 {
 	s, d := f.Src.As4(), f.Dst.As4()
-	h := mix32(binary.NativeEndian.Uint32(s[:]) ^ mix32(binary.NativeEndian.Uint32(d[:])^uint32(f.Proto)))
+	h := mix32(binary.NativeEndian.Uint32(s[:]) ^ mix32(binary.NativeEndian.Uint32(d[:])^uint32(f.Proto)^seed))
 	if f.Fragment || (f.Proto != 6 && f.Proto != 17) {
 		return h
 	}

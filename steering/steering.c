@@ -127,7 +127,10 @@ static __always_inline __u32 hash_for_index(__u32 idx, __u32 n, __u32 h)
 // flow_at hashes the IPv4 flow of the Ethernet frame at off: addresses,
 // protocol and, unless it is a fragment, TCP/UDP ports. It returns
 // STX_FIRST, STX_FRAGMENT (hashed without ports) or why it could not.
-static __always_inline __u32 flow_at(struct __sk_buff *skb, __u32 off, __u32 *flow, bool *udp)
+// The seed goes into the first mix: seeded only later, two flows whose
+// seed-free hashes collide (found offline, by varying ports and
+// addresses) would share a map slot and a CPU whatever the seed.
+static __always_inline __u32 flow_at(struct __sk_buff *skb, __u32 off, __u32 seed, __u32 *flow, bool *udp)
 {
 	struct ethhdr eth;
 	struct iphdr ip;
@@ -140,7 +143,7 @@ static __always_inline __u32 flow_at(struct __sk_buff *skb, __u32 off, __u32 *fl
 		return STX_MALFORMED;
 	if (ip.version != 4 || ip.ihl < 5)
 		return STX_MALFORMED;
-	__u32 h = mix32(ip.saddr ^ mix32(ip.daddr ^ ip.protocol));
+	__u32 h = mix32(ip.saddr ^ mix32(ip.daddr ^ ip.protocol ^ seed));
 	*udp = ip.protocol == IPPROTO_UDP;
 	if (ip.frag_off & bpf_htons(0x3fff)) {
 		*flow = h;
@@ -307,7 +310,7 @@ static __always_inline int steer_frame(struct __sk_buff *skb, __u32 off)
 	if (!c)
 		return TCX_NEXT;
 	bool udp = false;
-	__u32 flow, r = flow_at(skb, off, &flow, &udp);
+	__u32 flow, r = flow_at(skb, off, c->seed, &flow, &udp);
 	if (r == STX_FRAGMENT)
 		bump(&stx_stats, r);
 	else if (r != STX_FIRST) {

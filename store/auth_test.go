@@ -47,7 +47,7 @@ func TestHostPrivileges(t *testing.T) {
 	if _, err := h1.EnsureCluster(ctx, testCluster); err != nil {
 		t.Fatal(err)
 	}
-	host10, err := ipam.Join(ctx, h10, testCluster, cluster.Host{Name: "h10"})
+	host10, err := ipam.Join(ctx, h10, testCluster, cluster.Host{Name: "h10", UnderlayIP: netip.MustParseAddr("192.0.2.10")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestHostPrivileges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host1, err := ipam.Join(ctx, h1, testCluster, cluster.Host{Name: "h1"})
+	host1, err := ipam.Join(ctx, h1, testCluster, cluster.Host{Name: "h1", UnderlayIP: netip.MustParseAddr("192.0.2.1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestClaimRule(t *testing.T) {
 	admin, e := storetest.New(t)
 	ctx := context.Background()
 	h1, h2 := asHost(t, admin, e, "h1"), asHost(t, admin, e, "h2")
-	host1, err := ipam.Join(ctx, h1, testCluster, cluster.Host{Name: "h1"})
+	host1, err := ipam.Join(ctx, h1, testCluster, cluster.Host{Name: "h1", UnderlayIP: netip.MustParseAddr("192.0.2.1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestClaimRule(t *testing.T) {
 	if hosts, err := admin.Hosts(ctx); err != nil || len(hosts) != 1 || hosts[0].Name != "h1" {
 		t.Fatalf("hosts %v, %v: want h1 alone", hosts, err)
 	}
-	host3, err := ipam.Join(ctx, admin, testCluster, cluster.Host{Name: "h3"})
+	host3, err := ipam.Join(ctx, admin, testCluster, cluster.Host{Name: "h3", UnderlayIP: netip.MustParseAddr("192.0.2.3")})
 	if err != nil || host3.Subnet == host1.Subnet {
 		t.Fatalf("h3 joined with %v, %v", host3, err)
 	}
@@ -154,7 +154,7 @@ func TestClaimRule(t *testing.T) {
 	if err := del(h1, store.HostKey("h1")); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := ipam.Join(ctx, h1, testCluster, cluster.Host{Name: "h1"}); err != nil || again.Subnet != host1.Subnet {
+	if again, err := ipam.Join(ctx, h1, testCluster, cluster.Host{Name: "h1", UnderlayIP: netip.MustParseAddr("192.0.2.1")}); err != nil || again.Subnet != host1.Subnet {
 		t.Fatalf("h1 rejoined with %v, %v; want %s", again, err, host1.Subnet)
 	}
 }

@@ -304,12 +304,15 @@ func (s *Store) Host(ctx context.Context, name string) (cluster.Host, error) {
 }
 
 // Hosts lists every host that holds the subnet its record names (see
-// Holders): a record naming a subnet another host claimed first is left
-// out, as is one written for another host's name.
+// Holders) and whose underlay address can be believed (see Underlays): a
+// record naming a subnet another host claimed first is left out, as is
+// one written for another host's name, one with an unusable underlay
+// address and one with an address a host with an older claim publishes.
 func (s *Store) Hosts(ctx context.Context) ([]cluster.Host, error) {
 	resp, err := s.Txn(ctx, nil, []clientv3.Op{
 		clientv3.OpGet(HostsPrefix, clientv3.WithPrefix()),
 		clientv3.OpGet(SubnetsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(configKey),
 	})
 	if err != nil {
 		return nil, err
@@ -319,7 +322,12 @@ func (s *Store) Hosts(ctx context.Context) ([]cluster.Host, error) {
 		return nil, err
 	}
 	holders := Holders(claimsOf(resp.Responses[1].GetResponseRange().Kvs))
-	return slices.DeleteFunc(hosts, func(h cluster.Host) bool { return holders[h.Subnet].Host != h.Name }), nil
+	hosts = slices.DeleteFunc(hosts, func(h cluster.Host) bool { return holders[h.Subnet].Host != h.Name })
+	var cfg cluster.Config // none yet: no cluster range to judge against
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
+		_ = json.Unmarshal(kvs[0].Value, &cfg) // a garbled one: likewise
+	}
+	return Underlays(hosts, holders, cfg.CIDR), nil
 }
 
 // RemoveHost deletes a host with everything it owns (HostRanges): its

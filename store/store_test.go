@@ -358,3 +358,56 @@ func BenchmarkEndpoints(b *testing.B) {
 	}
 	readOrCache(b, 10000, func() ([]cluster.Endpoint, error) { return s.Endpoints(ctx, "") }, s.WatchEndpoints)
 }
+
+// TestHostsRefuseUnderlays: a record whose underlay address is another
+// host's (the older claim keeps it), loopback, multicast, unspecified,
+// link-local or inside the cluster's range is left out of Hosts, which
+// every agent routes and accepts VXLAN by.
+func TestHostsRefuseUnderlays(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	if _, err := s.EnsureCluster(ctx, testCluster); err != nil {
+		t.Fatal(err)
+	}
+	join := func(name, underlay string) cluster.Host {
+		t.Helper()
+		h, err := ipam.Join(ctx, s, testCluster, cluster.Host{Name: name, UnderlayIP: netip.MustParseAddr(underlay)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	join("h1", "10.99.0.1")
+	h2 := join("h2", "10.99.0.2")
+	for name, addr := range map[string]string{"taker": "10.99.0.1", "lo": "127.0.0.1", "mc": "224.0.0.1", "any": "0.0.0.0",
+		"ll": "169.254.1.1", "bcast": "255.255.255.255", "inside": "10.244.200.1"} {
+		join(name, addr)
+	}
+	names := func() []string {
+		hosts, err := s.Hosts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, h := range hosts {
+			out = append(out, h.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := names(); !slices.Equal(got, []string{"h1", "h2"}) {
+		t.Errorf("hosts %v, want [h1 h2]", got)
+	}
+	// h2 rewrites its own record with h1's address: h2 goes, h1 stays.
+	h2.UnderlayIP = netip.MustParseAddr("10.99.0.1")
+	val, _ := json.Marshal(h2)
+	if _, err := s.Client.Put(ctx, store.HostKey("h2"), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); !slices.Equal(got, []string{"h1"}) {
+		t.Errorf("hosts %v after h2 took h1's underlay address, want [h1]", got)
+	}
+	if why := store.UnderlayFault(netip.MustParseAddr("10.99.0.3"), testCluster.CIDR); why != "" {
+		t.Errorf("a plain underlay address refused: %s", why)
+	}
+}
