@@ -104,29 +104,35 @@ func UnjudgeInput(mark uint32) {
 func PolicyRules(set policy.Set) []string {
 	var out []string
 	for _, r := range set {
-		var b strings.Builder
-		fmt.Fprintf(&b, "-A %s", chainPolicy)
-		if r.Src.IsValid() {
-			fmt.Fprintf(&b, " -s %s", r.Src)
-		}
-		if r.Dst.IsValid() {
-			fmt.Fprintf(&b, " -d %s", r.Dst)
-		}
-		if r.Proto != "" {
-			fmt.Fprintf(&b, " -p %s", r.Proto)
-		}
-		if r.Port != 0 {
-			fmt.Fprintf(&b, " --dport %d", r.Port)
-		}
-		fmt.Fprintf(&b, " -m comment --comment \"skiff policy %s\"", r.ID)
-		if r.Action == policy.Allow {
-			b.WriteString(" -j ACCEPT")
-		} else {
-			b.WriteString(" -j " + chainDeny)
-		}
-		out = append(out, b.String())
+		out = append(out, ruleLine("-A "+chainPolicy, r, true, chainDeny))
 	}
 	return out
+}
+
+// ruleLine renders r after head: its matches (the destination's when
+// withDst), its comment, and its target (deny: denyTo).
+func ruleLine(head string, r policy.Rule, withDst bool, denyTo string) string {
+	var b strings.Builder
+	b.WriteString(head)
+	if r.Src.IsValid() {
+		fmt.Fprintf(&b, " -s %s", r.Src)
+	}
+	if withDst && r.Dst.IsValid() {
+		fmt.Fprintf(&b, " -d %s", r.Dst)
+	}
+	if r.Proto != "" {
+		fmt.Fprintf(&b, " -p %s", r.Proto)
+	}
+	if r.Port != 0 {
+		fmt.Fprintf(&b, " --dport %d", r.Port)
+	}
+	fmt.Fprintf(&b, " -m comment --comment \"skiff policy %s\"", r.ID)
+	if r.Action == policy.Allow {
+		b.WriteString(" -j ACCEPT")
+	} else {
+		b.WriteString(" -j " + denyTo)
+	}
+	return b.String()
 }
 
 // BroadcastRules renders SKIFF-BCAST: for each local container, by the
@@ -140,27 +146,9 @@ func BroadcastRules(set policy.Set, local []cluster.Endpoint) []string {
 	for _, e := range local {
 		port := fmt.Sprintf("-A %s -m physdev --physdev-out %s", chainBcast, e.Veth)
 		for _, r := range set {
-			if r.Dst.IsValid() && !r.Dst.Contains(e.IP.Addr()) {
-				continue
+			if !r.Dst.IsValid() || r.Dst.Contains(e.IP.Addr()) {
+				out = append(out, ruleLine(port, r, false, "DROP"))
 			}
-			var b strings.Builder
-			b.WriteString(port)
-			if r.Src.IsValid() {
-				fmt.Fprintf(&b, " -s %s", r.Src)
-			}
-			if r.Proto != "" {
-				fmt.Fprintf(&b, " -p %s", r.Proto)
-			}
-			if r.Port != 0 {
-				fmt.Fprintf(&b, " --dport %d", r.Port)
-			}
-			fmt.Fprintf(&b, " -m comment --comment \"skiff policy %s\"", r.ID)
-			if r.Action == policy.Allow {
-				b.WriteString(" -j ACCEPT")
-			} else {
-				b.WriteString(" -j DROP")
-			}
-			out = append(out, b.String())
 		}
 		out = append(out, port+" -j ACCEPT")
 	}
