@@ -234,6 +234,11 @@ func TestSocketsSeccomp(t *testing.T) {
 		if err := l.DeletePolicy(context.Background(), "cut"); err != nil {
 			t.Fatal(err)
 		}
+		// Watch-triggered reconciles are paced (100 ms): the rule's
+		// removal lands within that, not at once.
+		if _, err := eventually(converges, func() error { return roundTrips(l, client, "tcp4", echo, 1) }); err != nil {
+			t.Fatalf("after the rule went: %v", err)
+		}
 	})
 
 	t.Run("short connections", func(t *testing.T) {
