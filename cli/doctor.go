@@ -58,8 +58,8 @@ func cmdDoctor(ctx context.Context, env Env, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	fs2 := []finding{checkKernel(), checkBTF(), checkRoot(), checkCgroup2(), checkConntrack(), checkIptables(), checkBrNetfilter()}
-	fs2 = append(fs2, checkUnderlay(*underlay)...)
+	found := []finding{checkKernel(), checkBTF(), checkRoot(), checkCgroup2(), checkConntrack(), checkIptables(), checkBrNetfilter()}
+	found = append(found, checkUnderlay(*underlay)...)
 	if os.Geteuid() == 0 {
 		for _, r := range layer.Registered() {
 			f := finding{Check: "layer " + r.Name, Result: resultOK, Detail: "this host can run it"}
@@ -68,14 +68,14 @@ func cmdDoctor(ctx context.Context, env Env, args []string) error {
 					f.Result, f.Detail, f.Fix = resultWarn, err.Error(), "auto runs without it; docs/layers.md lists what each layer needs"
 				}
 			}
-			fs2 = append(fs2, f)
+			found = append(found, f)
 		}
 	}
 	if *endpoints != "" {
-		fs2 = append(fs2, checkStore(ctx, splitComma(*endpoints), creds)...)
+		found = append(found, checkStore(ctx, splitComma(*endpoints), creds)...)
 	}
 	failed := 0
-	for _, f := range fs2 {
+	for _, f := range found {
 		if f.Result == resultFail {
 			failed++
 		}
@@ -83,13 +83,13 @@ func cmdDoctor(ctx context.Context, env Env, args []string) error {
 	if *jsonOut {
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(fs2); err != nil {
+		if err := enc.Encode(found); err != nil {
 			return err
 		}
 	} else {
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "CHECK\tRESULT\tDETAIL\tFIX")
-		for _, f := range fs2 {
+		for _, f := range found {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Check, f.Result, f.Detail, f.Fix)
 		}
 		tw.Flush()

@@ -43,6 +43,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "limits.h"
+#include "bucket.h"
 
 char __license[] SEC("license") = "GPL";
 
@@ -89,16 +90,9 @@ static __always_inline void count(enum skl_counter c)
 		*v += 1;
 }
 
-#define NSEC 1000000000ULL
 
 // take charges len bytes to a bucket direction; false: over the limit.
-// Tokens are refilled at the rate for the time since last, in whole
-// microseconds (rate < 2^37 bytes/s, 1 Tbit/s, times at most 10^6 us
-// fits 64 bits), at most a second's worth and never above the burst. last
-// advances only by the time the tokens added stand for, so a stream of
-// packets closer together than one byte's worth of time still earns its
-// tokens; a clock read before another CPU's later one (now < last) adds
-// nothing and never moves last back.
+// take takes len bytes from cg's bucket for dir (bucket.h).
 static __always_inline bool take(__u64 cg, const struct skl_limit *l, int dir, __u32 len)
 {
 	if (dir != SKL_EGRESS && dir != SKL_INGRESS)
@@ -117,26 +111,8 @@ static __always_inline bool take(__u64 cg, const struct skl_limit *l, int dir, _
 			return true; // a full map limits nothing rather than everything
 	}
 	__u64 now = bpf_ktime_get_ns();
-	bool ok;
 	bpf_spin_lock(&b->lock);
-	__u64 last = b->last[dir], tokens = b->tokens[dir];
-	__s64 since = now - last;
-	if (last == 0 || since > (__s64)NSEC)
-		since = NSEC;
-	if (since > 0) {
-		__u64 add = (__u64)since / 1000 * rate / 1000000;
-		if (tokens + add >= burst) {
-			tokens = burst;
-			b->last[dir] = now;
-		} else if (add) {
-			tokens += add;
-			b->last[dir] = last + add * 1000000 / rate * 1000;
-		}
-	}
-	ok = tokens >= len;
-	if (ok)
-		tokens -= len;
-	b->tokens[dir] = tokens;
+	bool ok = bucket_take(&b->tokens[dir], &b->last[dir], rate, burst, len, now);
 	bpf_spin_unlock(&b->lock);
 	return ok;
 }

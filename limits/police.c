@@ -18,10 +18,9 @@
 #include <bpf/bpf_helpers.h>
 
 #include "police.h"
+#include "bucket.h"
 
 char __license[] SEC("license") = "GPL";
-
-#define NSEC 1000000000ull
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -54,27 +53,9 @@ int skr_police(struct __sk_buff *skb)
 	struct skr_policer *p = bpf_map_lookup_elem(&skr_policers, &k);
 	if (!p)
 		return TC_ACT_UNSPEC;
-	__u64 now = bpf_ktime_get_ns(), len = skb->len;
-	int pass;
+	__u64 now = bpf_ktime_get_ns(); // no helper call under the lock
 	bpf_spin_lock(&p->lock);
-	__u64 since = now - p->last, tokens = p->tokens;
-	if (!p->last || since > NSEC || !p->rate) {
-		tokens = p->burst; // idle a second or more: full
-		p->last = now;
-	} else {
-		// since < 2^30 and rate < 2^34 (Go caps it): no overflow. Only
-		// the time the whole bytes took is used up, so that many small
-		// packets close together still refill the bucket.
-		__u64 add = since * p->rate / NSEC;
-		if (add) {
-			tokens += add;
-			p->last += add * NSEC / p->rate;
-		}
-	}
-	if (tokens > p->burst)
-		tokens = p->burst;
-	pass = tokens >= len;
-	p->tokens = pass ? tokens - len : tokens;
+	bool pass = bucket_take(&p->tokens, &p->last, p->rate, p->burst, skb->len, now);
 	bpf_spin_unlock(&p->lock);
 	count(pass ? SKR_PASSED : SKR_DROPPED);
 	return pass ? TC_ACT_UNSPEC : TC_ACT_SHOT;

@@ -19,15 +19,10 @@ type Police struct{ objs skrObjects }
 
 const policeFilter = "skiff-police"
 
-const (
-	// policeHeadroom is how far above a limit the policer lets traffic
-	// through: what the container's HTB shaped passes untouched; what
-	// went around it is held near the limit.
-	policeHeadroom = 1.05
-	// maxPoliceRate (bytes/s) keeps the program's arithmetic in 64 bits;
-	// a faster limit is policed at it (137 Gbit/s).
-	maxPoliceRate = 1<<34 - 1
-)
+// policeHeadroom is how far above a limit the policer lets traffic
+// through: what the container's HTB shaped passes untouched; what went
+// around it is held near the limit.
+const policeHeadroom = 1.05
 
 // LoadPolice loads the policer with its maps pinned in pinDir.
 func LoadPolice(pinDir string, log *slog.Logger) (*Police, error) {
@@ -58,7 +53,7 @@ func (p *Police) Set(h *netlink.Handle, veth netlink.Link, rate, burst uint64) e
 		return err
 	}
 	want := skrSkrPolicer{
-		Rate:  min(uint64(float64(rate)/8*policeHeadroom), maxPoliceRate),
+		Rate:  uint64(float64(rate) / 8 * policeHeadroom),
 		Burst: uint64(float64(max(burst, MinBurst)) / 8 * 1.5),
 	}
 	var have skrSkrPolicer

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -163,7 +164,9 @@ func CgroupRel(p string) string {
 	if sp, ok := SystemdPath(p); ok {
 		return filepath.Clean("/" + sp)
 	}
-	for _, m := range []string{DefaultCgroupRoot, "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} { // longest first
+	mounts := append([]string{DefaultCgroupRoot}, cgroup2Mounts...)
+	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) }) // /sys/fs/cgroup/unified before /sys/fs/cgroup
+	for _, m := range mounts {
 		if rest, ok := strings.CutPrefix(p, m+"/"); ok {
 			return filepath.Clean("/" + rest)
 		}

@@ -93,18 +93,8 @@ func Attached(h *netlink.Handle, link netlink.Link, hook uint32, prio uint16, na
 
 // Detach removes the filters named name from link's hook; none is fine.
 func Detach(h *netlink.Handle, link netlink.Link, hook uint32, name string) error {
-	filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
-	if err != nil {
-		return fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
-	}
-	for _, f := range filters {
-		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == name {
-			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("detach %s from %s: %w", name, link.Attrs().Name, err)
-			}
-		}
-	}
-	return nil
+	_, err := detach(h, link, hook, func(n string) bool { return n == name })
+	return err
 }
 
 // DetachPrefix removes from both hooks of link every filter whose name
@@ -112,17 +102,28 @@ func Detach(h *netlink.Handle, link netlink.Link, hook uint32, name string) erro
 func DetachPrefix(h *netlink.Handle, link netlink.Link, prefix string) (int, error) {
 	n := 0
 	for _, hook := range []uint32{Ingress, Egress} {
-		filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
+		k, err := detach(h, link, hook, func(name string) bool { return strings.HasPrefix(name, prefix) })
+		n += k
 		if err != nil {
-			return n, fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+			return n, err
 		}
-		for _, f := range filters {
-			if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, prefix) {
-				if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
-					return n, fmt.Errorf("detach %s from %s: %w", bf.Name, link.Attrs().Name, err)
-				}
-				n++
+	}
+	return n, nil
+}
+
+// detach removes the filters of link's hook whose names match.
+func detach(h *netlink.Handle, link netlink.Link, hook uint32, match func(string) bool) (int, error) {
+	filters, err := netlinksafe.Dump(func() ([]netlink.Filter, error) { return h.FilterList(link, hook) })
+	if err != nil {
+		return 0, fmt.Errorf("filters of %s: %w", link.Attrs().Name, err)
+	}
+	n := 0
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && match(bf.Name) {
+			if err := h.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+				return n, fmt.Errorf("detach %s from %s: %w", bf.Name, link.Attrs().Name, err)
 			}
+			n++
 		}
 	}
 	return n, nil

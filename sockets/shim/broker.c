@@ -182,11 +182,12 @@ static uint64_t mono_ms(void)
 #define CAP_SYS_ADMIN_BIT 21
 
 /* Whether a /proc status file shows CAP_NET_ADMIN or CAP_SYS_ADMIN in any
- * capability set: effective, permitted, inheritable, ambient or bounding.
- * The bounding set alone is not enough: a process may drop a capability
- * from it (PR_CAPBSET_DROP, with CAP_SETPCAP, which runtimes grant) and
- * keep it permitted and effective. An unreadable file counts as
- * privileged. */
+ * capability set: effective, permitted, inheritable, ambient or bounding
+ * (1), or not (0). The bounding set alone is not enough: a process may drop
+ * a capability from it (PR_CAPBSET_DROP, with CAP_SETPCAP, which runtimes
+ * grant) and keep it permitted and effective. A file that lacks one of the
+ * five sets counts as privileged; one that cannot be opened (the thread
+ * has gone) is -1. */
 static int status_privileged(const char *path)
 {
 	FILE *f = fopen(path, "re");
