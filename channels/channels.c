@@ -167,11 +167,10 @@ static __always_inline bool ipv4(struct bpf_sock_ops *skops)
 
 // local_peer says whether a socket's peer is on this host, so that the
 // connection may take a channel: a container socket's peer is a local
-// container without a rate limit (skch_ips); a host socket's is one of
-// this host's own addresses — the sockets layer sends a same-host
-// connection to the host's underlay address, and the kernel picks a
-// local destination as the source of a connection to it, so both ends
-// read the same address. Anything else stays out of the socket hash.
+// container without a rate limit (skch_ips); a host socket's is on lo —
+// the sockets layer binds a same-host connection's client to the address
+// it sends the connection to (sockets.SameHostAddr), so both ends read
+// the same address. Anything else stays out of the socket hash.
 static __always_inline bool local_peer(struct bpf_sock_ops *skops, bool host)
 {
 	if (host)

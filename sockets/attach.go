@@ -190,6 +190,12 @@ func (l *Layer) JudgeInput(policy bool) error {
 // goes through the rule list (docs/sockets.md).
 const HostStackTOS = 0x1c
 
+// SameHostAddr is both ends of a same-host fast connection: connect4 binds
+// the client to it and sends the connection to it, on lo. sks_lookup gives
+// a segment to it the replaced listener its client recorded, or refuses
+// it; no host socket ever takes one, whatever listens on every address.
+var SameHostAddr = netip.MustParseAddr("127.77.0.1")
+
 // hostStackRoute installs the local route for steered packets and removes
 // the ones for an earlier subnet.
 func hostStackRoute(subnet netip.Prefix) error {

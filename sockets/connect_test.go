@@ -511,6 +511,47 @@ func TestSameHostRecordLeavesWithFailedConnect(t *testing.T) {
 	}
 }
 
+// TestSameHostUnrecordedRefused runs connect4 and sks_lookup in the kernel
+// without sockops, as when a same-host client's SYN record is gone (a flood
+// of pending connects evicted it from the per-CPU LRU): the connection is
+// refused, never taken by the host's listener on the port, which listens on
+// every address (before, the SYN went to the host's underlay address and
+// the host's listener accepted it).
+func TestSameHostUnrecordedRefused(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "connect4")
+	ns, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	lk, err := link.AttachNetNs(int(ns.Fd()), l.objs.SksLookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	rules, err := policy.NewSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := netip.MustParseAddrPort("10.244.1.9:80") // a container of this host; the host listens on :80
+	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{{Host: testHost.Name, Addr: target}}, rules); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := l.Stats()
+	out, err := python(pyConnect, target.String()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "err ECONNREFUSED" {
+		t.Fatalf("same-host connect without its record: %q, want it refused (not the host's listener)", got)
+	}
+	after, _ := l.Stats()
+	if after["connect_fast"] != before["connect_fast"]+1 || after["same_host_unrecorded"] == before["same_host_unrecorded"] {
+		t.Errorf("connect_fast %d → %d, same_host_unrecorded %d → %d: want the connect sent to %v and its SYN refused there",
+			before["connect_fast"], after["connect_fast"], before["same_host_unrecorded"], after["same_host_unrecorded"], SameHostAddr)
+	}
+}
+
 // TestUnpublishedListenerOnLo runs sockops in the kernel: a listener the
 // layer cannot publish (here sks_served is full, and the container's address
 // is not in it) is bound to lo, where nothing reaches it and where the shim

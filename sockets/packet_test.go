@@ -357,6 +357,26 @@ func TestLookup(t *testing.T) {
 			t.Fatalf("%s assigned to %d", a, got)
 		}
 	}
+	// A same-host connection (SameHostAddr at both ends): its client's
+	// record steers it; without one (evicted, or a connect that failed) it
+	// is refused, never the host's lookup, which would find a host
+	// listener on every address.
+	same := netip.AddrPortFrom(SameHostAddr, 41000)
+	to := netip.AddrPortFrom(SameHostAddr, 8080)
+	before, _ = l.Stats()
+	if got, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, same, to); got != 0 || verdict != 0 {
+		t.Fatalf("same-host SYN without its record: assigned to %d, verdict %d; want none, SK_DROP", got, verdict)
+	}
+	if after, _ := l.Stats(); after["same_host_unrecorded"] != before["same_host_unrecorded"]+1 {
+		t.Fatal("same_host_unrecorded not counted")
+	}
+	rec := sksSksTuple{Saddr: bpfmap.IPv4(SameHostAddr), Daddr: bpfmap.IPv4(SameHostAddr), Sport: bpfmap.Port(same.Port()), Dport: bpfmap.Port(to.Port())}
+	if err := l.objs.SksSyns.Put(rec, sksSksPending{DstIp: bpfmap.IPv4(ipServer), SrcIp: bpfmap.IPv4(ipClient), DstPort: bpfmap.Port(8080)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lookup(t, l, same, to); got != cookie {
+		t.Fatalf("recorded same-host SYN assigned to %d, want the listener %d", got, cookie)
+	}
 }
 
 // TestToHostStack runs in a network namespace of its own, so that it can

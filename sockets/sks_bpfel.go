@@ -155,6 +155,7 @@ const (
 	sksVarCfgLocalMask       = "cfg_local_mask"
 	sksVarCfgLocalNet        = "cfg_local_net"
 	sksVarCfgMark            = "cfg_mark"
+	sksVarCfgSameHost        = "cfg_same_host"
 	sksVarCfgSecure          = "cfg_secure"
 	sksVarCfgTos             = "cfg_tos"
 	sksVarUnusedSksEvent     = "unused_sks_event"
@@ -254,6 +255,7 @@ type sksVariableSpecs struct {
 	CfgLocalMask       *ebpf.VariableSpec `ebpf:"cfg_local_mask"`
 	CfgLocalNet        *ebpf.VariableSpec `ebpf:"cfg_local_net"`
 	CfgMark            *ebpf.VariableSpec `ebpf:"cfg_mark"`
+	CfgSameHost        *ebpf.VariableSpec `ebpf:"cfg_same_host"`
 	CfgSecure          *ebpf.VariableSpec `ebpf:"cfg_secure"`
 	CfgTos             *ebpf.VariableSpec `ebpf:"cfg_tos"`
 	UnusedSksEvent     *ebpf.VariableSpec `ebpf:"unused_sks_event"`
@@ -328,6 +330,7 @@ type sksVariables struct {
 	CfgLocalMask       *ebpf.Variable `ebpf:"cfg_local_mask"`
 	CfgLocalNet        *ebpf.Variable `ebpf:"cfg_local_net"`
 	CfgMark            *ebpf.Variable `ebpf:"cfg_mark"`
+	CfgSameHost        *ebpf.Variable `ebpf:"cfg_same_host"`
 	CfgSecure          *ebpf.Variable `ebpf:"cfg_secure"`
 	CfgTos             *ebpf.Variable `ebpf:"cfg_tos"`
 	UnusedSksEvent     *ebpf.Variable `ebpf:"unused_sks_event"`

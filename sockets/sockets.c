@@ -97,6 +97,7 @@ volatile const __be32 cfg_local_mask;
 volatile const __u32 cfg_secure;       // refuse what is not the fast path
 volatile const __u32 cfg_mark;         // overlay packets the host stack takes (policy)
 volatile const __u8 cfg_tos;           // routes them there (TOS bits of a local route)
+volatile const __be32 cfg_same_host;    // both ends of a same-host fast connection (on lo)
 
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -383,11 +384,23 @@ int sks_connect4(struct bpf_sock_addr *ctx)
 		count(SKS_CONNECT_DENIED);
 		return 0;
 	}
+	__be32 to = *host;
+	if (local_container(steer)) {
+		// Same host: from and to an address of lo that no host socket
+		// may take (sks_lookup), so that a SYN whose record is gone is
+		// refused, never delivered to a host listener on the port.
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = cfg_same_host};
+		if (bpf_bind(ctx, (struct sockaddr *)&sa, sizeof(sa))) {
+			count(SKS_CONNECT_REFUSED);
+			return 0;
+		}
+		to = cfg_same_host;
+	}
 	si->peer_ip = dst;
 	si->peer_port = k.port;
 	si->steer_ip = steer;
 	si->role = SKS_CLIENT;
-	ctx->user_ip4 = *host;
+	ctx->user_ip4 = to;
 	count(SKS_CONNECT_FAST);
 	return 1;
 }
@@ -629,12 +642,11 @@ int sks_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
 		if (si->role != SKS_CLIENT)
 			break;
-		// To a listener on this host (the destination is the host's own
-		// address, so the source is too) the SYN goes through lo, where
-		// no recorder runs: the client records it, as the server host's
-		// recorder would from the option, which the SYN then need not
-		// carry.
-		if (skops->local_ip4 != skops->remote_ip4) {
+		// To a listener on this host (connect4 bound and sent it to
+		// cfg_same_host) the SYN goes through lo, where no recorder
+		// runs: the client records it, as the server host's recorder
+		// would from the option, which the SYN then need not carry.
+		if (skops->remote_ip4 != cfg_same_host) {
 			bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 			break;
 		}
@@ -942,6 +954,12 @@ int sks_lookup(struct bpf_sk_lookup *ctx)
 	} else if (local_container(ctx->local_ip4)) {
 		k.ip = ctx->local_ip4; // overlay traffic routed to this host's stack
 		k.port = t.dport;
+	} else if (ctx->local_ip4 == cfg_same_host) {
+		// A same-host connection whose record is gone (its client's
+		// connect failed, or a flood of pending connects evicted it from
+		// the LRU): refused (RST), never a host socket on the port.
+		count(SKS_SAME_HOST_UNRECORDED);
+		return SK_DROP;
 	} else {
 		return SK_PASS;
 	}

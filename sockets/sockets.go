@@ -107,6 +107,7 @@ func configure(v sksVariableSpecs, cfg Config, cookie uint64) error {
 		v.CfgSecure.Set(secure),
 		v.CfgMark.Set(uint32(Mark)),
 		v.CfgTos.Set(uint8(HostStackTOS)),
+		v.CfgSameHost.Set(SameHostAddr.As4()),
 	)
 }
 
@@ -143,7 +144,7 @@ var Reasons = []string{
 	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
 	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
 	"syncookie_steered", "connect_denied", "syn_forged", "event_lost",
-	"tcp_fragment", "tcp_malformed", "syn_denied", "origdst_shown",
+	"tcp_fragment", "tcp_malformed", "syn_denied", "origdst_shown", "same_host_unrecorded",
 }
 
 // Stats returns the counters summed over CPUs, by reason.

@@ -155,5 +155,6 @@ enum sks_reason {
 	SKS_TCP_MALFORMED,    // a container's TCP segment with a truncated or bad header: dropped
 	SKS_SYN_DENIED,       // recorded SYN the server host's policy denies (RST)
 	SKS_ORIGDST_SHOWN,    // SO_ORIGINAL_DST answered with the overlay address
+	SKS_SAME_HOST_UNRECORDED, // same-host segment without its record: refused, never a host socket's
 	SKS_REASONS,
 };
