@@ -247,11 +247,14 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 	s := b.want[e.ContainerID]
 	if s != nil && s.e.Netns != e.Netns {
 		// the runtime recreated the sandbox: a broker and a listener of
-		// the old namespace serve nobody
-		for _, f := range s.close() {
+		// the old namespace serve nobody. The broker stops before the
+		// keeper gets its seccomp listeners: never two holders of one.
+		live := s.close()
+		err := stopBroker(b.cfg.StateDir, e.ContainerID)
+		for _, f := range live {
 			b.keep(f)
 		}
-		if err := stopBroker(b.cfg.StateDir, e.ContainerID); err != nil {
+		if err != nil {
 			return err
 		}
 		s = nil
@@ -455,11 +458,14 @@ func (b *brokers) stop(id string) {
 	}
 	delete(b.want, id)
 	b.mu.Unlock()
-	for _, f := range live { // their processes outlive the broker: the keeper answers them
-		b.giveKeeper(f)
-	}
+	// The broker stops first: never two holders of one listener. (One
+	// that does not die still lets go of a notification it did not get
+	// within a bound: shim/seccomp.c.)
 	if err := stopBroker(b.cfg.StateDir, id); err != nil {
 		b.log.Warn("stop broker", "container", id, "err", err)
+	}
+	for _, f := range live { // their processes outlive the broker: the keeper answers them
+		b.giveKeeper(f)
 	}
 }
 

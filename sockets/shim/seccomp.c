@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 
 #include "skiff_broker.h"
@@ -60,6 +62,12 @@
 
 #define MAX_LISTENERS 4096   /* a process whose listener finds no room waits: logged */
 
+/* A receive waits at most this long. Two holders of one listener (a keeper
+ * given it while its broker still runs) both wake for a notification and
+ * one receives it; the other's receive would wait for the filter's next
+ * notification, which may never come, and serve nothing else meanwhile. */
+#define RECV_BOUND_US 100000
+
 static int g_ep = -1, g_ctl = -1;
 static int g_nlisteners;
 static struct seccomp_notif_sizes g_sizes;
@@ -76,8 +84,16 @@ static uint64_t now_ns(void)
 int sc_epoll(void) { return g_ep; }
 int sc_listeners(void) { return g_nlisteners; }
 
+/* SIGALRM only ends a receive: installed without SA_RESTART. */
+static void on_alarm(int sig) { (void)sig; }
+
 int sc_setup(int ctl)
 {
+	struct sigaction sa = { .sa_handler = on_alarm };
+	if (sigaction(SIGALRM, &sa, NULL) < 0) {
+		LOG("seccomp agent: SIGALRM: %s", strerror(errno));
+		return -1;
+	}
 	if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &g_sizes) < 0) {
 		LOG("seccomp notification sizes: %s", strerror(errno));
 		return -1;
@@ -449,8 +465,12 @@ static enum outcome on_listen(int lfd, int32_t *error, uint32_t *flags)
 static void serve(int lfd)
 {
 	memset(g_req, 0, g_sizes.seccomp_notif);
-	if (ioctl(lfd, SECCOMP_IOCTL_NOTIF_RECV, g_req) < 0)
-		return;   /* the target went (ENOENT), or a signal */
+	static const struct itimerval bound = { .it_value = { .tv_usec = RECV_BOUND_US } }, off = { 0 };
+	setitimer(ITIMER_REAL, &bound, NULL);
+	int r = ioctl(lfd, SECCOMP_IOCTL_NOTIF_RECV, g_req);
+	setitimer(ITIMER_REAL, &off, NULL);
+	if (r < 0)
+		return;   /* the target went (ENOENT), another holder took it (EINTR at the bound) */
 	uint64_t t0 = now_ns();
 	g_st[SKIFF_ST_SC_INFLIGHT] = g_req->id;
 	enum outcome out = PASSED;
