@@ -90,24 +90,33 @@ func hostSubnet(t *testing.T, l *Lab, host string) netip.Prefix {
 
 // TestGuardDropsForgedVXLAN: a container's VXLAN frame — to another host or
 // to its own — never reaches a container with its forged inner source, and
-// a host accepts VXLAN only from cluster hosts. The same frame from a
-// cluster host is delivered: it is well formed.
+// a host accepts VXLAN only from cluster hosts, and from each only for its
+// own containers. A cluster host's frame from its own subnet is delivered:
+// the frame is well formed. The case of a host speaking for another's
+// subnet (issue 40, item 9a) was delivered before, in every mode.
 func TestGuardDropsForgedVXLAN(t *testing.T) {
-	l := newLab(t, Config{Name: "tvxlan", Hosts: 2, ContainersPerHost: 2})
+	for _, mode := range []string{"overlay", "auto"} {
+		t.Run(mode, func(t *testing.T) { testForgedVXLAN(t, mode) })
+	}
+}
+
+func testForgedVXLAN(t *testing.T, mode string) {
+	l := newLab(t, Config{Name: "tvxlan", Hosts: 2, ContainersPerHost: 2, Mode: mode})
 	const port = 7600
 	for _, tc := range []struct {
-		from, to, victim string
-		delivered        bool
+		from, to, victim, subnet string // subnet: whose the inner source is
+		delivered                bool
 	}{
-		{"h2", "h1", "h1/c2", true}, // a cluster host: the frame is good
-		{"h1/c1", "h2", "h2/c1", false},
-		{"h1/c1", "h1", "h1/c2", false}, // its own host
-		{"switch", "h2", "h2/c1", false},
+		{"h2", "h1", "h1/c2", "h2", true},  // a cluster host for its own: the frame is good
+		{"h2", "h1", "h1/c2", "h1", false}, // a cluster host for another's containers
+		{"h1/c1", "h2", "h2/c1", "h1", false},
+		{"h1/c1", "h1", "h1/c2", "h1", false}, // its own host
+		{"switch", "h2", "h2/c1", "h1", false},
 	} {
-		name := fmt.Sprintf("%s to %s", tc.from, tc.to)
+		name := fmt.Sprintf("%s to %s as %s", tc.from, tc.to, tc.subnet)
 		victim, _ := l.IP(tc.victim)
 		dstHost, _ := l.IP(tc.to)
-		spoofed := cluster.Gateway(hostSubnet(t, l, "h1")).Next().Next().Next() // unassigned, h1's subnet
+		spoofed := cluster.Gateway(hostSubnet(t, l, tc.subnet)).Next().Next().Next() // unassigned
 		frame := forgedVXLAN(overlay.VTEPMAC(dstHost), spoofed, victim, 0, port, []byte(name))
 		var conn *net.UDPConn
 		if err := l.Do(tc.victim, func() (err error) {

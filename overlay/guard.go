@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -23,7 +24,8 @@ import (
 //	                 the overlay: the VXLAN port of any address, and the
 //	                 control-plane endpoints of the store and of every host.
 //	SKIFF-VXLAN      INPUT, VXLAN to this host: only from cluster hosts'
-//	                 underlay addresses.
+//	                 underlay addresses, and from each only for its own
+//	                 containers (the inner source, when in the cluster).
 const (
 	chainGuardIn  = "SKIFF-GUARD-IN"
 	chainGuardFwd = "SKIFF-GUARD-FWD"
@@ -115,12 +117,33 @@ func (o *Overlay) guardRules(cp ControlPlane, hosts []cluster.Host) string {
 	}
 	for _, h := range hosts {
 		if h.UnderlayIP.Is4() && h.UnderlayIP != o.cfg.Host.UnderlayIP {
+			// A host speaks for its own containers only: an inner IPv4
+			// source in the cluster outside its subnet is dropped.
+			if h.Subnet.Addr().Is4() {
+				fmt.Fprintf(&b, "-A %s -s %s/32 -m u32 --u32 %q -m u32 ! --u32 %q -m comment --comment \"skiff: inner source of another host\" -j DROP\n",
+					chainVXLAN, h.UnderlayIP, innerSourceIn(o.cfg.Cluster.CIDR), innerSourceIn(h.Subnet))
+			}
 			fmt.Fprintf(&b, "-A %s -s %s/32 -j RETURN\n", chainVXLAN, h.UnderlayIP)
 		}
 	}
 	fmt.Fprintf(&b, "-A %s -m comment --comment \"skiff: VXLAN only from cluster hosts\" -j DROP\n", chainVXLAN)
 	b.WriteString("COMMIT\n")
 	return b.String()
+}
+
+// innerSourceIn is the u32 match (xt_u32) for a VXLAN packet that carries
+// an IPv4 frame whose source is in p. Offsets from the UDP header (the
+// outer IP header's length, read from its first byte): the inner Ethernet
+// type at 8 (UDP) + 8 (VXLAN) + 12, the inner source at 8 + 8 + 14 + 12.
+// A packet too short for either read does not match.
+func innerSourceIn(p netip.Prefix) string {
+	p = p.Masked()
+	a := p.Addr().As4()
+	mask := ^uint32(0) << (32 - p.Bits())
+	if p.Bits() == 0 {
+		mask = 0
+	}
+	return fmt.Sprintf("0>>22&0x3C@28>>16=0x0800&&0>>22&0x3C@42&0x%08x=0x%08x", mask, binary.BigEndian.Uint32(a[:]))
 }
 
 // controlEndpoints lists the remote control-plane endpoints, sorted and

@@ -17,7 +17,7 @@ func TestGuardRules(t *testing.T) {
 	cp := ControlPlane{Ports: []uint16{9473, 2379, 2380, 2379}, Endpoints: []netip.AddrPort{ap("10.99.0.254:2379"), ap("10.99.0.254:2380")}}
 	hosts := []cluster.Host{
 		o.cfg.Host,
-		{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Control: []netip.AddrPort{ap("0.0.0.0:9473"), ap("127.0.0.1:2379"), ap("10.99.0.254:2379")}},
+		{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24"), Control: []netip.AddrPort{ap("0.0.0.0:9473"), ap("127.0.0.1:2379"), ap("10.99.0.254:2379")}},
 	}
 	got := o.guardRules(cp, hosts)
 	for _, want := range []string{
@@ -25,7 +25,12 @@ func TestGuardRules(t *testing.T) {
 		"-A SKIFF-GUARD-IN -p tcp -m multiport --dports 2379,2380,9473 -j REJECT --reject-with tcp-reset\n",
 		"-A SKIFF-GUARD-FWD -d 10.244.0.0/16 -j RETURN\n-A SKIFF-GUARD-FWD -p udp --dport 4789 -j DROP\n",
 		"-A SKIFF-GUARD-FWD -d 10.99.0.2/32 -p tcp --dport 9473 -j REJECT", // unspecified: the host's underlay address
-		"-A SKIFF-VXLAN -s 10.99.0.2/32 -j RETURN\n",
+		// h2 speaks for 10.244.2.0/24 only: an IPv4 frame with another
+		// source in 10.244.0.0/16 is dropped, then the rest returns.
+		`-A SKIFF-VXLAN -s 10.99.0.2/32 -m u32 --u32 "0>>22&0x3C@28>>16=0x0800&&0>>22&0x3C@42&0xffff0000=0x0af40000" ` +
+			`-m u32 ! --u32 "0>>22&0x3C@28>>16=0x0800&&0>>22&0x3C@42&0xffffff00=0x0af40200" ` +
+			`-m comment --comment "skiff: inner source of another host" -j DROP` + "\n" +
+			"-A SKIFF-VXLAN -s 10.99.0.2/32 -j RETURN\n",
 		"VXLAN only from cluster hosts\" -j DROP\nCOMMIT\n",
 	} {
 		if !strings.Contains(got, want) {
