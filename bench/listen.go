@@ -34,7 +34,7 @@ func waitListening(ctx context.Context, lab Lab, target string, want []listenPor
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	for {
-		open, err := openPorts(ctx, lab, target)
+		open, err := openPorts(ctx, lab, target, false)
 		if err == nil && containsAll(open, want) {
 			return nil
 		}
@@ -61,8 +61,9 @@ type ListenerLab interface {
 }
 
 // openPorts lists the listening TCP and bound UDP ports in target's namespace
-// (and, on a ListenerLab, its listeners elsewhere).
-func openPorts(ctx context.Context, lab Lab, target string) (map[listenPort]bool, error) {
+// (and, on a ListenerLab, its listeners elsewhere); with taken, the local
+// ports of every TCP socket too, whatever its state.
+func openPorts(ctx context.Context, lab Lab, target string, taken bool) (map[listenPort]bool, error) {
 	open := map[listenPort]bool{}
 	if ll, ok := lab.(ListenerLab); ok {
 		aps, err := ll.Listening(ctx, target)
@@ -83,7 +84,7 @@ func openPorts(ctx context.Context, lab Lab, target string) (map[listenPort]bool
 	if err != nil {
 		return nil, fmt.Errorf("probe sockets in %s: %w", target, err)
 	}
-	for p := range parseProcNet(res.Stdout) {
+	for p := range parseProcNet(res.Stdout, taken) {
 		open[p] = true
 	}
 	return open, nil
@@ -91,8 +92,11 @@ func openPorts(ctx context.Context, lab Lab, target string) (map[listenPort]bool
 
 // parseProcNet reads `grep -H "" /proc/net/{tcp,udp}*` output: lines of
 // "FILE:  sl local_address rem_address st ...". TCP sockets count when in
-// LISTEN (0A), UDP sockets when bound and unconnected (07).
-func parseProcNet(out []byte) map[listenPort]bool {
+// LISTEN (0A), UDP sockets when bound and unconnected (07); with taken,
+// every TCP socket counts: a client's connection or TIME_WAIT on a local
+// port (the lab's ephemeral range covers the bench's ports) makes a
+// server's bind there fail with EADDRINUSE, SO_REUSEADDR or not.
+func parseProcNet(out []byte, taken bool) map[listenPort]bool {
 	open := map[listenPort]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -105,7 +109,7 @@ func parseProcNet(out []byte) map[listenPort]bool {
 		if len(f) < 4 || (proto != "tcp" && proto != "udp") {
 			continue
 		}
-		if (proto == "tcp" && f[3] != "0A") || (proto == "udp" && f[3] != "07") {
+		if (proto == "tcp" && f[3] != "0A" && !taken) || (proto == "udp" && f[3] != "07") {
 			continue
 		}
 		i := strings.LastIndex(f[1], ":")

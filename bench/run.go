@@ -341,7 +341,7 @@ func (r *runner) fail(c cell, err error) {
 // in target's namespace, so a cell never reuses its predecessor's sockets
 // and the readiness probe never mistakes a stranger's socket for the server.
 func (r *runner) pickPort(ctx context.Context, target string) (int, error) {
-	open, err := openPorts(ctx, r.lab, target)
+	open, err := openPorts(ctx, r.lab, target, true)
 	if err != nil {
 		return 0, err
 	}

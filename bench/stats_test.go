@@ -135,7 +135,7 @@ func TestParseProcNet(t *testing.T) {
 		"/proc/net/udp:   8: 0100007F:6290 0100007F:1234 01 00000000:00000000 00:00000000 00000000     0        0 201239 2",
 		"grep: /proc/net/udp6: No such file or directory",
 	}, "\n")
-	got := parseProcNet([]byte(out))
+	got := parseProcNet([]byte(out), false)
 	want := map[listenPort]bool{{"tcp", 25230}: true, {"tcp", 8080}: true, {"udp", 25230}: true}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)
@@ -147,6 +147,10 @@ func TestParseProcNet(t *testing.T) {
 	}
 	if !containsAll(got, []listenPort{{"tcp", 25230}, {"udp", 25230}}) || containsAll(got, []listenPort{{"tcp", 25231}}) {
 		t.Error("containsAll wrong")
+	}
+	// For a server's port, a connection's local port is taken too.
+	if taken := parseProcNet([]byte(out), true); !taken[listenPort{"tcp", 25231}] || len(taken) != len(want)+1 {
+		t.Errorf("taken ports: %v, want the connection's 25231 beside %v", taken, want)
 	}
 }
 
