@@ -139,10 +139,7 @@ func (o *Overlay) guardRules(cp ControlPlane, hosts []cluster.Host) string {
 func innerSourceIn(p netip.Prefix) string {
 	p = p.Masked()
 	a := p.Addr().As4()
-	mask := ^uint32(0) << (32 - p.Bits())
-	if p.Bits() == 0 {
-		mask = 0
-	}
+	mask := ^uint32(0) << (32 - p.Bits()) // a shift by 32 gives 0
 	return fmt.Sprintf("0>>22&0x3C@28>>16=0x0800&&0>>22&0x3C@42&0x%08x=0x%08x", mask, binary.BigEndian.Uint32(a[:]))
 }
 

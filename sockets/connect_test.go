@@ -481,26 +481,33 @@ func TestExposedListenerOnLo(t *testing.T) {
 	}
 }
 
+// connectLocal publishes target as a listener of this host (no policy
+// rules) and connects to it from the container's cgroup: pyConnect's line.
+func connectLocal(t *testing.T, l *Layer, python func(string, ...string) *exec.Cmd, target netip.AddrPort) string {
+	t.Helper()
+	rules, err := policy.NewSet(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{{Host: testHost.Name, Addr: target}}, rules); err != nil {
+		t.Fatal(err)
+	}
+	out, err := python(pyConnect, target.String()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // TestSameHostRecordLeavesWithFailedConnect runs sockops in the kernel: a
 // same-host client records its SYN itself, and a connect that fails (here
 // refused: nothing listens at the port) takes the record with it, so a
 // later plain SYN of the tuple on lo is the host's.
 func TestSameHostRecordLeavesWithFailedConnect(t *testing.T) {
 	l, python := containerHost(t, "sock_create", "connect4", "sockops")
-	rules, err := policy.NewSet(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	target := netip.MustParseAddrPort("10.244.1.9:8090") // a container of this host
-	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{{Host: testHost.Name, Addr: target}}, rules); err != nil {
-		t.Fatal(err)
-	}
 	before, _ := l.Stats()
-	out, err := python(pyConnect, target.String()).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if got := strings.TrimSpace(string(out)); got != "err ECONNREFUSED" {
+	if got := connectLocal(t, l, python, target); got != "err ECONNREFUSED" {
 		t.Fatalf("connect to a port where nothing listens: %q", got)
 	}
 	if after, _ := l.Stats(); after["syn_recorded"] != before["syn_recorded"]+1 {
@@ -529,20 +536,9 @@ func TestSameHostUnrecordedRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lk.Close()
-	rules, err := policy.NewSet(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	target := netip.MustParseAddrPort("10.244.1.9:80") // a container of this host; the host listens on :80
-	if err := l.Sync([]cluster.Host{testHost}, []cluster.Listener{{Host: testHost.Name, Addr: target}}, rules); err != nil {
-		t.Fatal(err)
-	}
 	before, _ := l.Stats()
-	out, err := python(pyConnect, target.String()).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if got := strings.TrimSpace(string(out)); got != "err ECONNREFUSED" {
+	if got := connectLocal(t, l, python, target); got != "err ECONNREFUSED" {
 		t.Fatalf("same-host connect without its record: %q, want it refused (not the host's listener)", got)
 	}
 	after, _ := l.Stats()

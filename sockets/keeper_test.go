@@ -81,37 +81,28 @@ func TestKeeperReceiveBounded(t *testing.T) {
 		}
 	}()
 
-	type keeper struct {
-		cmd *exec.Cmd
-		ctl int
-		log bytes.Buffer
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	keepers := make([]*keeper, 1)
-	for i := range keepers {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := &keeper{ctl: fds[0]}
-		theirs := os.NewFile(uintptr(fds[1]), "control")
-		k.cmd = exec.Command(filepath.Join(bin, "skiff-broker"), "--keeper", "--control-fd", "3")
-		k.cmd.ExtraFiles = []*os.File{theirs}
-		k.cmd.Stderr = &k.log
-		err = k.cmd.Start()
-		theirs.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			k.cmd.Process.Kill()
-			k.cmd.Wait()
-			unix.Close(k.ctl)
-			if t.Failed() {
-				t.Logf("keeper %d log:\n%s", k.cmd.Process.Pid, k.log.String())
-			}
-		})
-		keepers[i] = k
+	ctl, theirs := fds[0], os.NewFile(uintptr(fds[1]), "control")
+	defer unix.Close(ctl)
+	var klog bytes.Buffer
+	keeper := exec.Command(filepath.Join(bin, "skiff-broker"), "--keeper", "--control-fd", "3")
+	keeper.ExtraFiles = []*os.File{theirs}
+	keeper.Stderr = &klog
+	err = keeper.Start()
+	theirs.Close()
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer func() {
+		keeper.Process.Kill()
+		keeper.Wait()
+		if t.Failed() {
+			t.Logf("keeper log:\n%s", klog.String())
+		}
+	}()
 
 	const burst = 1
 	p := exec.Command(filepath.Join(bin, "skiff-seccomp-exec"), "--filter", filter, "--socket", sock, "--id", "racer", "--",
@@ -141,10 +132,8 @@ func TestKeeperReceiveBounded(t *testing.T) {
 		t.Fatalf("no listener from skiff-seccomp-exec: %s", perr.String())
 	}
 	defer h.FD.Close()
-	for _, k := range keepers {
-		if err := unix.Sendmsg(k.ctl, []byte{'L'}, unix.UnixRights(int(h.FD.Fd())), nil, 0); err != nil {
-			t.Fatal(err)
-		}
+	if err := unix.Sendmsg(ctl, []byte{'L'}, unix.UnixRights(int(h.FD.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
 	}
 	other := exec.Command(os.Args[0], "-test.run=^TestReceiverHelper$")
 	other.Env = append(os.Environ(), "SKIFF_TEST_RECEIVER=1")
@@ -177,15 +166,12 @@ func TestKeeperReceiveBounded(t *testing.T) {
 		// The bound is 100 ms: well past it, neither keeper may still
 		// wait in a receive.
 		time.Sleep(150 * time.Millisecond)
-		for _, k := range keepers {
-			if receiving(k.cmd.Process.Pid) {
-				stuck++
-				t.Errorf("round %d: the keeper still in SECCOMP_IOCTL_NOTIF_RECV 150 ms after the filter's last call", round)
-			}
+		if receiving(keeper.Process.Pid) {
+			stuck++
 		}
 	}
 	if stuck > 0 {
-		t.Logf("%d of %d checks found the keeper waiting in a receive", stuck, rounds)
+		t.Errorf("%d of %d checks found the keeper still in SECCOMP_IOCTL_NOTIF_RECV 150 ms after the filter's last call", stuck, rounds)
 	}
 }
 
