@@ -160,6 +160,25 @@ type SocketsStatus struct {
 	Listeners  []string           `json:"listeners"` // overlay address:port of replaced listeners
 	Containers []SocketsContainer `json:"containers"`
 	Policy     *SocketsPolicy     `json:"policy"` // null: none in force, every connection takes the overlay
+	// ListenerQuota is the ports each container's host sockets may hold.
+	ListenerQuota int `json:"listenerQuota"`
+	// RoutesOver counts the cluster's published listeners this host has
+	// no fast-path route for (its route map is full; each container gets
+	// an equal share): connections to them take the overlay.
+	RoutesOver int `json:"routesOver,omitempty"`
+	// Publish is how this host's listeners reached the cluster store.
+	Publish *SocketsPublish `json:"publish,omitempty"`
+}
+
+// SocketsPublish counts the writes of this host's replaced listeners to
+// the cluster store: changes are gathered and written at most once a
+// publish interval, so a container that opens and closes listeners in a
+// loop costs the store and the other agents one write per interval.
+type SocketsPublish struct {
+	Listeners int       `json:"listeners"` // in the store as last written
+	Writes    uint64    `json:"writes"`    // writes of a changed set
+	Last      time.Time `json:"last,omitzero"`
+	Error     string    `json:"error,omitempty"` // of the last write, if it failed
 }
 
 // SocketsPolicy is the policy the sockets layer judges new fast-path
@@ -175,6 +194,7 @@ type SocketsContainer struct {
 	ContainerID string `json:"containerID"`
 	IP          string `json:"ip"`
 	Broker      bool   `json:"broker"`    // its broker runs
+	Ports       int    `json:"ports"`     // ports its host sockets hold (bound or listening), against the quota
 	HandedOut   uint64 `json:"handedOut"` // host sockets given to its processes
 	Replaced    uint64 `json:"replaced"`  // connections and listeners on host sockets
 	Fallback    uint64 `json:"fallback"`  // sockets that fell back to the overlay

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/channels"
@@ -337,6 +338,19 @@ func printSteering(w io.Writer, s *api.SteeringStatus) {
 func printSockets(env Env, s *api.SocketsStatus) {
 	w := env.Stdout
 	fmt.Fprintf(w, "replaced listeners: %s\n", strings.Join(s.Listeners, " "))
+	if p := s.Publish; p != nil {
+		fmt.Fprintf(w, "published: %d listeners, %d writes", p.Listeners, p.Writes)
+		if !p.Last.IsZero() {
+			fmt.Fprintf(w, ", last %s ago", time.Since(p.Last).Round(time.Second))
+		}
+		if p.Error != "" {
+			fmt.Fprintf(w, ", FAILING: %s", p.Error)
+		}
+		fmt.Fprintln(w)
+	}
+	if s.RoutesOver > 0 {
+		fmt.Fprintf(w, "fast-path routes: FULL, %d published listeners take the overlay\n", s.RoutesOver)
+	}
 	switch p := s.Policy; {
 	case p == nil:
 		fmt.Fprintln(w, "fast-path policy: none in force: every connection takes the overlay")
@@ -355,12 +369,13 @@ func printSockets(env Env, s *api.SocketsStatus) {
 			broker = fmt.Sprintf("refused (pid %d holds NET_ADMIN/SYS_ADMIN)", c.Privileged)
 		}
 		sc := c.Seccomp
-		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced),
+		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprintf("%d/%d", c.Ports, s.ListenerQuota), fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced),
 			fmt.Sprint(c.Fallback), fmt.Sprint(sc.Listeners), fmt.Sprint(sc.Replaced), fmt.Sprint(sc.Fallback), fmt.Sprint(sc.Passed)})
 	}
-	// preload: the shim's counts; seccomp: the broker's, for processes
-	// under skiff's seccomp profile
-	table(w, "  CONTAINER\tIP\tBROKER\tHANDED OUT\tPRELOAD REPLACED\tPRELOAD FALLBACK\tSECCOMP LISTENERS\tSECCOMP REPLACED\tSECCOMP FALLBACK\tSECCOMP PASSED", rows)
+	// ports: bound or listening, against the quota; preload: the shim's
+	// counts; seccomp: the broker's, for processes under skiff's seccomp
+	// profile
+	table(w, "  CONTAINER\tIP\tBROKER\tPORTS\tHANDED OUT\tPRELOAD REPLACED\tPRELOAD FALLBACK\tSECCOMP LISTENERS\tSECCOMP REPLACED\tSECCOMP FALLBACK\tSECCOMP PASSED", rows)
 	rows = nil
 	// The layer's events in their order, then its rate limits' (limit_*).
 	names := slices.Concat(sockets.Reasons, slices.Sorted(func(yield func(string) bool) {

@@ -398,11 +398,23 @@ func (l *Layer) forgetAddress(ip netip.Addr) error {
 	return l.forgetPorts(bpfmap.IPv4(ip))
 }
 
-// forgetPorts forgets that an address had a replaced listener, and the
-// ports its sockets held bound.
+// Held is how many ports the host sockets of the container at ip hold
+// (bound or listening), against its quota.
+func (l *Layer) Held(ip netip.Addr) int {
+	var n uint32
+	if err := l.objs.SksHeld.Lookup(bpfmap.IPv4(ip), &n); err != nil {
+		return 0
+	}
+	return int(n)
+}
+
+// forgetPorts forgets that an address had a replaced listener, the ports
+// its sockets held bound and their count.
 func (l *Layer) forgetPorts(ip uint32) error {
-	if err := l.objs.SksServed.Delete(ip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return err
+	for _, m := range []*ebpf.Map{l.objs.SksServed, l.objs.SksHeld} {
+		if err := m.Delete(ip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
 	}
 	bound, err := bpfmap.Entries[sksSksKey, uint64](l.objs.SksBound)
 	if err != nil {

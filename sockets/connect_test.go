@@ -624,3 +624,62 @@ func TestOptset(t *testing.T) {
 		t.Fatalf("host sockets' option sets %q (%v), want \"0 0 0\"", got, err)
 	}
 }
+
+// pyQuota holds as many listeners as its argument allows, one more bind,
+// a listen without a port, and, after one listener closed, one more: how
+// many are published, what the bind did, and the devices of the other two.
+const pyQuota = pyDevice + `
+import sys
+quota = int(sys.argv[1])
+held = []
+for i in range(quota):
+    s = socket.socket()
+    s.bind(("0.0.0.0", 20000 + i))
+    s.listen()
+    held.append(s)
+out = [sum(device(s) == "-" for s in held)]
+extra = socket.socket()
+try:
+    extra.bind(("0.0.0.0", 20000 + quota))
+    out.append("bound")
+except PermissionError:
+    out.append("EPERM")
+extra.close()
+anyport = socket.socket()
+anyport.bind(("0.0.0.0", 0))
+anyport.listen()
+out.append(device(anyport))
+anyport.close()
+held.pop().close()
+again = socket.socket()
+again.bind(("0.0.0.0", 20000 + quota))
+again.listen()
+out.append(device(again))
+print(*out)
+`
+
+// TestListenerQuota runs bind4, sockops and sock_release in the kernel: a
+// container's host sockets hold at most its quota of ports, bound or
+// listening; past it a bind is refused (EPERM: the shim gives the app a
+// container socket) and a listen without a port is left unpublished on lo,
+// so the host-wide maps keep room for its neighbours. A closed listener
+// gives its port back, and the count is 0 when every socket closed.
+func TestListenerQuota(t *testing.T) {
+	l, python := containerHost(t, "sock_create", "bind4", "sockops", "sock_release")
+	quota := l.cfg.quota()
+	before, _ := l.Stats()
+	out, err := python(pyQuota, fmt.Sprint(quota)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := []string{fmt.Sprint(quota), "EPERM", "lo", "-"}
+	if got := strings.Fields(string(out)); !slices.Equal(got, want) {
+		t.Fatalf("published of %d, the next bind, a listen on any port, a listen after a close: %q, want %q", quota, got, want)
+	}
+	if after, _ := l.Stats(); after["listen_quota"] != before["listen_quota"]+2 {
+		t.Errorf("listen_quota %d → %d, want two more", before["listen_quota"], after["listen_quota"])
+	}
+	if n := l.Held(ipServer); n != 0 {
+		t.Errorf("%d ports held after every socket closed", n)
+	}
+}

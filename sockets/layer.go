@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -27,7 +26,7 @@ func init() {
 }
 
 // Options are the sockets layer's settings (skiffd's --sockets-secure,
-// --broker, --cgroup-root, --seccomp-socket).
+// --broker, --cgroup-root, --seccomp-socket, --sockets-listener-quota).
 type Options struct {
 	Secure     bool   // refuse what the fast path does not carry
 	Broker     string // the skiff-broker binary (default: next to the running binary)
@@ -35,16 +34,20 @@ type Options struct {
 	// SeccompSocket is where container runtimes hand over the seccomp
 	// listeners of skiff's profile (its listenerPath); "" takes none.
 	SeccompSocket string
+	// ListenerQuota is the ports one container's host sockets may hold
+	// (0: DefaultListenerQuota).
+	ListenerQuota int
 }
 
 // agentLayer is the sockets layer as the agent drives it (package layer).
 type agentLayer struct {
-	opts     Options
-	l        *Layer
-	stateDir string
-	eps      layer.Attached // local containers given the layer
-	enforced bool           // the policy was enforced since start
-	seccomp  *seccomp.Receiver
+	opts      Options
+	l         *Layer
+	stateDir  string
+	eps       layer.Attached // local containers given the layer
+	enforced  bool           // the policy was enforced since start
+	seccomp   *seccomp.Receiver
+	publisher *publisher
 }
 
 // takeNotify gives a container process's seccomp listener to its
@@ -78,6 +81,9 @@ func parseOptions(options any) (Options, error) {
 		o = v
 	default:
 		return o, fmt.Errorf("sockets layer options are a sockets.Options, not %T", options)
+	}
+	if o.ListenerQuota < 0 {
+		return o, fmt.Errorf("a listener quota of %d: give 1 or more (0: %d)", o.ListenerQuota, DefaultListenerQuota)
 	}
 	if o.Broker == "" {
 		exe, err := os.Executable()
@@ -146,7 +152,7 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 	}
 	l, err := Load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
 		PinDir: env.PinDir, Secure: a.opts.Secure, CgroupRoot: root, Broker: a.opts.Broker,
-		StateDir: env.StateDir}, env.Log)
+		StateDir: env.StateDir, ListenerQuota: a.opts.ListenerQuota}, env.Log)
 	if err != nil {
 		return err
 	}
@@ -170,7 +176,8 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 		go r.Serve(ctx, a.takeNotify)
 		env.Log.Info("seccomp agent listening", "socket", a.opts.SeccompSocket)
 	}
-	go publishListeners(ctx, env, l, changed)
+	a.publisher = newPublisher(env.Host.Name, l.LocalListeners, env.Listeners, env.Log)
+	go a.publisher.run(ctx, changed)
 	env.Log.Info("sockets layer attached", "pins", env.PinDir, "cgroups", root, "secure", a.opts.Secure)
 	return nil
 }
@@ -184,33 +191,6 @@ func teardownLayer(env layer.Env) (bool, error) {
 		return true, fmt.Errorf("remove the sockets layer: %w", err)
 	}
 	return true, nil
-}
-
-// publishListeners writes this host's replaced listeners to the store when
-// the kernel reports a change, and every few seconds in case an event was
-// lost or the store was away. Other hosts' agents turn them into fast-path
-// routes.
-func publishListeners(ctx context.Context, env layer.Env, l *Layer, changed <-chan struct{}) {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		ls, err := l.LocalListeners()
-		if err == nil {
-			err = env.Listeners.SetListeners(ctx, env.Host.Name, ls)
-		}
-		if err != nil && ctx.Err() == nil {
-			env.Log.Warn("publish listeners", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-changed:
-			if !ok {
-				return
-			}
-		case <-t.C:
-		}
-	}
 }
 
 // AddEndpoint gives a container host sockets; without them it uses the
@@ -279,7 +259,7 @@ func (a *agentLayer) Listeners(_ context.Context, v *layer.View) error {
 
 // Status reports the layer's counters, listeners and containers.
 func (a *agentLayer) Status(st *api.Status, local []cluster.Endpoint) {
-	s := &api.SocketsStatus{}
+	s := &api.SocketsStatus{ListenerQuota: a.l.cfg.quota(), Publish: a.publisher.stats(), RoutesOver: int(a.l.routesOver.Load())}
 	s.Counters, _ = a.l.Stats()
 	if p, err := a.l.PolicyInForce(); err == nil && p != nil {
 		s.Policy = &api.SocketsPolicy{Rules: p.Rules, Overflow: p.Overflow}
@@ -293,7 +273,7 @@ func (a *agentLayer) Status(st *api.Status, local []cluster.Endpoint) {
 		if !Replaced(e) {
 			continue
 		}
-		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String()}
+		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String(), Ports: a.l.Held(e.IP.Addr())}
 		bs := ReadBrokerStats(a.stateDir, e.ContainerID)
 		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = bs.HandedOut, bs.Replaced, bs.Fallback, bs.Privileged
 		c.Seccomp = api.SocketsSeccomp{Listeners: bs.Seccomp.Listeners, Replaced: bs.Seccomp.Replaced,

@@ -43,7 +43,8 @@ type sksSksInfo struct {
 	LocalPort uint16
 	PeerPort  uint16
 	Role      uint8
-	Pad       [3]uint8
+	Held      uint8
+	Pad       [2]uint8
 }
 
 type sksSksKey struct {
@@ -122,6 +123,7 @@ const (
 	sksMapSksBound           = "sks_bound"
 	sksMapSksContainers      = "sks_containers"
 	sksMapSksEvents          = "sks_events"
+	sksMapSksHeld            = "sks_held"
 	sksMapSksKill            = "sks_kill"
 	sksMapSksListen          = "sks_listen"
 	sksMapSksOptset          = "sks_optset"
@@ -152,6 +154,7 @@ const (
 	sksVarCfgClusterMask     = "cfg_cluster_mask"
 	sksVarCfgClusterNet      = "cfg_cluster_net"
 	sksVarCfgHostNetns       = "cfg_host_netns"
+	sksVarCfgListenQuota     = "cfg_listen_quota"
 	sksVarCfgLocalMask       = "cfg_local_mask"
 	sksVarCfgLocalNet        = "cfg_local_net"
 	sksVarCfgMark            = "cfg_mark"
@@ -232,6 +235,7 @@ type sksMapSpecs struct {
 	SksBound      *ebpf.MapSpec `ebpf:"sks_bound"`
 	SksContainers *ebpf.MapSpec `ebpf:"sks_containers"`
 	SksEvents     *ebpf.MapSpec `ebpf:"sks_events"`
+	SksHeld       *ebpf.MapSpec `ebpf:"sks_held"`
 	SksKill       *ebpf.MapSpec `ebpf:"sks_kill"`
 	SksListen     *ebpf.MapSpec `ebpf:"sks_listen"`
 	SksOptset     *ebpf.MapSpec `ebpf:"sks_optset"`
@@ -252,6 +256,7 @@ type sksVariableSpecs struct {
 	CfgClusterMask     *ebpf.VariableSpec `ebpf:"cfg_cluster_mask"`
 	CfgClusterNet      *ebpf.VariableSpec `ebpf:"cfg_cluster_net"`
 	CfgHostNetns       *ebpf.VariableSpec `ebpf:"cfg_host_netns"`
+	CfgListenQuota     *ebpf.VariableSpec `ebpf:"cfg_listen_quota"`
 	CfgLocalMask       *ebpf.VariableSpec `ebpf:"cfg_local_mask"`
 	CfgLocalNet        *ebpf.VariableSpec `ebpf:"cfg_local_net"`
 	CfgMark            *ebpf.VariableSpec `ebpf:"cfg_mark"`
@@ -288,6 +293,7 @@ type sksMaps struct {
 	SksBound      *ebpf.Map `ebpf:"sks_bound"`
 	SksContainers *ebpf.Map `ebpf:"sks_containers"`
 	SksEvents     *ebpf.Map `ebpf:"sks_events"`
+	SksHeld       *ebpf.Map `ebpf:"sks_held"`
 	SksKill       *ebpf.Map `ebpf:"sks_kill"`
 	SksListen     *ebpf.Map `ebpf:"sks_listen"`
 	SksOptset     *ebpf.Map `ebpf:"sks_optset"`
@@ -306,6 +312,7 @@ func (m *sksMaps) Close() error {
 		m.SksBound,
 		m.SksContainers,
 		m.SksEvents,
+		m.SksHeld,
 		m.SksKill,
 		m.SksListen,
 		m.SksOptset,
@@ -327,6 +334,7 @@ type sksVariables struct {
 	CfgClusterMask     *ebpf.Variable `ebpf:"cfg_cluster_mask"`
 	CfgClusterNet      *ebpf.Variable `ebpf:"cfg_cluster_net"`
 	CfgHostNetns       *ebpf.Variable `ebpf:"cfg_host_netns"`
+	CfgListenQuota     *ebpf.Variable `ebpf:"cfg_listen_quota"`
 	CfgLocalMask       *ebpf.Variable `ebpf:"cfg_local_mask"`
 	CfgLocalNet        *ebpf.Variable `ebpf:"cfg_local_net"`
 	CfgMark            *ebpf.Variable `ebpf:"cfg_mark"`

@@ -98,6 +98,7 @@ volatile const __u32 cfg_secure;       // refuse what is not the fast path
 volatile const __u32 cfg_mark;         // overlay packets the host stack takes (policy)
 volatile const __u8 cfg_tos;           // routes them there (TOS bits of a local route)
 volatile const __be32 cfg_same_host;    // both ends of a same-host fast connection (on lo)
+volatile const __u32 cfg_listen_quota;  // ports a container's host sockets may hold (bound or listening)
 
 struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -223,6 +224,22 @@ struct {
 	__type(value, __u8);
 } sks_served SEC(".maps");
 
+// Ports each container's host sockets hold, by its address: bound (in
+// sks_bound) or listening (in sks_listen, or bound to lo when it could not
+// be published). A socket is counted once, from its bind (or its listen,
+// without a bind) to its release; past cfg_listen_quota the container's
+// further binds and listens are refused and the shim gives it container
+// sockets (the overlay), so that no container takes its neighbours' share
+// of the host-wide maps. The agent removes an address with its container.
+struct {
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, __u32);
+} sks_held SEC(".maps");
+
 // Set while a steering program looks up a connection: the lookup runs
 // sks_lookup too (the kernel's listener path), which then answers "none"
 // at once instead of judging a delivery. Per CPU: the lookup runs on the
@@ -335,6 +352,41 @@ static __always_inline void unreserve(struct sks_key *k, __u64 cookie)
 		bpf_map_delete_elem(&sks_bound, k);
 }
 
+// charge counts the socket against its container's quota (once): false
+// past the quota, or when sks_held is full.
+static __always_inline bool charge(struct sks_info *si)
+{
+	if (si->held)
+		return true;
+	__u32 *n = bpf_map_lookup_elem(&sks_held, &si->local_ip);
+	if (!n) {
+		__u32 zero = 0;
+		bpf_map_update_elem(&sks_held, &si->local_ip, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&sks_held, &si->local_ip);
+		if (!n)
+			return false;
+	}
+	// Read, then added to: binds racing on other CPUs can pass the
+	// quota by one each (the programs are built for BPF v1, which has
+	// no fetching atomics).
+	if (*n >= cfg_listen_quota)
+		return false;
+	__sync_fetch_and_add(n, 1);
+	si->held = 1;
+	return true;
+}
+
+// uncharge gives the socket's count back.
+static __always_inline void uncharge(struct sks_info *si)
+{
+	if (!si->held)
+		return;
+	si->held = 0;
+	__u32 *n = bpf_map_lookup_elem(&sks_held, &si->local_ip);
+	if (n && *n > 0) // 0: the address was forgotten and given again
+		__sync_fetch_and_add(n, -1);
+}
+
 // A bound socket closed before it listened: its port is free again. Every
 // connection's sockets come here too, still connected: they return before
 // the storage lookup. (A listener holds a port only if it could not be
@@ -349,6 +401,7 @@ int sks_sock_release(struct bpf_sock *sk)
 		return 1;
 	struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
 	unreserve(&k, bpf_get_socket_cookie(sk));
+	uncharge(si);
 	return 1;
 }
 
@@ -439,16 +492,22 @@ int sks_bind4(struct bpf_sock_addr *ctx)
 		__u64 cookie = bpf_get_socket_cookie(ctx);
 		__u64 *holder = bpf_map_lookup_elem(&sks_bound, &k);
 		if (!holder || *holder != cookie) {
-			long err = bpf_map_update_elem(&sks_bound, &k, &cookie, BPF_NOEXIST);
-			if (err == -EEXIST) {
-				bpf_set_retval(-EADDRINUSE);
-				count(SKS_BIND_INUSE);
+			// Past the quota (or sks_bound full): EPERM, and the shim
+			// gives the app a container socket, where the kernel
+			// keeps ports.
+			if (!charge(si)) {
+				count(SKS_LISTEN_QUOTA);
 				return 0;
 			}
+			long err = bpf_map_update_elem(&sks_bound, &k, &cookie, BPF_NOEXIST);
 			if (err) {
-				// Full: EPERM, and the shim gives the app a
-				// container socket, where the kernel keeps ports.
-				count(SKS_BIND_REFUSED);
+				uncharge(si);
+				if (err == -EEXIST) {
+					bpf_set_retval(-EADDRINUSE);
+					count(SKS_BIND_INUSE);
+				} else {
+					count(SKS_BIND_REFUSED);
+				}
 				return 0;
 			}
 		}
@@ -690,6 +749,12 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		struct sks_key k = {.ip = si->local_ip, .port = si->local_port};
 		if (!k.port)
 			k.port = bpf_htons((__u16)skops->local_port);
+		if (!charge(si)) {
+			// Past the container's quota: unpublished, as below.
+			bind_to_lo(skops);
+			count(SKS_LISTEN_QUOTA);
+			break;
+		}
 		__u8 yes = 1;
 		if (bpf_map_update_elem(&sks_served, &k.ip, &yes, BPF_ANY) != 0 ||
 		    bpf_sock_hash_update(skops, &sks_listen, &k, BPF_NOEXIST) != 0) {
@@ -728,6 +793,7 @@ int sks_sockops(struct bpf_sock_ops *skops)
 		if (si->role == SKS_EXPOSED)
 			break;
 		si->role = SKS_CHILD;
+		si->held = 0; // cloned from its listener, which keeps the count
 		si->peer_port = 0; // the real port is the peer's
 		struct sks_tuple t = syn_tuple(skops, false);
 		struct sks_pending *p = bpf_map_lookup_elem(&sks_syns, &t);

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -41,7 +42,15 @@ type Config struct {
 	CgroupRoot string // cgroup v2 mount containers' cgroups are relative to
 	Broker     string // the skiff-broker binary
 	StateDir   string // brokers' statistics files
+	// ListenerQuota is how many ports one container's host sockets may
+	// hold, bound or listening (0: DefaultListenerQuota).
+	ListenerQuota int
 }
+
+// DefaultListenerQuota is a container's share of the host's replaced
+// listeners (sks_listen and sks_bound hold 16 384 each): past it, a
+// container's listeners are its own sockets, reached through the overlay.
+const DefaultListenerQuota = 256
 
 // Layer is the loaded sockets layer of one host.
 type Layer struct {
@@ -55,6 +64,9 @@ type Layer struct {
 	// current one holds (nil: unknown, rewritten at the next Sync).
 	rulesSpec *ebpf.MapSpec
 	policy    *sksSksRules
+	// routesOver is how many published listeners the last Sync left
+	// without a route (sks_routes full).
+	routesOver atomic.Int64
 }
 
 // Load loads the programs with this host's configuration. Maps pinned by an
@@ -108,7 +120,15 @@ func configure(v sksVariableSpecs, cfg Config, cookie uint64) error {
 		v.CfgMark.Set(uint32(Mark)),
 		v.CfgTos.Set(uint8(HostStackTOS)),
 		v.CfgSameHost.Set(SameHostAddr.As4()),
+		v.CfgListenQuota.Set(uint32(cfg.quota())),
 	)
+}
+
+func (c Config) quota() int {
+	if c.ListenerQuota <= 0 {
+		return DefaultListenerQuota
+	}
+	return c.ListenerQuota
 }
 
 func mask(p netip.Prefix) [4]byte {
@@ -145,6 +165,7 @@ var Reasons = []string{
 	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
 	"syncookie_steered", "connect_denied", "syn_forged", "event_lost",
 	"tcp_fragment", "tcp_malformed", "syn_denied", "origdst_shown", "same_host_unrecorded",
+	"listen_quota",
 }
 
 // Stats returns the counters summed over CPUs, by reason.

@@ -81,7 +81,8 @@ struct sks_info {
 	__be16 local_port; // overlay port of a listener (0: the real port)
 	__be16 peer_port;
 	__u8 role;
-	__u8 pad[3];
+	__u8 held; // counted in sks_held (a bound port or a listener of its container)
+	__u8 pad[2];
 };
 
 // A container the layer serves, by cgroup id.
@@ -156,5 +157,6 @@ enum sks_reason {
 	SKS_SYN_DENIED,       // recorded SYN the server host's policy denies (RST)
 	SKS_ORIGDST_SHOWN,    // SO_ORIGINAL_DST answered with the overlay address
 	SKS_SAME_HOST_UNRECORDED, // same-host segment without its record: refused, never a host socket's
+	SKS_LISTEN_QUOTA,     // bind or listen past the container's quota: a container socket instead
 	SKS_REASONS,
 };

@@ -151,25 +151,72 @@ func TestSyncRoutes(t *testing.T) {
 	}
 }
 
-// TestSyncRoutesFull: more listeners than sks_routes holds. The ones that
-// fit are routed (the others take the overlay) and the error says how many
-// did not, once.
+// TestSyncRoutesFull: more listeners than sks_routes holds, nearly all of
+// two containers'. Each container gets an equal share of the routes (the
+// others take the overlay): the small ones keep all of theirs, the large
+// ones their lowest ports, and the map is full, without an error.
 func TestSyncRoutesFull(t *testing.T) {
 	l := loadTest(t)
 	peer := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
 	size := int(l.objs.SksRoutes.MaxEntries())
 	var listeners []cluster.Listener
-	for i := range size + 10 {
-		listeners = append(listeners, cluster.Listener{Host: "h2",
-			Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 2, byte(i%250 + 2)}), uint16(1000+i/250))})
+	for _, hog := range []string{"10.244.2.2", "10.244.2.5"} {
+		for i := range size/2 + 5 {
+			listeners = append(listeners, cluster.Listener{Host: "h2", Addr: netip.AddrPortFrom(netip.MustParseAddr(hog), uint16(1000+i))})
+		}
 	}
-	err := l.Sync([]cluster.Host{testHost, peer}, listeners, nil)
-	if err == nil || !strings.Contains(err.Error(), "10 entries failed") || strings.Count(err.Error(), "\n") != 0 {
-		t.Fatalf("sync of %d listeners into %d entries: %v", len(listeners), size, err)
+	for _, a := range []string{"10.244.2.3", "10.244.2.4"} {
+		listeners = append(listeners, cluster.Listener{Host: "h2", Addr: netip.MustParseAddrPort(a + ":80")})
+	}
+	if err := l.Sync([]cluster.Host{testHost, peer}, listeners, nil); err != nil {
+		t.Fatal(err)
 	}
 	got, err := bpfmap.Entries[sksSksKey, uint32](l.objs.SksRoutes)
 	if err != nil || len(got) != size {
 		t.Fatalf("%d routes (%v), want %d", len(got), err, size)
+	}
+	for _, a := range []string{"10.244.2.3:80", "10.244.2.4:80", "10.244.2.2:1000", "10.244.2.5:1000"} {
+		ap := netip.MustParseAddrPort(a)
+		if _, ok := got[sksSksKey{Ip: bpfmap.IPv4(ap.Addr()), Port: bpfmap.Port(ap.Port())}]; !ok {
+			t.Errorf("no route to %s", a)
+		}
+	}
+	if n := l.routesOver.Load(); n != 12 {
+		t.Errorf("%d listeners without a route, want 12", n)
+	}
+}
+
+func TestFairShare(t *testing.T) {
+	var ls []cluster.Listener
+	add := func(addr string, n int) {
+		for i := range n {
+			ls = append(ls, cluster.Listener{Addr: netip.AddrPortFrom(netip.MustParseAddr(addr), uint16(100+i))})
+		}
+	}
+	add("10.0.0.1", 50)
+	add("10.0.0.2", 3)
+	add("10.0.0.3", 20)
+	add("10.0.0.4", 9)
+	for _, tc := range []struct {
+		capacity int
+		want     map[string]int // kept, by address
+	}{
+		{100, map[string]int{"10.0.0.1": 50, "10.0.0.2": 3, "10.0.0.3": 20, "10.0.0.4": 9}},
+		{40, map[string]int{"10.0.0.1": 14, "10.0.0.2": 3, "10.0.0.3": 14, "10.0.0.4": 9}},
+		{8, map[string]int{"10.0.0.1": 2, "10.0.0.2": 2, "10.0.0.3": 2, "10.0.0.4": 2}},
+		{2, map[string]int{"10.0.0.1": 1, "10.0.0.3": 1}}, // the largest two; the rest none
+	} {
+		kept, over := fairShare(ls, tc.capacity)
+		got := map[string]int{}
+		for _, li := range kept {
+			got[li.Addr.Addr().String()]++
+			if li.Addr.Port() >= uint16(100+got[li.Addr.Addr().String()]) {
+				t.Errorf("capacity %d: %s kept, not one of its lowest ports", tc.capacity, li.Addr)
+			}
+		}
+		if !maps.Equal(got, tc.want) || over != len(ls)-len(kept) {
+			t.Errorf("capacity %d: kept %v (%d over), want %v", tc.capacity, got, over, tc.want)
+		}
 	}
 }
 

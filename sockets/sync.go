@@ -2,10 +2,12 @@ package sockets
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -49,13 +51,53 @@ func (l *Layer) Sync(hosts []cluster.Host, listeners []cluster.Listener, rules p
 			subnets[sksSksSubnet{Prefixlen: uint32(h.Subnet.Bits()), Ip: bpfmap.IPv4(h.Subnet.Masked().Addr())}] = bpfmap.IPv4(h.UnderlayIP)
 		}
 	}
-	routes := map[sksSksKey]uint32{}
+	var routed []cluster.Listener
 	for _, li := range listeners {
-		if host, ok := underlay[li.Host]; ok { // a departed host's listeners are gone
-			routes[sksSksKey{Ip: bpfmap.IPv4(li.Addr.Addr()), Port: bpfmap.Port(li.Addr.Port())}] = bpfmap.IPv4(host)
+		if _, ok := underlay[li.Host]; ok { // a departed host's listeners are gone
+			routed = append(routed, li)
 		}
 	}
+	routed, over := fairShare(routed, int(l.objs.SksRoutes.MaxEntries()))
+	if int64(over) != l.routesOver.Swap(int64(over)) {
+		if over > 0 {
+			l.log.Warn("more published listeners than the fast path routes: each container gets an equal share, the rest take the overlay",
+				"over", over, "capacity", l.objs.SksRoutes.MaxEntries())
+		}
+	}
+	routes := make(map[sksSksKey]uint32, len(routed))
+	for _, li := range routed {
+		routes[sksSksKey{Ip: bpfmap.IPv4(li.Addr.Addr()), Port: bpfmap.Port(li.Addr.Port())}] = bpfmap.IPv4(underlay[li.Host])
+	}
 	return errors.Join(l.setPolicy(rules), syncMap(l.objs.SksSubnets, subnets), syncMap(l.objs.SksRoutes, routes))
+}
+
+// fairShare keeps at most capacity of the listeners, sharing them equally
+// among the containers (overlay addresses) that have more than their
+// share, so that no container's listeners leave the others no route; a
+// container keeps its lowest ports. It returns those kept and how many
+// were not.
+func fairShare(ls []cluster.Listener, capacity int) ([]cluster.Listener, int) {
+	if len(ls) <= capacity {
+		return ls, 0
+	}
+	byAddr := map[netip.Addr][]cluster.Listener{}
+	for _, li := range ls {
+		byAddr[li.Addr.Addr()] = append(byAddr[li.Addr.Addr()], li)
+	}
+	groups := slices.Collect(maps.Values(byAddr))
+	// Smallest first: each takes what it has up to an equal share of what
+	// is left, and leaves the rest to the larger ones.
+	slices.SortFunc(groups, func(a, b []cluster.Listener) int {
+		return cmp.Or(cmp.Compare(len(a), len(b)), a[0].Addr.Addr().Compare(b[0].Addr.Addr()))
+	})
+	kept, left := make([]cluster.Listener, 0, capacity), capacity
+	for i, g := range groups {
+		n := min(len(g), left/(len(groups)-i))
+		slices.SortFunc(g, func(a, b cluster.Listener) int { return cmp.Compare(a.Addr.Port(), b.Addr.Port()) })
+		kept = append(kept, g[:n]...)
+		left -= n
+	}
+	return kept, len(ls) - len(kept)
 }
 
 // tcpRules renders the rules that can match a TCP connection in connect4's

@@ -68,6 +68,7 @@ func run(args []string) error {
 	secure := fs.Bool("sockets-secure", true, "sockets layer: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
 	broker := fs.String("broker", "", "sockets layer: the skiff-broker binary (default: next to skiffd)")
 	seccompSocket := fs.String("seccomp-socket", seccomp.DefaultListener, "sockets layer: where container runtimes hand over the seccomp listeners of skiff's profile (skiff seccomp-profile); \"\": none")
+	listenerQuota := fs.Int("sockets-listener-quota", sockets.DefaultListenerQuota, "sockets layer: ports one container's host sockets may hold, bound or listening; past it its listeners are its own sockets, reached through the overlay")
 	cgroupRoot := fs.String("cgroup-root", "", "sockets layer: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
 	capacity := cache.DefaultCapacity
 	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
@@ -193,7 +194,7 @@ func run(args []string) error {
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
 		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: map[string]any{
 			"cache":    capacity,
-			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot, SeccompSocket: *seccompSocket},
+			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot, SeccompSocket: *seccompSocket, ListenerQuota: *listenerQuota},
 			"channels": channels.Options{Capacity: *chanCapacity, Containers: *chanContainers, CgroupRoot: *cgroupRoot},
 			"steering": steer,
 		},
