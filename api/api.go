@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -39,7 +38,7 @@ type AddRequest struct {
 	// does not name it in the agent's mount namespace. 0: none.
 	NetnsFD int `json:"netnsFD,omitempty"`
 	// Limit is the rate limit the runtime asks for (CNI bandwidth).
-	Limit limits.Limit `json:"limit,omitzero"`
+	Limit cluster.Limit `json:"limit,omitzero"`
 	// ClusterRoute leaves the container's default route alone (a
 	// secondary network): it reaches the overlay by a route for the
 	// cluster CIDR.

@@ -14,7 +14,6 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/cni"
 	"github.com/skiffnet/skiff/lab"
-	"github.com/skiffnet/skiff/limits"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -168,22 +167,22 @@ func TestPrintConfList(t *testing.T) {
 // the others; bad input is an error and changes nothing.
 func TestSetLimit(t *testing.T) {
 	s := func(v string) *string { return &v }
-	cur := limits.Limit{EgressRate: 1e8, EgressBurst: 8 << 20}
+	cur := cluster.Limit{EgressRate: 1e8, EgressBurst: 8 << 20}
 	for _, tc := range []struct {
 		given [4]*string
 		class string
-		want  limits.Limit
+		want  cluster.Limit
 		err   string
 	}{
-		{[4]*string{s(""), s(""), s("10mbit"), s("")}, "", limits.Limit{EgressRate: 1e8, EgressBurst: 8 << 20, IngressRate: 1e7, IngressBurst: limits.MinBurst}, ""},
-		{[4]*string{s("1gbit"), s("2mb"), s(""), s("")}, "", limits.Limit{EgressRate: 1e9, EgressBurst: 16 << 20}, ""},
-		{[4]*string{s("none"), s(""), s(""), s("")}, "", limits.Limit{}, ""},
+		{[4]*string{s(""), s(""), s("10mbit"), s("")}, "", cluster.Limit{EgressRate: 1e8, EgressBurst: 8 << 20, IngressRate: 1e7, IngressBurst: cluster.MinBurst}, ""},
+		{[4]*string{s("1gbit"), s("2mb"), s(""), s("")}, "", cluster.Limit{EgressRate: 1e9, EgressBurst: 16 << 20}, ""},
+		{[4]*string{s("none"), s(""), s(""), s("")}, "", cluster.Limit{}, ""},
 		{[4]*string{s(""), s(""), s(""), s("")}, "", cur, "nothing to set"},
 		{[4]*string{s("-1mbit"), s(""), s(""), s("")}, "", cur, "0 or more"},
 		{[4]*string{s("5tbit"), s(""), s(""), s("")}, "", cur, "above 1tbit"},
 		{[4]*string{s("10furlongs"), s(""), s(""), s("")}, "", cur, "unknown unit"},
 		{[4]*string{s(""), s(""), s(""), s("1mb")}, "", cur, "without a rate"},
-		{[4]*string{s(""), s(""), s(""), s("")}, "high", limits.Limit{EgressRate: 1e8, EgressBurst: 8 << 20, Class: "high"}, ""},
+		{[4]*string{s(""), s(""), s(""), s("")}, "high", cluster.Limit{EgressRate: 1e8, EgressBurst: 8 << 20, Class: "high"}, ""},
 		{[4]*string{s(""), s(""), s(""), s("")}, "urgent", cur, "want high, normal or low"},
 	} {
 		got, err := setLimit(cur, tc.given, tc.class)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -59,7 +58,7 @@ func cmdLimit(ctx context.Context, env Env, args []string) error {
 				by = "skiff limit"
 			}
 			rows = append(rows, []string{e.Host, e.ContainerID, e.IfName, e.IP.String(), direction(e.Limit.EgressRate, e.Limit.EgressBurst),
-				direction(e.Limit.IngressRate, e.Limit.IngressBurst), cmp.Or(e.Limit.Class, limits.ClassNormal), by})
+				direction(e.Limit.IngressRate, e.Limit.IngressBurst), cmp.Or(e.Limit.Class, cluster.ClassNormal), by})
 		}
 		if *asJSON {
 			return printJSON(env.Stdout, limited)
@@ -99,14 +98,14 @@ func direction(rate, burst uint64) string {
 	if rate == 0 {
 		return "-"
 	}
-	return limits.FormatRate(rate) + " burst " + limits.FormatSize(burst)
+	return cluster.FormatRate(rate) + " burst " + cluster.FormatSize(burst)
 }
 
 // setLimit changes the directions given (egress, egress burst, ingress,
 // ingress burst; "" leaves one as it is) and the class (the same) of the
 // limit in force: a rate given without a burst takes the default burst,
 // "none" lifts a direction.
-func setLimit(l limits.Limit, given [4]*string, class string) (limits.Limit, error) {
+func setLimit(l cluster.Limit, given [4]*string, class string) (cluster.Limit, error) {
 	if *given[0] == "" && *given[1] == "" && *given[2] == "" && *given[3] == "" && class == "" {
 		return l, errors.New("give --egress, --ingress, a burst or --class: nothing to set")
 	}
@@ -119,14 +118,14 @@ func setLimit(l limits.Limit, given [4]*string, class string) (limits.Limit, err
 	}{{&l.EgressRate, &l.EgressBurst, *given[0], *given[1]}, {&l.IngressRate, &l.IngressBurst, *given[2], *given[3]}}
 	for _, d := range dirs {
 		if d.r != "" {
-			rate, err := limits.ParseRate(d.r)
+			rate, err := cluster.ParseRate(d.r)
 			if err != nil {
 				return l, err
 			}
-			*d.rate, *d.burst = rate, limits.DefaultBurst(rate)
+			*d.rate, *d.burst = rate, cluster.DefaultBurst(rate)
 		}
 		if d.b != "" {
-			burst, err := limits.ParseSize(d.b)
+			burst, err := cluster.ParseSize(d.b)
 			if err != nil {
 				return l, err
 			}

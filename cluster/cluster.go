@@ -8,8 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"time"
-
-	"github.com/skiffnet/skiff/limits"
 )
 
 // Config is the cluster-wide configuration, written once by the first agent.
@@ -37,7 +35,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Host is one member of the cluster.
+// Host is one member of the
 type Host struct {
 	Name       string       `json:"name"`
 	UnderlayIP netip.Addr   `json:"underlayIP"`
@@ -82,7 +80,7 @@ type Endpoint struct {
 	// mode its sockets are replaced by host sockets. Empty: overlay only.
 	Cgroup string `json:"cgroup,omitempty"`
 	// Limit is the container's rate limit (CNI bandwidth); zero: none.
-	Limit limits.Limit `json:"limit,omitzero"`
+	Limit Limit `json:"limit,omitzero"`
 	// ClusterRoute: the container reaches the overlay by a route for the
 	// cluster CIDR, not its default route (a secondary network, CNI
 	// "defaultRoute": false).
@@ -93,10 +91,10 @@ type Endpoint struct {
 // takes the place of the limit the runtime asked for (Endpoint.Limit)
 // until it is deleted, or the endpoint is.
 type LimitOverride struct {
-	Host        string       `json:"host"`
-	ContainerID string       `json:"containerID"`
-	IfName      string       `json:"ifName"`
-	Limit       limits.Limit `json:"limit"`
+	Host        string `json:"host"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Limit       Limit  `json:"limit"`
 }
 
 // Equal says whether e and o are the same endpoint, their creation times

@@ -25,7 +25,6 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/limits"
 )
 
 // Codes skiff-cni returns beyond the spec's (the spec leaves 100 and up to
@@ -74,7 +73,7 @@ type NetConf struct {
 	// low; CNI_ARGS SKIFF_QOS= sets one container's).
 	QoS string `json:"qos,omitempty"`
 
-	limit *limits.Limit // runtimeConfig.bandwidth, checked by ParseConf
+	limit *cluster.Limit // runtimeConfig.bandwidth, checked by ParseConf
 }
 
 // ParseConf decodes and checks a network configuration.
@@ -99,12 +98,12 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if conf.Socket == "" {
 		conf.Socket = api.DefaultSocket
 	}
-	if err := limits.ValidateClass(conf.QoS); err != nil {
+	if err := cluster.ValidateClass(conf.QoS); err != nil {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", err.Error())
 	}
 	if v, ok := conf.RuntimeConfig["bandwidth"]; ok {
 		var err error
-		if conf.limit, err = limits.FromCNI(v); err != nil {
+		if conf.limit, err = cluster.LimitFromCNI(v); err != nil {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid skiff network configuration", "runtimeConfig."+err.Error())
 		}
 	}
@@ -161,7 +160,7 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 		}
 	}
 	a := Asked{Class: class}
-	if err := limits.ValidateClass(class); err != nil {
+	if err := cluster.ValidateClass(class); err != nil {
 		return Asked{}, err
 	}
 	for _, s := range ips {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/lab/labtest"
-	"github.com/skiffnet/skiff/limits"
 )
 
 // iperfRate runs iperf3 from the namespace ns against server for 4 s
@@ -315,7 +315,7 @@ func limitChangesLive(t *testing.T, id string, was, to float64, cmd *exec.Cmd) {
 	}
 	time.Sleep(time.Duration(at * float64(time.Second)))
 	set := time.Since(start).Seconds()
-	if out, err := skiffLimit(t)("set", id, "--egress", limits.FormatRate(uint64(to))); err != nil {
+	if out, err := skiffLimit(t)("set", id, "--egress", cluster.FormatRate(uint64(to))); err != nil {
 		t.Errorf("skiff limit set: %v\n%s", err, out)
 	}
 	if err := cmd.Wait(); err != nil {

@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/limits"
 )
 
 // Attached tracks which local containers a layer carries: attached, or
@@ -34,7 +33,7 @@ type attachment struct {
 	ip                 string
 	veth, cgroup       string
 	netnsDev, netnsIno uint64
-	limit              limits.Limit
+	limit              cluster.Limit
 }
 
 func attachmentOf(e cluster.Endpoint) attachment {

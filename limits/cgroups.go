@@ -10,6 +10,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cluster"
 )
 
 // Cgroups enforces limits on containers' cgroups (limits.c), for the
@@ -70,7 +71,7 @@ func (c *Cgroups) Programs() map[string]Program {
 // headroom, and a burst of at least 20 ms at the rate egress, 100 ms
 // ingress (a backstop behind the IFB's shaping); pace is the egress rate
 // itself. The ingress class is Set's.
-func entry(l Limit) sklSklLimit {
+func entry(l cluster.Limit) sklSklLimit {
 	var e sklSklLimit
 	for i, d := range []struct{ rate, burst, perSec uint64 }{{l.EgressRate, l.EgressBurst, 50}, {l.IngressRate, l.IngressBurst, 10}} {
 		if d.rate == 0 {
@@ -92,7 +93,7 @@ func entry(l Limit) sklSklLimit {
 
 // Set puts limit l in force for the cgroup id and paces its established
 // host connections to it; a zero limit lifts it. Attach Programs before.
-func (c *Cgroups) Set(id uint64, l Limit) error {
+func (c *Cgroups) Set(id uint64, l cluster.Limit) error {
 	var cur sklSklLimit
 	found := c.objs.SklLimits.Lookup(id, &cur) == nil
 	want := entry(l)
@@ -109,7 +110,7 @@ func (c *Cgroups) Set(id uint64, l Limit) error {
 		return fmt.Errorf("limit of cgroup %d: %w", id, err)
 	}
 	if !found {
-		cur = entry(Limit{}) // what a socket of an unlimited cgroup has
+		cur = entry(cluster.Limit{}) // what a socket of an unlimited cgroup has
 	}
 	// Established host sockets follow a changed pacing rate or class.
 	if onSockets(cur) != onSockets(want) {

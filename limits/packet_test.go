@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpffs/bpffstest"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
@@ -157,14 +158,14 @@ func TestBuckets(t *testing.T) {
 
 // TestEntry: a limit as the programs apply it.
 func TestEntry(t *testing.T) {
-	e := entry(Limit{EgressRate: 8e6, EgressBurst: 8e5})
+	e := entry(cluster.Limit{EgressRate: 8e6, EgressBurst: 8e5})
 	if e.Rate[0] != 1_050_000 || e.Burst[0] != 100_000 || e.Rate[1] != 0 || e.Pace != 1_000_000 {
 		t.Errorf("1 MB/s egress: %+v", e)
 	}
-	if e := entry(Limit{IngressRate: 1e9, IngressBurst: MinBurst}); e.Burst[1] != 1e9*Headroom/8/10 || e.Pace != ^uint32(0) {
+	if e := entry(cluster.Limit{IngressRate: 1e9, IngressBurst: cluster.MinBurst}); e.Burst[1] != 1e9*Headroom/8/10 || e.Pace != ^uint32(0) {
 		t.Errorf("1 Gbit/s ingress: burst %d (want 100 ms), pace %d", e.Burst[1], e.Pace)
 	}
-	if e := entry(Limit{EgressRate: 1e12, EgressBurst: 1e9}); e.Pace != ^uint32(0) {
+	if e := entry(cluster.Limit{EgressRate: 1e12, EgressBurst: 1e9}); e.Pace != ^uint32(0) {
 		t.Errorf("1 Tbit/s is not paced (above what SO_MAX_PACING_RATE takes): %d", e.Pace)
 	}
 }

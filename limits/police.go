@@ -10,6 +10,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc"
 )
 
@@ -54,7 +55,7 @@ func (p *Police) Set(h *netlink.Handle, veth netlink.Link, rate, burst uint64) e
 	}
 	want := skrSkrPolicer{
 		Rate:  uint64(float64(rate) / 8 * policeHeadroom),
-		Burst: uint64(float64(max(burst, MinBurst)) / 8 * 1.5),
+		Burst: uint64(float64(max(burst, cluster.MinBurst)) / 8 * 1.5),
 	}
 	var have skrSkrPolicer
 	if err := p.objs.SkrPolicers.Lookup(key, &have); err == nil && have.Rate == want.Rate && have.Burst == want.Burst {

@@ -11,14 +11,8 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc"
-)
-
-// QoS classes of containers (Limit.Class). Normal is the default.
-const (
-	ClassNormal = "normal"
-	ClassHigh   = "high"
-	ClassLow    = "low"
 )
 
 // class is how the programs and the underlay's qdiscs know a class: its
@@ -33,21 +27,10 @@ var classes = map[string]struct {
 	share uint64 // percent
 	prio  uint32 // HTB: excess goes to the lowest first
 }{
-	ClassHigh:   {skqSkqClassSKQ_HIGH, 0x80, 6, 50, 0}, // CS4
-	ClassNormal: {skqSkqClassSKQ_NORMAL, 0, 8, 35, 1},  // CS0
-	ClassLow:    {skqSkqClassSKQ_LOW, 0x20, 2, 15, 2},  // CS1
+	cluster.ClassHigh:   {skqSkqClassSKQ_HIGH, 0x80, 6, 50, 0}, // CS4
+	cluster.ClassNormal: {skqSkqClassSKQ_NORMAL, 0, 8, 35, 1},  // CS0
+	cluster.ClassLow:    {skqSkqClassSKQ_LOW, 0x20, 2, 15, 2},  // CS1
 }
-
-// ValidateClass checks a QoS class name ("" is normal).
-func ValidateClass(c string) error {
-	if _, ok := classes[c]; !ok && c != "" {
-		return fmt.Errorf("QoS class %q: want high, normal or low", c)
-	}
-	return nil
-}
-
-// Marks reports whether l's class marks packets (high or low).
-func (l Limit) Marks() bool { return l.Class == ClassHigh || l.Class == ClassLow }
 
 // QoS marks the underlay packets of containers of the high and low
 // classes (qos.c) and, given the underlay's rate, shapes the underlay so
@@ -134,7 +117,7 @@ func (q *QoS) ShapeUnderlay(rate uint64) error {
 		return err
 	} else if !ours {
 		qdisc := netlink.NewHtb(netlink.QdiscAttrs{LinkIndex: q.underlay.Attrs().Index, Handle: netlink.MakeHandle(handle, 0), Parent: netlink.HANDLE_ROOT})
-		qdisc.Defcls = uint32(classes[ClassNormal].minor)
+		qdisc.Defcls = uint32(classes[cluster.ClassNormal].minor)
 		qdisc.DirectQlen = &noDirectQueue
 		if err := h.QdiscReplace(qdisc); err != nil {
 			return fmt.Errorf("HTB on %s: %w", q.underlay.Attrs().Name, err)
@@ -142,11 +125,11 @@ func (q *QoS) ShapeUnderlay(rate uint64) error {
 	}
 	// Classes borrow from their parent only: one class of the whole rate
 	// (5c:1) over the three.
-	if err := setClass(h, q.underlay, 1, rate, DefaultBurst(rate)); err != nil {
+	if err := setClass(h, q.underlay, 1, rate, cluster.DefaultBurst(rate)); err != nil {
 		return err
 	}
 	for _, c := range classes {
-		if err := setClassUnder(h, q.underlay, 1, c.minor, rate*c.share/100, rate, DefaultBurst(rate), c.prio); err != nil {
+		if err := setClassUnder(h, q.underlay, 1, c.minor, rate*c.share/100, rate, cluster.DefaultBurst(rate), c.prio); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
@@ -34,7 +35,7 @@ func TestQoSMarks(t *testing.T) {
 	defer objs.Close()
 	high, low, normal := netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("10.244.1.7")
 	q := &QoS{objs: objs}
-	if err := q.Sync(map[netip.Addr]string{high: ClassHigh, low: ClassLow, normal: ClassNormal}); err != nil {
+	if err := q.Sync(map[netip.Addr]string{high: cluster.ClassHigh, low: cluster.ClassLow, normal: cluster.ClassNormal}); err != nil {
 		t.Fatal(err)
 	}
 	if n := classCount(t, objs.SkqClasses); n != 2 {
@@ -90,7 +91,7 @@ func TestQoSMarks(t *testing.T) {
 		}
 	}
 	// A container that leaves, or turns normal, loses its entry.
-	if err := q.Sync(map[netip.Addr]string{low: ClassNormal}); err != nil {
+	if err := q.Sync(map[netip.Addr]string{low: cluster.ClassNormal}); err != nil {
 		t.Fatal(err)
 	}
 	if n := classCount(t, objs.SkqClasses); n != 0 {

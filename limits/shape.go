@@ -1,3 +1,9 @@
+// Package limits puts containers' rate limits and QoS classes
+// (cluster.Limit) on the data path: shape.go shapes their veths (HTB),
+// police.go polices their egress on the host side, which a container
+// cannot send around, cgroups.go and ingress.go hold their host sockets to
+// the limit (token buckets on their cgroups, an IFB for ingress), and
+// qos.go marks and shapes the underlay by class.
 package limits
 
 import (

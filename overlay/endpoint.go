@@ -211,7 +211,7 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 // container's qdisc); ingress on the host veth's egress, where the overlay
 // and the cache (cache.c: a shaped endpoint's packets are not redirected
 // to the peer) deliver. Limits of zero remove skiff's qdiscs and policer.
-func (o *Overlay) shape(h *netlink.Handle, c, host netlink.Link, l limits.Limit) error {
+func (o *Overlay) shape(h *netlink.Handle, c, host netlink.Link, l cluster.Limit) error {
 	return errors.Join(limits.Shape(h, c, l.EgressRate, l.EgressBurst),
 		o.police.Set(&netlink.Handle{}, host, l.EgressRate, l.EgressBurst),
 		limits.Shape(&netlink.Handle{}, host, l.IngressRate, l.IngressBurst))

@@ -29,7 +29,7 @@ func (o *Overlay) SyncLimits(eps []cluster.Endpoint) {
 	if repair {
 		o.repaired = time.Now()
 	}
-	shaped, failed := make(map[string]limits.Limit, len(eps)), map[string]string{}
+	shaped, failed := make(map[string]cluster.Limit, len(eps)), map[string]string{}
 	classes := make(map[netip.Addr]string, len(eps))
 	for _, e := range eps {
 		classes[e.IP.Addr()] = e.Limit.Class

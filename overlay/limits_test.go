@@ -13,7 +13,6 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/limits"
 )
 
 // TestSyncLimits: a changed limit is applied in place; an unchanged one
@@ -36,7 +35,7 @@ func TestSyncLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := cluster.Endpoint{ContainerID: "c1", IfName: "eth0", Host: "h1", IP: netip.MustParsePrefix("10.244.1.5/24"),
-			Veth: VethName("c1", "eth0"), Netns: "/run/netns/" + ctr, Limit: limits.Limit{EgressRate: 50e6, EgressBurst: 1e6}}
+			Veth: VethName("c1", "eth0"), Netns: "/run/netns/" + ctr, Limit: cluster.Limit{EgressRate: 50e6, EgressBurst: 1e6}}
 		if err := o.SyncSources([]cluster.Endpoint{e}); err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +66,7 @@ func TestSyncLimits(t *testing.T) {
 		if !strings.Contains(egress(), "rate 20Mbit") {
 			t.Errorf("the removed qdisc is not back after a repair:\n%s", egress())
 		}
-		e.Limit = limits.Limit{}
+		e.Limit = cluster.Limit{}
 		sync()
 		if strings.Contains(egress(), "rate") {
 			t.Errorf("a lifted limit left its class:\n%s", egress())

@@ -62,7 +62,7 @@ type Overlay struct {
 	police   *limits.Police
 	// shaped is the rate limit SyncLimits last applied to each local
 	// endpoint (container ID/interface), limitErrs why it could not.
-	shaped    map[string]limits.Limit
+	shaped    map[string]cluster.Limit
 	limitErrs map[string]string
 	repaired  time.Time // when SyncLimits last checked every limit's qdiscs
 }

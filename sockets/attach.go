@@ -320,7 +320,7 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 // limit puts a container's rate limit and QoS class on its host sockets,
 // which skip the veth and its qdiscs (limits.Cgroups: token buckets on its
 // cgroup, its connections paced and marked), or takes lifted ones off.
-func (l *Layer) limit(id uint64, dir string, lim limits.Limit) error {
+func (l *Layer) limit(id uint64, dir string, lim cluster.Limit) error {
 	if lim.None() && !lim.Marks() {
 		if _, err := os.Stat(filepath.Join(l.linkDir(), cgroupLinks(id), "skl_egress")); err != nil {
 			return nil // never limited

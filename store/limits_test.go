@@ -7,7 +7,6 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
-	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/store/storetest"
 )
@@ -22,12 +21,12 @@ func TestLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cni := limits.Limit{EgressRate: 5e7, EgressBurst: 1e6}
+	cni := cluster.Limit{EgressRate: 5e7, EgressBurst: 1e6}
 	e, err := ipam.Allocate(ctx, s, h.Subnet, cluster.Endpoint{Host: "h1", ContainerID: "c", IfName: "eth0", Limit: cni})
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := limits.Limit{IngressRate: 1e8, IngressBurst: 2e6}
+	set := cluster.Limit{IngressRate: 1e8, IngressBurst: 2e6}
 	o := cluster.LimitOverride{Host: "h1", ContainerID: "c", IfName: "eth0", Limit: set}
 	if err := s.PutLimit(ctx, o); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,6 @@ import (
 	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/sockets/seccomp"
@@ -78,9 +77,9 @@ func run(args []string) error {
 	})
 	var underlayRate uint64
 	fs.Func("underlay-rate", "the underlay's real rate (tc units: 1gbit): shaped to it, QoS classes keep their shares under contention (docs/limits.md); default: not shaped", func(v string) (err error) {
-		underlayRate, err = limits.ParseRate(v)
-		if err == nil && underlayRate != 0 && underlayRate < limits.MinRate {
-			err = fmt.Errorf("below %s", limits.FormatRate(limits.MinRate))
+		underlayRate, err = cluster.ParseRate(v)
+		if err == nil && underlayRate != 0 && underlayRate < cluster.MinRate {
+			err = fmt.Errorf("below %s", cluster.FormatRate(cluster.MinRate))
 		}
 		return err
 	})

@@ -1,4 +1,4 @@
-package limits
+package cluster
 
 import (
 	"encoding/json"
@@ -16,7 +16,7 @@ func cni(t *testing.T, s string) any {
 }
 
 // TestFromCNI: runtimeConfig.bandwidth as runtimes pass it, good and bad.
-func TestFromCNI(t *testing.T) {
+func TestLimitFromCNI(t *testing.T) {
 	for _, tc := range []struct {
 		name, json string
 		want       *Limit
@@ -39,7 +39,7 @@ func TestFromCNI(t *testing.T) {
 		{"unknown key", `{"egressrate":1e6,"egressBurst":1000}`, nil, `unknown key "egressrate"`},
 		{"not an object", `[1,2]`, nil, "not an object"},
 	} {
-		got, err := FromCNI(cni(t, tc.json))
+		got, err := LimitFromCNI(cni(t, tc.json))
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.err)

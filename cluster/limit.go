@@ -1,8 +1,9 @@
-// Package limits holds skiff's per-container rate limits, as a runtime
-// asks for them through the CNI bandwidth capability (the reference
-// bandwidth plugin's and Kubernetes' convention: rates in bit/s, bursts in
-// bits): limit.go reads and checks them, shape.go puts them on a device.
-package limits
+package cluster
+
+// A container's rate limits, as a runtime asks for them through the CNI
+// bandwidth capability (the reference bandwidth plugin's and Kubernetes'
+// convention: rates in bit/s, bursts in bits), and its QoS class: read and
+// checked here; package limits puts them on the data path.
 
 import (
 	"errors"
@@ -83,10 +84,10 @@ var cniKeys = map[string]func(*Limit) *uint64{
 	"ingressBurst": func(l *Limit) *uint64 { return &l.IngressBurst },
 }
 
-// FromCNI reads runtimeConfig.bandwidth as decoded from JSON: rates in
+// LimitFromCNI reads runtimeConfig.bandwidth as decoded from JSON: rates in
 // bit/s, bursts in bits, whole non-negative numbers; unknown keys are an
 // error (a typo would otherwise lift a limit). It returns nil for no limit.
-func FromCNI(v any) (*Limit, error) {
+func LimitFromCNI(v any) (*Limit, error) {
 	m, ok := v.(map[string]any)
 	if !ok {
 		return nil, fmt.Errorf("bandwidth is %T, not an object", v)
@@ -116,6 +117,25 @@ func FromCNI(v any) (*Limit, error) {
 	}
 	return &l, nil
 }
+
+// QoS classes of containers (Limit.Class). Normal is the default.
+const (
+	ClassNormal = "normal"
+	ClassHigh   = "high"
+	ClassLow    = "low"
+)
+
+// ValidateClass checks a QoS class name ("" is normal).
+func ValidateClass(c string) error {
+	switch c {
+	case "", ClassNormal, ClassHigh, ClassLow:
+		return nil
+	}
+	return fmt.Errorf("QoS class %q: want high, normal or low", c)
+}
+
+// Marks reports whether l's class marks packets (high or low).
+func (l Limit) Marks() bool { return l.Class == ClassHigh || l.Class == ClassLow }
 
 // FormatRate writes bit/s as tc would: "100mbit".
 func FormatRate(bps uint64) string {
