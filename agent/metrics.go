@@ -74,7 +74,7 @@ func renderMetrics(st api.Status) string {
 	}
 	if st.SourceDrops != nil {
 		family("skiff_source_check_drops_total", "counter", "Packets of containers the source check on their veths dropped, by reason (docs/security.md).")
-		for _, r := range overlay.SourceReasons {
+		for _, r := range overlay.SourceReasons() {
 			fmt.Fprintf(b, "skiff_source_check_drops_total{reason=%q} %d\n", r, st.SourceDrops[r])
 		}
 	}

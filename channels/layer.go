@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -329,18 +330,16 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 	return errors.Join(errs...)
 }
 
-// Counters names the programs' counters, in the order of enum skch_counter.
-var Counters = []string{"added", "add_failed", "redirected", "tcp_no_peer", "fell_back", "destroyed", "sockopt", "remote"}
+// Counters names the programs' counters: enum skch_counter (channels.h),
+// in its order, as the programs' BTF has it.
+var Counters = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSkch, "skch_stats", "SKCH_") })
 
 func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
-	sums, err := bpfmap.Counters(l.objs.SkchStats, len(Counters))
+	counters, err := bpfmap.NamedCounters(l.objs.SkchStats, Counters())
 	if err != nil {
 		return
 	}
-	st := &api.ChannelsStatus{Counters: map[string]uint64{}}
-	for i, name := range Counters {
-		st.Counters[name] = sums[i]
-	}
+	st := &api.ChannelsStatus{Counters: counters}
 	var k skchSkchKey
 	var v uint64
 	for it := l.objs.SkchSocks.Iterate(); it.Next(&k, &v); {

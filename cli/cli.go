@@ -270,7 +270,7 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 	fmt.Fprintf(w, "endpoints:  %d local; %d remote hosts\n", st.Endpoints, st.RemoteHosts)
 	if st.SourceDrops != nil {
 		var rows [][]string
-		for _, r := range overlay.SourceReasons {
+		for _, r := range overlay.SourceReasons() {
 			if n := st.SourceDrops[r]; n > 0 {
 				rows = append(rows, []string{"  " + r, fmt.Sprint(n)})
 			}
@@ -288,7 +288,7 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 	if c := st.Channels; c != nil {
 		fmt.Fprintf(w, "channels: %d sockets channelled now\n", c.Sockets)
 		var rows [][]string
-		for _, name := range channels.Counters {
+		for _, name := range channels.Counters() {
 			rows = append(rows, []string{"  " + name, fmt.Sprint(c.Counters[name])})
 		}
 		table(w, "  COUNTER\tCOUNT", rows)
@@ -328,7 +328,7 @@ func printSteering(w io.Writer, s *api.SteeringStatus) {
 	}
 	table(w, header, rows)
 	rows = nil
-	for _, name := range steering.Decisions {
+	for _, name := range steering.Decisions() {
 		rows = append(rows, []string{"  " + name, fmt.Sprint(s.Decisions[name])})
 	}
 	table(w, "  DECISION\tPACKETS", rows)
@@ -378,7 +378,7 @@ func printSockets(env Env, s *api.SocketsStatus) {
 	table(w, "  CONTAINER\tIP\tBROKER\tPORTS\tHANDED OUT\tPRELOAD REPLACED\tPRELOAD FALLBACK\tSECCOMP LISTENERS\tSECCOMP REPLACED\tSECCOMP FALLBACK\tSECCOMP PASSED", rows)
 	rows = nil
 	// The layer's events in their order, then its rate limits' (limit_*).
-	names := slices.Concat(sockets.Reasons, slices.Sorted(func(yield func(string) bool) {
+	names := slices.Concat(sockets.Reasons(), slices.Sorted(func(yield func(string) bool) {
 		for name := range s.Counters {
 			if strings.HasPrefix(name, "limit_") && !yield(name) {
 				return

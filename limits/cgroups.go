@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -152,15 +153,10 @@ func (c *Cgroups) pace() error {
 	return err
 }
 
-// Counters are the programs' counters by name.
+// cgroupsCounters names the counters (enum skl_counter, as the BTF has it).
+var cgroupsCounters = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSkl, "skl_stats", "SKL_") })
+
+// Counters are the program's counters by name.
 func (c *Cgroups) Counters() (map[string]uint64, error) {
-	v, err := bpfmap.Counters(c.objs.SklStats, int(sklSklCounterSKL_NCOUNTERS))
-	if err != nil {
-		return nil, err
-	}
-	return map[string]uint64{
-		"passed": v[sklSklCounterSKL_PASSED], "egress_held": v[sklSklCounterSKL_EGRESS_HELD],
-		"egress_dropped": v[sklSklCounterSKL_EGRESS_DROPPED], "ingress_dropped": v[sklSklCounterSKL_INGRESS_DROPPED],
-		"paced": v[sklSklCounterSKL_PACED], "shaped": v[sklSklCounterSKL_SHAPED], "classed": v[sklSklCounterSKL_CLASSED],
-	}, nil
+	return bpfmap.NamedCounters(c.objs.SklStats, cgroupsCounters())
 }

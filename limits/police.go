@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -66,13 +67,12 @@ func (p *Police) Set(h *netlink.Handle, veth netlink.Link, rate, burst uint64) e
 	return tc.Attach(h, veth, tc.Ingress, tc.PrioPolice, policeFilter, p.objs.SkrPolice)
 }
 
-// Counters are the policer's counters by name.
+// policeCounters names the counters (enum skr_counter, as the BTF has it).
+var policeCounters = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSkr, "skr_stats", "SKR_") })
+
+// Counters are the program's counters by name.
 func (p *Police) Counters() (map[string]uint64, error) {
-	v, err := bpfmap.Counters(p.objs.SkrStats, int(skrSkrCounterSKR_NCOUNTERS))
-	if err != nil {
-		return nil, err
-	}
-	return map[string]uint64{"passed": v[skrSkrCounterSKR_PASSED], "dropped": v[skrSkrCounterSKR_DROPPED]}, nil
+	return bpfmap.NamedCounters(p.objs.SkrStats, policeCounters())
 }
 
 // Forget deletes the policer of a host veth that went (by its index: a

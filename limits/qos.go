@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -93,13 +94,12 @@ func (q *QoS) Sync(byAddr map[netip.Addr]string) error {
 	return errors.Join(errs...)
 }
 
+// qosCounters names the counters (enum skq_counter, as the BTF has it).
+var qosCounters = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSkq, "skq_stats", "SKQ_") })
+
 // Counters are the program's counters by name.
 func (q *QoS) Counters() (map[string]uint64, error) {
-	v, err := bpfmap.Counters(q.objs.SkqStats, int(skqSkqCounterSKQ_NCOUNTERS))
-	if err != nil {
-		return nil, err
-	}
-	return map[string]uint64{"marked": v[skqSkqCounterSKQ_MARKED], "unclassed": v[skqSkqCounterSKQ_UNCLASSED]}, nil
+	return bpfmap.NamedCounters(q.objs.SkqStats, qosCounters())
 }
 
 // ShapeUnderlay makes the underlay's root qdisc an HTB of rate bit/s (the

@@ -13,6 +13,19 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type skvSkvReason uint32
+
+const (
+	skvSkvReasonSKV_NO_ENTRY       skvSkvReason = 0
+	skvSkvReasonSKV_VLAN           skvSkvReason = 1
+	skvSkvReasonSKV_MAC_SOURCE     skvSkvReason = 2
+	skvSkvReasonSKV_IP_SOURCE      skvSkvReason = 3
+	skvSkvReasonSKV_ARP_SENDER     skvSkvReason = 4
+	skvSkvReasonSKV_OTHER_PROTOCOL skvSkvReason = 5
+	skvSkvReasonSKV_MALFORMED      skvSkvReason = 6
+	skvSkvReasonSKV_NR_REASONS     skvSkvReason = 7
+)
+
 type skvSource struct {
 	_   structs.HostLayout
 	Ip  uint32

@@ -43,7 +43,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
+	__type(key, enum skv_reason); // names the counters (bpfmap.CounterNames)
 	__type(value, __u64);
 	__uint(max_entries, SKV_NR_REASONS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -19,9 +20,9 @@ import (
 	"github.com/skiffnet/skiff/tc"
 )
 
-// SourceReasons names the source check's drop counters, indexed by enum
-// skv_reason (source.h).
-var SourceReasons = []string{"no_entry", "vlan", "mac_source", "ip_source", "arp_sender", "other_protocol", "malformed"}
+// SourceReasons names the source check's drop counters: enum skv_reason
+// (source.h), in its order, as the program's BTF has it.
+var SourceReasons = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSkv, "skv_drops", "SKV_") })
 
 // sourceCheck is a host's source check (source.c): skv_from_container,
 // first (tc.PrioSource) on every container's host-side veth's ingress, and
@@ -218,13 +219,5 @@ func (o *Overlay) SourceDrops() (map[string]uint64, error) {
 	if o.src == nil {
 		return nil, errNoSourceCheck
 	}
-	sums, err := bpfmap.Counters(o.src.objs.SkvDrops, len(SourceReasons))
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]uint64, len(SourceReasons))
-	for i, name := range SourceReasons {
-		out[name] = sums[i]
-	}
-	return out, nil
+	return bpfmap.NamedCounters(o.src.objs.SkvDrops, SourceReasons())
 }

@@ -61,8 +61,8 @@ func arp(eth net.HardwareAddr, op uint16, sha net.HardwareAddr, spa, tpa netip.A
 }
 
 func TestSourceReasonsMatchProgram(t *testing.T) {
-	if names := tctest.EnumNames(t, "source.h", "skv_reason", "SKV_"); !slices.Equal(names, SourceReasons) {
-		t.Fatalf("source.h: %v\nSourceReasons: %v", names, SourceReasons)
+	if names := tctest.EnumNames(t, "source.h", "skv_reason", "SKV_"); !slices.Equal(names, SourceReasons()) {
+		t.Fatalf("source.h: %v\nSourceReasons: %v", names, SourceReasons())
 	}
 }
 
@@ -72,8 +72,8 @@ func TestSourceReasonsMatchProgram(t *testing.T) {
 // is dropped and counted under its reason.
 func TestSourceCheckPackets(t *testing.T) {
 	s := testSourceCheck(t)
-	if int(s.objs.SkvDrops.MaxEntries()) != len(SourceReasons) {
-		t.Fatalf("%d counters, %d names", s.objs.SkvDrops.MaxEntries(), len(SourceReasons))
+	if int(s.objs.SkvDrops.MaxEntries()) != len(SourceReasons()) {
+		t.Fatalf("%d counters, %d names", s.objs.SkvDrops.MaxEntries(), len(SourceReasons()))
 	}
 	if err := s.objs.SkvSources.Put(uint32(1), sourceEntry(srcIP, srcMAC)); err != nil {
 		t.Fatal(err)

@@ -62,6 +62,45 @@ type sksSksPending struct {
 	Pad     uint16
 }
 
+type sksSksReason uint32
+
+const (
+	sksSksReasonSKS_STAMPED              sksSksReason = 0
+	sksSksReasonSKS_CONNECT_FAST         sksSksReason = 1
+	sksSksReasonSKS_CONNECT_REFUSED      sksSksReason = 2
+	sksSksReasonSKS_BIND_REWRITTEN       sksSksReason = 3
+	sksSksReasonSKS_BIND_REFUSED         sksSksReason = 4
+	sksSksReasonSKS_BIND_INUSE           sksSksReason = 5
+	sksSksReasonSKS_SOCKOPT_REFUSED      sksSksReason = 6
+	sksSksReasonSKS_OPT_WRITTEN          sksSksReason = 7
+	sksSksReasonSKS_LISTENER_ADDED       sksSksReason = 8
+	sksSksReasonSKS_LISTENER_FAILED      sksSksReason = 9
+	sksSksReasonSKS_LISTENER_EXPOSED     sksSksReason = 10
+	sksSksReasonSKS_SYN_RECORDED         sksSksReason = 11
+	sksSksReasonSKS_SYN_SPOOFED          sksSksReason = 12
+	sksSksReasonSKS_SYN_MALFORMED        sksSksReason = 13
+	sksSksReasonSKS_ASSIGNED             sksSksReason = 14
+	sksSksReasonSKS_NO_LISTENER          sksSksReason = 15
+	sksSksReasonSKS_OVERLAY_ASSIGNED     sksSksReason = 16
+	sksSksReasonSKS_OVERLAY_STEERED      sksSksReason = 17
+	sksSksReasonSKS_ACCEPTED             sksSksReason = 18
+	sksSksReasonSKS_ACCEPTED_UNKNOWN     sksSksReason = 19
+	sksSksReasonSKS_DESTROYED            sksSksReason = 20
+	sksSksReasonSKS_TOS_CLEARED          sksSksReason = 21
+	sksSksReasonSKS_OVERLAY_REFUSED      sksSksReason = 22
+	sksSksReasonSKS_SYNCOOKIE_STEERED    sksSksReason = 23
+	sksSksReasonSKS_CONNECT_DENIED       sksSksReason = 24
+	sksSksReasonSKS_SYN_FORGED           sksSksReason = 25
+	sksSksReasonSKS_EVENT_LOST           sksSksReason = 26
+	sksSksReasonSKS_TCP_FRAGMENT         sksSksReason = 27
+	sksSksReasonSKS_TCP_MALFORMED        sksSksReason = 28
+	sksSksReasonSKS_SYN_DENIED           sksSksReason = 29
+	sksSksReasonSKS_ORIGDST_SHOWN        sksSksReason = 30
+	sksSksReasonSKS_SAME_HOST_UNRECORDED sksSksReason = 31
+	sksSksReasonSKS_LISTEN_QUOTA         sksSksReason = 32
+	sksSksReasonSKS_REASONS              sksSksReason = 33
+)
+
 type sksSksRole uint32
 
 const (

@@ -268,7 +268,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SKS_REASONS);
-	__type(key, __u32);
+	__type(key, enum sks_reason); // names the counters (bpfmap.CounterNames)
 	__type(value, __u64);
 } sks_stats SEC(".maps");
 

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -157,26 +158,15 @@ func (l *Layer) Close() error {
 	return errors.Join(l.objs.Close(), l.limits.Close())
 }
 
-// Reasons names the counters, in the order of enum sks_reason.
-var Reasons = []string{
-	"stamped", "connect_fast", "connect_refused", "bind_rewritten", "bind_refused", "bind_inuse",
-	"sockopt_refused", "opt_written", "listener_added", "listener_failed", "listener_exposed", "syn_recorded",
-	"syn_spoofed", "syn_malformed", "assigned", "no_listener", "overlay_assigned", "overlay_steered", "accepted",
-	"accepted_unknown", "destroyed", "tos_cleared", "overlay_refused",
-	"syncookie_steered", "connect_denied", "syn_forged", "event_lost",
-	"tcp_fragment", "tcp_malformed", "syn_denied", "origdst_shown", "same_host_unrecorded",
-	"listen_quota",
-}
+// Reasons names the counters: enum sks_reason (sockets.h), in its order,
+// as the programs' BTF has it.
+var Reasons = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSks, "sks_stats", "SKS_") })
 
 // Stats returns the counters summed over CPUs, by reason.
 func (l *Layer) Stats() (map[string]uint64, error) {
-	sums, err := bpfmap.Counters(l.objs.SksStats, len(Reasons))
+	out, err := bpfmap.NamedCounters(l.objs.SksStats, Reasons())
 	if err != nil {
 		return nil, err
-	}
-	out := make(map[string]uint64, len(Reasons))
-	for i, name := range Reasons {
-		out[name] = sums[i]
 	}
 	lc, err := l.limits.Counters()
 	for name, v := range lc {

@@ -87,8 +87,8 @@ func TestLoad(t *testing.T) {
 			limited++
 		}
 	}
-	if len(st)-limited != len(Reasons) || limited == 0 {
-		t.Fatalf("%d counters (%d of limits), want %d and those of limits", len(st), limited, len(Reasons))
+	if len(st)-limited != len(Reasons()) || limited == 0 {
+		t.Fatalf("%d counters (%d of limits), want %d and those of limits", len(st), limited, len(Reasons()))
 	}
 }
 
@@ -322,8 +322,8 @@ func TestDenied(t *testing.T) {
 // TestReasonsMatchProgram: Reasons names every counter of enum sks_reason,
 // in order.
 func TestReasonsMatchProgram(t *testing.T) {
-	if names := tctest.EnumNames(t, "sockets.h", "sks_reason", "SKS_"); !slices.Equal(names, Reasons) {
-		t.Fatalf("sockets.h: %v\nReasons:   %v", names, Reasons)
+	if names := tctest.EnumNames(t, "sockets.h", "sks_reason", "SKS_"); !slices.Equal(names, Reasons()) {
+		t.Fatalf("sockets.h: %v\nReasons:   %v", names, Reasons())
 	}
 }
 

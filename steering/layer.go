@@ -359,15 +359,14 @@ var Stages = []struct{ Name, Device string }{
 	{"container", "container eth0 (IP, TCP/UDP, socket)"},
 }
 
-// Decisions names the programs' counters, in the order of enum stx_reason.
-var Decisions = []string{"first", "second", "self_avoided", "stale_load", "not_vxlan", "not_ipv4", "malformed", "fragment", "light", "split"}
+// Decisions names the programs' counters: enum stx_reason (steering.h), in
+// its order, as the programs' BTF has it.
+var Decisions = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadStx, "stx_stats", "STX_") })
 
 func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
 	st := &api.SteeringStatus{CPUs: l.opts.CPUs, Threshold: l.opts.Threshold, Decisions: map[string]uint64{}}
-	if sums, err := bpfmap.Counters(l.objs.StxStats, len(Decisions)); err == nil {
-		for i, name := range Decisions {
-			st.Decisions[name] = sums[i]
-		}
+	if d, err := bpfmap.NamedCounters(l.objs.StxStats, Decisions()); err == nil {
+		st.Decisions = d
 	}
 	for i, stage := range Stages {
 		var per []uint64
