@@ -20,6 +20,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
+	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
@@ -71,7 +72,7 @@ func (a *Agent) serve(socket string) (*http.Server, error) {
 		}
 		return a.endpointPaths(eps, overrides), nil
 	}))
-	mux.HandleFunc("GET /v1/cache", a.handle(func(r *http.Request) (any, error) { return a.CacheView() }))
+	mux.HandleFunc("GET /v1/layers/{name}", a.handle(func(r *http.Request) (any, error) { return a.InspectLayer(r.PathValue("name")) }))
 	mux.HandleFunc("GET /v1/hosts", a.handle(func(r *http.Request) (any, error) { return a.store.Hosts(r.Context()) }))
 	mux.HandleFunc("GET /v1/policies", a.handle(func(r *http.Request) (any, error) { return a.store.Policies(r.Context()) }))
 	// Policy changes and host removal are the administrator's, with the
@@ -177,6 +178,12 @@ func (a *Agent) handle(f func(*http.Request) (any, error)) http.HandlerFunc {
 
 // Status reports the agent's view of its host and the cluster.
 func (a *Agent) Status(ctx context.Context) api.Status {
+	s, _ := a.status(ctx)
+	return s
+}
+
+// status is Status and what each running layer reported.
+func (a *Agent) status(ctx context.Context) (api.Status, []layer.Report) {
 	pingErr := a.store.Ping(ctx)
 	a.stateMu.Lock()
 	defer a.stateMu.Unlock()
@@ -194,13 +201,18 @@ func (a *Agent) Status(ctx context.Context) api.Status {
 		s.QoS, _ = a.overlay.QoSCounters()
 	}
 	s.Layers = slices.Clone(a.choices)
+	var reports []layer.Report
 	for _, l := range a.layers {
-		l.Status(&s, a.local)
+		r := l.Status(a.local)
+		reports = append(reports, r)
+		if i := slices.IndexFunc(s.Layers, func(c api.Layer) bool { return c.Name == l.name }); i >= 0 {
+			s.Layers[i] = layerStatus(s.Layers[i], r)
+		}
 	}
 	if a.syncErr != nil {
 		s.SyncError = a.syncErr.Error()
 	}
-	return s
+	return s, reports
 }
 
 // endpointPaths adds to this host's endpoints which layers carry them.
@@ -447,12 +459,35 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	return nil
 }
 
-// CacheView returns the cache's counters and entries.
-func (a *Agent) CacheView() (api.CacheView, error) {
+// InspectLayer reports a running layer at length (skiff layer NAME): what
+// it shows in the status, and more where it has more to show (its
+// entries).
+func (a *Agent) InspectLayer(name string) (api.Layer, error) {
+	a.stateMu.Lock()
+	defer a.stateMu.Unlock()
 	for _, l := range a.layers {
-		if c, ok := l.Layer.(interface{ CacheView() (api.CacheView, error) }); ok {
-			return c.CacheView()
+		if l.name != name {
+			continue
+		}
+		r := l.Status(a.local)
+		if in, ok := l.Layer.(layer.Inspector); ok {
+			var err error
+			if r, err = in.Inspect(); err != nil {
+				return api.Layer{}, err
+			}
+		}
+		return layerStatus(api.Layer{Name: name, On: true}, r), nil
+	}
+	return api.Layer{}, badRequest(fmt.Errorf("host %s does not run a layer %q (mode %s)", a.host.Name, name, a.mode()))
+}
+
+// layerStatus adds what a running layer reported to its status entry.
+func layerStatus(l api.Layer, r layer.Report) api.Layer {
+	l.Counters, l.View = r.Counters, r.View
+	if r.Details != nil {
+		if b, err := json.Marshal(r.Details); err == nil {
+			l.Details = b
 		}
 	}
-	return api.CacheView{}, badRequest(fmt.Errorf("host %s does not run the cache layer (mode %s)", a.host.Name, a.mode()))
+	return l
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"time"
 
 	"github.com/skiffnet/skiff/cluster"
@@ -61,7 +62,8 @@ type Status struct {
 	Host    cluster.Host   `json:"host"`
 	Cluster cluster.Config `json:"cluster"`
 	Mode    string         `json:"mode"`
-	// Layers is every layer skiffd knows: on, or off and why.
+	// Layers is every layer skiffd knows: on, with what it reports, or
+	// off and why.
 	Layers         []Layer `json:"layers"`
 	StoreReachable bool    `json:"storeReachable"`
 	StoreError     string  `json:"storeError,omitempty"`
@@ -78,19 +80,9 @@ type Status struct {
 	// watch-triggered reconcile per 100 ms).
 	Reconciles          uint64 `json:"reconciles"`
 	ReconcileEventsHeld uint64 `json:"reconcileEventsHeld"`
-	// Cache holds the fast path's counters (program/outcome → packets)
-	// when the cache layer runs.
-	Cache map[string]uint64 `json:"cache,omitempty"`
-	// Sockets holds the sockets layer's counters and its containers when
-	// it runs.
-	Sockets *SocketsStatus `json:"sockets,omitempty"`
 	// SourceDrops counts, by reason, the packets containers sent that the
 	// source check on their veths dropped (every mode).
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
-	// Channels is the channels layer's, when it runs.
-	Channels *ChannelsStatus `json:"channels,omitempty"`
-	// Steering is the steering layer's, when it runs.
-	Steering *SteeringStatus `json:"steering,omitempty"`
 	// QoS counts the underlay packets of QoS-classed containers marked
 	// (marked) and the overlay packets of normal ones (unclassed).
 	QoS map[string]uint64 `json:"qos,omitempty"`
@@ -118,109 +110,27 @@ func (e EndpointStatus) Paths() (on, off []string) {
 	return on, off
 }
 
-// Layer is one data-plane layer of a host (docs/layers.md).
+// Layer is one data-plane layer of a host (docs/layers.md): in a status,
+// with what the running layer reports.
 type Layer struct {
 	Name   string `json:"name"`
 	On     bool   `json:"on"`
 	Reason string `json:"reason,omitempty"` // why it is off
+	// Counters are its programs' event counters by name.
+	Counters map[string]uint64 `json:"counters,omitempty"`
+	// Details is the layer's own status (a type of its package).
+	Details json.RawMessage `json:"details,omitempty"`
+	// View is how skiff status shows it.
+	View []Section `json:"view,omitempty"`
 }
 
-// SteeringStatus is the steering layer of one host: the CPUs the stages
-// of overlay flows are spread over, the two-choice threshold, each
-// stage's packets per CPU (where it ran), the decisions by reason, and
-// each CPU's load as last sampled (percent).
-type SteeringStatus struct {
-	CPUs      []int             `json:"cpus"`
-	Threshold int               `json:"threshold"`
-	Stages    []SteeringStage   `json:"stages"`
-	Decisions map[string]uint64 `json:"decisions"`
-	Load      map[int]uint32    `json:"load,omitempty"`
-}
-
-// SteeringStage is one stage of the overlay's receive path: its device
-// and the packets it processed on each CPU.
-type SteeringStage struct {
-	Name    string   `json:"name"`
-	Device  string   `json:"device"`
-	Packets []uint64 `json:"packets"` // by CPU
-}
-
-// ChannelsStatus is the channels layer of one host: its programs'
-// counters (channels.Counters) and the sockets in its map now (two a
-// channelled connection).
-type ChannelsStatus struct {
-	Counters map[string]uint64 `json:"counters"`
-	Sockets  int               `json:"sockets"`
-}
-
-// SocketsStatus is the sockets layer of one host.
-type SocketsStatus struct {
-	Counters   map[string]uint64  `json:"counters"`
-	Listeners  []string           `json:"listeners"` // overlay address:port of replaced listeners
-	Containers []SocketsContainer `json:"containers"`
-	Policy     *SocketsPolicy     `json:"policy"` // null: none in force, every connection takes the overlay
-	// ListenerQuota is the ports each container's host sockets may hold.
-	ListenerQuota int `json:"listenerQuota"`
-	// RoutesOver counts the cluster's published listeners this host has
-	// no fast-path route for (its route map is full; each container gets
-	// an equal share): connections to them take the overlay.
-	RoutesOver int `json:"routesOver,omitempty"`
-	// Publish is how this host's listeners reached the cluster store.
-	Publish *SocketsPublish `json:"publish,omitempty"`
-}
-
-// SocketsPublish counts the writes of this host's replaced listeners to
-// the cluster store: changes are gathered and written at most once a
-// publish interval, so a container that opens and closes listeners in a
-// loop costs the store and the other agents one write per interval.
-type SocketsPublish struct {
-	Listeners int       `json:"listeners"` // in the store as last written
-	Writes    uint64    `json:"writes"`    // writes of a changed set
-	Last      time.Time `json:"last,omitzero"`
-	Error     string    `json:"error,omitempty"` // of the last write, if it failed
-}
-
-// SocketsPolicy is the policy the sockets layer judges new fast-path
-// connections by, at connect.
-type SocketsPolicy struct {
-	Rules    int  `json:"rules"`    // rules that can match TCP
-	Overflow bool `json:"overflow"` // more than the layer takes: every connection takes the overlay
-}
-
-// SocketsContainer is one container's use of host sockets, as its broker
-// counts it.
-type SocketsContainer struct {
-	ContainerID string `json:"containerID"`
-	IP          string `json:"ip"`
-	Broker      bool   `json:"broker"`    // its broker runs
-	Ports       int    `json:"ports"`     // ports its host sockets hold (bound or listening), against the quota
-	HandedOut   uint64 `json:"handedOut"` // host sockets given to its processes
-	Replaced    uint64 `json:"replaced"`  // connections and listeners on host sockets
-	Fallback    uint64 `json:"fallback"`  // sockets that fell back to the overlay
-	// Privileged is a process of the container that holds CAP_NET_ADMIN or
-	// CAP_SYS_ADMIN in the host's user namespace: its broker refuses the
-	// container host sockets (secure mode). 0 if none.
-	Privileged int `json:"privileged,omitempty"`
-	// Seccomp is what its broker did with the connect() and listen()
-	// calls of processes under skiff's seccomp profile (no preload).
-	Seccomp SocketsSeccomp `json:"seccomp"`
-}
-
-// SocketsSeccomp counts a container's calls its broker served through the
-// seccomp agent.
-type SocketsSeccomp struct {
-	Listeners  uint64  `json:"listeners"`  // notification listeners served now
-	Replaced   uint64  `json:"replaced"`   // connections and listeners moved to host sockets
-	Fallback   uint64  `json:"fallback"`   // in the cluster, left on the container's socket
-	Passed     uint64  `json:"passed"`     // not for the fast path: continued untouched
-	Dropped    uint64  `json:"dropped"`    // the caller went while handled
-	MeanMicros float64 `json:"meanMicros"` // mean time to answer one
-}
-
-// CacheView is the cache layer's state: counters and every entry.
-type CacheView struct {
-	Stats   map[string]uint64 `json:"stats"`
-	Entries CacheEntries      `json:"entries"`
+// Section is part of a layer's view: a title, lines, and a table (Header
+// and Rows) when it has one.
+type Section struct {
+	Title  string     `json:"title,omitempty"`
+	Lines  []string   `json:"lines,omitempty"`
+	Header []string   `json:"header,omitempty"`
+	Rows   [][]string `json:"rows,omitempty"`
 }
 
 // Error is an agent error as it travels over the API.
@@ -334,58 +244,15 @@ func (c *Client) Hosts(ctx context.Context) ([]cluster.Host, error) {
 	return hs, c.do(ctx, http.MethodGet, "/v1/hosts", nil, &hs)
 }
 
-// Cache returns the cache layer's counters and entries.
-func (c *Client) Cache(ctx context.Context) (CacheView, error) {
-	var v CacheView
-	return v, c.do(ctx, http.MethodGet, "/v1/cache", nil, &v)
+// Layer returns what a running layer reports at length (skiff layer
+// NAME): its status, and what else it shows (the cache: its entries).
+func (c *Client) Layer(ctx context.Context, name string) (Layer, error) {
+	var l Layer
+	return l, c.do(ctx, http.MethodGet, "/v1/layers/"+url.PathEscape(name), nil, &l)
 }
 
 // Policies lists the policy rules in evaluation order.
 func (c *Client) Policies(ctx context.Context) (policy.Set, error) {
 	var s policy.Set
 	return s, c.do(ctx, http.MethodGet, "/v1/policies", nil, &s)
-}
-
-// CacheEntries is a snapshot of the cache layer's maps, for skiff cache.
-type CacheEntries struct {
-	EgressIPs   []EgressIP   `json:"egressIPs"`
-	EgressHosts []EgressHost `json:"egressHosts"`
-	Ingress     []Ingress    `json:"ingress"`
-	Flows       []Flow       `json:"flows"`
-}
-
-// EgressIP maps a remote container to its host.
-type EgressIP struct {
-	Container netip.Addr `json:"container"`
-	Host      netip.Addr `json:"host"`
-}
-
-// EgressHost is the cached encapsulation towards one host.
-type EgressHost struct {
-	Host      netip.Addr `json:"host"`
-	Ifindex   uint32     `json:"ifindex"`
-	OuterSrc  string     `json:"outerSrcMAC"`
-	OuterDst  string     `json:"outerDstMAC"`
-	InnerSrc  string     `json:"innerSrcMAC"`
-	InnerDst  string     `json:"innerDstMAC"`
-	VNI       uint32     `json:"vni"`
-	UDPDstPrt uint16     `json:"udpDstPort"`
-}
-
-// Ingress is how a local container is reached.
-type Ingress struct {
-	Container netip.Addr `json:"container"`
-	Ifindex   uint32     `json:"vethIfindex"`
-	MACDst    string     `json:"macDst"`
-	MACSrc    string     `json:"macSrc"`
-	Ready     bool       `json:"ready"`
-}
-
-// Flow is one cached flow and the directions the overlay let through.
-type Flow struct {
-	Local   string `json:"local"`
-	Remote  string `json:"remote"`
-	Proto   string `json:"proto"`
-	Egress  bool   `json:"egress"`
-	Ingress bool   `json:"ingress"`
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 )
@@ -175,16 +174,26 @@ func (l *Layer) settle(v *layer.View) error {
 	return nil
 }
 
-func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) { s.Cache, _ = l.c.Stats() }
+// Status reports the programs' counters (program/outcome).
+func (l *Layer) Status([]cluster.Endpoint) layer.Report {
+	stats, _ := l.c.Stats()
+	return report(stats)
+}
 
-// CacheView returns the cache's counters and entries (skiff cache).
-func (l *Layer) CacheView() (api.CacheView, error) {
+// Inspect adds every cache entry to the status (skiff layer cache).
+func (l *Layer) Inspect() (layer.Report, error) {
 	stats, err := l.c.Stats()
 	if err != nil {
-		return api.CacheView{}, err
+		return layer.Report{}, err
 	}
-	entries, err := l.c.Entries()
-	return api.CacheView{Stats: stats, Entries: entries}, err
+	e, err := l.c.Entries()
+	if err != nil {
+		return layer.Report{}, err
+	}
+	r := report(stats)
+	r.Details = e
+	r.View = append(r.View, e.view()...)
+	return r, nil
 }
 
 func (l *Layer) Close() error { return l.c.Close() }

@@ -2,12 +2,17 @@ package cache
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"net"
 	"net/netip"
 	"sort"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/layer"
 )
 
 // Reason names a counter: which program, and what it did with a packet.
@@ -65,18 +70,18 @@ var reasons = [skcReasonNR_REASONS]Reason{
 }
 
 // Entries lists every cache entry.
-func (c *Cache) Entries() (api.CacheEntries, error) {
-	var out api.CacheEntries
+func (c *Cache) Entries() (Entries, error) {
+	var out Entries
 	var k, v [4]byte
 	it := c.objs.SkcEgressIp.Iterate()
 	for it.Next(&k, &v) {
-		out.EgressIPs = append(out.EgressIPs, api.EgressIP{Container: addr(k), Host: addr(v)})
+		out.EgressIPs = append(out.EgressIPs, EgressIP{Container: addr(k), Host: addr(v)})
 	}
 	var hv skcEgressHost
 	it2 := c.objs.SkcEgressHost.Iterate()
 	for it2.Next(&k, &hv) {
 		h := hv.Hdr
-		out.EgressHosts = append(out.EgressHosts, api.EgressHost{
+		out.EgressHosts = append(out.EgressHosts, EgressHost{
 			Host: addr(k), Ifindex: hv.Ifindex,
 			OuterDst: net.HardwareAddr(h[0:6]).String(), OuterSrc: net.HardwareAddr(h[6:12]).String(),
 			UDPDstPrt: uint16(h[36])<<8 | uint16(h[37]),
@@ -87,7 +92,7 @@ func (c *Cache) Entries() (api.CacheEntries, error) {
 	var ev skcIngressEp
 	it3 := c.objs.SkcIngress.Iterate()
 	for it3.Next(&k, &ev) {
-		out.Ingress = append(out.Ingress, api.Ingress{Container: addr(k), Ifindex: ev.Ifindex,
+		out.Ingress = append(out.Ingress, Ingress{Container: addr(k), Ifindex: ev.Ifindex,
 			MACDst: net.HardwareAddr(ev.MacDst[:]).String(), MACSrc: net.HardwareAddr(ev.MacSrc[:]).String(), Ready: ev.Ready != 0})
 	}
 	var fk skcFlowKey
@@ -98,7 +103,7 @@ func (c *Cache) Entries() (api.CacheEntries, error) {
 		if proto == "" {
 			proto = fmt.Sprint(fk.Proto)
 		}
-		out.Flows = append(out.Flows, api.Flow{
+		out.Flows = append(out.Flows, Flow{
 			Local:  netip.AddrPortFrom(addr32(fk.Laddr), ntohs(fk.Lport)).String(),
 			Remote: netip.AddrPortFrom(addr32(fk.Raddr), ntohs(fk.Rport)).String(),
 			Proto:  proto, Egress: fv.Egress != 0, Ingress: fv.Ingress != 0,
@@ -113,4 +118,91 @@ func (c *Cache) Entries() (api.CacheEntries, error) {
 		}
 	}
 	return out, nil
+}
+
+// Entries is a snapshot of the cache's maps, for skiff layer cache.
+type Entries struct {
+	EgressIPs   []EgressIP   `json:"egressIPs"`
+	EgressHosts []EgressHost `json:"egressHosts"`
+	Ingress     []Ingress    `json:"ingress"`
+	Flows       []Flow       `json:"flows"`
+}
+
+// EgressIP maps a remote container to its host.
+type EgressIP struct {
+	Container netip.Addr `json:"container"`
+	Host      netip.Addr `json:"host"`
+}
+
+// EgressHost is the cached encapsulation towards one host.
+type EgressHost struct {
+	Host      netip.Addr `json:"host"`
+	Ifindex   uint32     `json:"ifindex"`
+	OuterSrc  string     `json:"outerSrcMAC"`
+	OuterDst  string     `json:"outerDstMAC"`
+	InnerSrc  string     `json:"innerSrcMAC"`
+	InnerDst  string     `json:"innerDstMAC"`
+	VNI       uint32     `json:"vni"`
+	UDPDstPrt uint16     `json:"udpDstPort"`
+}
+
+// Ingress is how a local container is reached.
+type Ingress struct {
+	Container netip.Addr `json:"container"`
+	Ifindex   uint32     `json:"vethIfindex"`
+	MACDst    string     `json:"macDst"`
+	MACSrc    string     `json:"macSrc"`
+	Ready     bool       `json:"ready"`
+}
+
+// Flow is one cached flow and the directions the overlay let through.
+type Flow struct {
+	Local   string `json:"local"`
+	Remote  string `json:"remote"`
+	Proto   string `json:"proto"`
+	Egress  bool   `json:"egress"`
+	Ingress bool   `json:"ingress"`
+}
+
+// report shows the counters in program order, and serves them as
+// skiff_cache_packets_total{program,outcome}.
+func report(stats map[string]uint64) layer.Report {
+	var rows [][]string
+	for _, r := range Reasons {
+		if n := stats[r.Name]; n > 0 {
+			rows = append(rows, []string{r.Program, r.Outcome, fmt.Sprint(n)})
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i][0] < rows[j][0] })
+	m := layer.Metrics{Layer: "cache"}
+	reasons := slices.SortedFunc(slices.Values(Reasons), func(a, b Reason) int { return strings.Compare(a.Name, b.Name) })
+	m.Add("packets_total", "Packets handled by the cache programs, by program and outcome.", prometheus.CounterValue,
+		[]string{"program", "outcome"}, len(reasons), func(i int) float64 { return float64(stats[reasons[i].Name]) },
+		func(i int) []string { return []string{reasons[i].Program, reasons[i].Outcome} })
+	return layer.Report{Counters: stats, View: []api.Section{{Title: "cache fast path (packets):", Header: []string{"PROGRAM", "OUTCOME", "PACKETS"}, Rows: rows}},
+		Metrics: m.List()}
+}
+
+// view shows the entries, a table for each map.
+func (e Entries) view() []api.Section {
+	var ips, hosts, ingress, flows [][]string
+	for _, x := range e.EgressIPs {
+		ips = append(ips, []string{x.Container.String(), x.Host.String()})
+	}
+	for _, x := range e.EgressHosts {
+		hosts = append(hosts, []string{x.Host.String(), fmt.Sprint(x.Ifindex), x.OuterSrc + " → " + x.OuterDst,
+			fmt.Sprint(x.VNI), x.InnerSrc + " → " + x.InnerDst})
+	}
+	for _, x := range e.Ingress {
+		ingress = append(ingress, []string{x.Container.String(), fmt.Sprint(x.Ifindex), x.MACSrc + " → " + x.MACDst, fmt.Sprint(x.Ready)})
+	}
+	for _, x := range e.Flows {
+		flows = append(flows, []string{x.Proto, x.Local, x.Remote, fmt.Sprint(x.Egress), fmt.Sprint(x.Ingress)})
+	}
+	return []api.Section{
+		{Title: fmt.Sprintf("egress: container → host (%d)", len(ips)), Header: []string{"CONTAINER", "HOST"}, Rows: ips},
+		{Title: fmt.Sprintf("egress: host → headers (%d)", len(hosts)), Header: []string{"HOST", "IFINDEX", "OUTER MACS", "VNI", "INNER MACS"}, Rows: hosts},
+		{Title: fmt.Sprintf("ingress: local container (%d)", len(ingress)), Header: []string{"CONTAINER", "VETH IFINDEX", "MACS", "READY"}, Rows: ingress},
+		{Title: fmt.Sprintf("flows (%d)", len(flows)), Header: []string{"PROTO", "LOCAL", "REMOTE", "EGRESS", "INGRESS"}, Rows: flows},
+	}
 }

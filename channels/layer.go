@@ -334,18 +334,46 @@ func (l *Layer) endDenied(rules policy.Set, local []cluster.Endpoint) error {
 // in its order, as the programs' BTF has it.
 var Counters = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSkch, "skch_stats", "SKCH_") })
 
-func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
-	counters, err := bpfmap.NamedCounters(l.objs.SkchStats, Counters())
-	if err != nil {
-		return
+// Status is the channels layer of one host (api.Layer.Details).
+type Status struct {
+	// Counters are the programs' (Counters), by name: api.Layer.Counters.
+	Counters map[string]uint64 `json:"-"`
+	// Sockets are those in the channel map now (two a channelled
+	// connection).
+	Sockets int `json:"sockets"`
+}
+
+// StatusOf reads the channels layer's status from a host's status: nil
+// when the layer does not run there.
+func StatusOf(st api.Status) (*Status, error) {
+	s, l, err := layer.DetailsOf[Status](st, "channels")
+	if s != nil {
+		s.Counters = l.Counters
 	}
-	st := &api.ChannelsStatus{Counters: counters}
+	return s, err
+}
+
+func (l *Layer) Status([]cluster.Endpoint) layer.Report {
+	st := &Status{}
+	st.Counters, _ = bpfmap.NamedCounters(l.objs.SkchStats, Counters())
 	var k skchSkchKey
 	var v uint64
 	for it := l.objs.SkchSocks.Iterate(); it.Next(&k, &v); {
 		st.Sockets++
 	}
-	s.Channels = st
+	return st.report()
+}
+
+func (s *Status) report() layer.Report {
+	m := layer.Metrics{Layer: "channels"}
+	m.Counters("events_total", "Events of the channels layer's programs (docs/channels.md, Status).", "event", s.Counters)
+	m.Gauge("sockets", "Sockets in the channel map now (two a channelled connection).", float64(s.Sockets))
+	var rows [][]string
+	for _, name := range Counters() {
+		rows = append(rows, []string{name, fmt.Sprint(s.Counters[name])})
+	}
+	return layer.Report{Counters: s.Counters, Details: s, Metrics: m.List(), View: []api.Section{
+		{Title: fmt.Sprintf("channels: %d sockets channelled now", s.Sockets), Header: []string{"COUNTER", "COUNT"}, Rows: rows}}}
 }
 
 func (l *Layer) Close() error { return l.objs.Close() }

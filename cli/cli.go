@@ -11,19 +11,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/skiffnet/skiff/api"
-	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/sockets"
-	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/version"
 )
@@ -62,8 +57,7 @@ func init() {
 		"policy":          {summary: "policy add|del|list: allow/deny rules for new flows", run: cmdPolicy},
 		"limit":           {summary: "limit set|del|list: containers' rate limits, changed while they run", run: cmdLimit},
 		"lab":             {summary: "lab up|down|exec|ip|status|cni: an emulated cluster on this machine", run: cmdLab},
-		"cache":           {summary: "show the cache fast path's counters and entries (cache mode)", run: cmdCache},
-		"steering":        {summary: "show where the stages of overlay flows ran, by CPU, and why (steering layer)", run: cmdSteering},
+		"layer":           {summary: "layer NAME: one running layer at length (skiff NAME too: skiff cache shows its entries)", run: cmdLayer},
 		"seccomp-profile": {summary: "print the seccomp profile that gives unmodified images host sockets (sockets layer)", run: cmdSeccompProfile},
 		"cert":            {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":           {summary: "measure every data-plane mode against the host network", run: cmdBench},
@@ -115,6 +109,14 @@ func dispatch(ctx context.Context, env Env) error {
 		return nil
 	}
 	c, ok := commands[env.Args[0]]
+	if !ok && !strings.HasPrefix(env.Args[0], "-") {
+		// skiff NAME for a layer the agent runs: skiff layer NAME.
+		err := cmdLayer(ctx, Env{Stdout: env.Stdout, Stderr: io.Discard, Getenv: env.Getenv, Args: env.Args}, append(env.Args[1:], env.Args[0]))
+		var ae *api.Error
+		if !errors.As(err, &ae) && !errors.Is(err, api.ErrAgentUnreachable) {
+			return err
+		}
+	}
 	if !ok {
 		usage(env.Stderr)
 		return usagef("unknown command %q", env.Args[0])
@@ -278,120 +280,15 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintln(w, "source check (dropped packets):")
 		table(w, "  REASON\tPACKETS", rows)
 	}
-	if st.Cache != nil {
-		fmt.Fprintln(w, "cache fast path (packets):")
-		printCounters(env, st.Cache)
-	}
-	if st.Sockets != nil {
-		printSockets(env, st.Sockets)
-	}
-	if c := st.Channels; c != nil {
-		fmt.Fprintf(w, "channels: %d sockets channelled now\n", c.Sockets)
-		var rows [][]string
-		for _, name := range channels.Counters() {
-			rows = append(rows, []string{"  " + name, fmt.Sprint(c.Counters[name])})
+	for _, l := range st.Layers {
+		if l.On {
+			printView(w, l.View)
 		}
-		table(w, "  COUNTER\tCOUNT", rows)
-	}
-	if s := st.Steering; s != nil {
-		printSteering(w, s)
 	}
 	if len(st.QoS) > 0 {
 		fmt.Fprintf(w, "QoS: %d underlay packets of classed containers marked, %d of normal ones\n", st.QoS["marked"], st.QoS["unclassed"])
 	}
 	return nil
-}
-
-// printSteering shows where the stages of overlay flows ran, by CPU, and
-// the decisions that put them there.
-func printSteering(w io.Writer, s *api.SteeringStatus) {
-	var loads []string
-	for _, c := range s.CPUs {
-		loads = append(loads, fmt.Sprintf("cpu%d %d%%", c, s.Load[c]))
-	}
-	fmt.Fprintf(w, "steering: CPUs %v, second choice above %d%% load; load now: %s\n", s.CPUs, s.Threshold, strings.Join(loads, ", "))
-	header := "  STAGE\tDEVICE"
-	ncpu := 0
-	for _, st := range s.Stages {
-		ncpu = max(ncpu, len(st.Packets))
-	}
-	for c := range ncpu {
-		header += fmt.Sprintf("\tCPU%d", c)
-	}
-	var rows [][]string
-	for _, st := range s.Stages {
-		r := []string{"  " + st.Name, st.Device}
-		for _, n := range st.Packets {
-			r = append(r, fmt.Sprint(n))
-		}
-		rows = append(rows, r)
-	}
-	table(w, header, rows)
-	rows = nil
-	for _, name := range steering.Decisions() {
-		rows = append(rows, []string{"  " + name, fmt.Sprint(s.Decisions[name])})
-	}
-	table(w, "  DECISION\tPACKETS", rows)
-}
-
-// printSockets shows the sockets layer: listeners, containers, counters.
-func printSockets(env Env, s *api.SocketsStatus) {
-	w := env.Stdout
-	fmt.Fprintf(w, "replaced listeners: %s\n", strings.Join(s.Listeners, " "))
-	if p := s.Publish; p != nil {
-		fmt.Fprintf(w, "published: %d listeners, %d writes", p.Listeners, p.Writes)
-		if !p.Last.IsZero() {
-			fmt.Fprintf(w, ", last %s ago", time.Since(p.Last).Round(time.Second))
-		}
-		if p.Error != "" {
-			fmt.Fprintf(w, ", FAILING: %s", p.Error)
-		}
-		fmt.Fprintln(w)
-	}
-	if s.RoutesOver > 0 {
-		fmt.Fprintf(w, "fast-path routes: FULL, %d published listeners take the overlay\n", s.RoutesOver)
-	}
-	switch p := s.Policy; {
-	case p == nil:
-		fmt.Fprintln(w, "fast-path policy: none in force: every connection takes the overlay")
-	case p.Overflow:
-		fmt.Fprintf(w, "fast-path policy: more than %d TCP rules: every connection takes the overlay\n", p.Rules)
-	default:
-		fmt.Fprintf(w, "fast-path policy: %d TCP rules, judged at connect\n", p.Rules)
-	}
-	var rows [][]string
-	for _, c := range s.Containers {
-		broker := "running"
-		switch {
-		case !c.Broker:
-			broker = "DOWN"
-		case c.Privileged != 0:
-			broker = fmt.Sprintf("refused (pid %d holds NET_ADMIN/SYS_ADMIN)", c.Privileged)
-		}
-		sc := c.Seccomp
-		rows = append(rows, []string{"  " + c.ContainerID, c.IP, broker, fmt.Sprintf("%d/%d", c.Ports, s.ListenerQuota), fmt.Sprint(c.HandedOut), fmt.Sprint(c.Replaced),
-			fmt.Sprint(c.Fallback), fmt.Sprint(sc.Listeners), fmt.Sprint(sc.Replaced), fmt.Sprint(sc.Fallback), fmt.Sprint(sc.Passed)})
-	}
-	// ports: bound or listening, against the quota; preload: the shim's
-	// counts; seccomp: the broker's, for processes under skiff's seccomp
-	// profile
-	table(w, "  CONTAINER\tIP\tBROKER\tPORTS\tHANDED OUT\tPRELOAD REPLACED\tPRELOAD FALLBACK\tSECCOMP LISTENERS\tSECCOMP REPLACED\tSECCOMP FALLBACK\tSECCOMP PASSED", rows)
-	rows = nil
-	// The layer's events in their order, then its rate limits' (limit_*).
-	names := slices.Concat(sockets.Reasons(), slices.Sorted(func(yield func(string) bool) {
-		for name := range s.Counters {
-			if strings.HasPrefix(name, "limit_") && !yield(name) {
-				return
-			}
-		}
-	}))
-	for _, name := range names {
-		if n := s.Counters[name]; n > 0 {
-			rows = append(rows, []string{"  " + name, fmt.Sprint(n)})
-		}
-	}
-	fmt.Fprintln(w, "sockets layer (events):")
-	table(w, "  COUNTER\tCOUNT", rows)
 }
 
 func cmdEndpoints(ctx context.Context, env Env, args []string) error {

@@ -114,22 +114,16 @@ func TestLabModesFor(t *testing.T) {
 	}
 }
 
-// TestPrintSocketsPolicy: status says whether the sockets layer judges the
-// policy at connect, or sends every connection to the overlay.
-func TestPrintSocketsPolicy(t *testing.T) {
-	for _, tc := range []struct {
-		policy *api.SocketsPolicy
-		want   string
-	}{
-		{nil, "fast-path policy: none in force: every connection takes the overlay"},
-		{&api.SocketsPolicy{Rules: 3}, "fast-path policy: 3 TCP rules, judged at connect"},
-		{&api.SocketsPolicy{Rules: 1024, Overflow: true}, "fast-path policy: more than 1024 TCP rules: every connection takes the overlay"},
-	} {
-		var out bytes.Buffer
-		printSockets(Env{Stdout: &out}, &api.SocketsStatus{Policy: tc.policy})
-		if !strings.Contains(out.String(), tc.want+"\n") {
-			t.Errorf("policy %+v:\n%s\nwant the line %q", tc.policy, out.String(), tc.want)
-		}
+// TestPrintView: a layer's view prints as titles, lines and tables.
+func TestPrintView(t *testing.T) {
+	var out bytes.Buffer
+	err := printView(&out, []api.Section{
+		{Lines: []string{"fast-path policy: 3 TCP rules, judged at connect"}},
+		{Title: "sockets layer (events):", Header: []string{"COUNTER", "COUNT"}, Rows: [][]string{{"connect_fast", "7"}}},
+	})
+	want := "fast-path policy: 3 TCP rules, judged at connect\nsockets layer (events):\n  COUNTER       COUNT\n  connect_fast  7\n"
+	if err != nil || out.String() != want {
+		t.Fatalf("%v:\n%q\nwant\n%q", err, out.String(), want)
 	}
 }
 

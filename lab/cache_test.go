@@ -21,11 +21,14 @@ import (
 
 func cacheStats(t *testing.T, l *Lab, host string) map[string]uint64 {
 	t.Helper()
-	v, err := agentOf(t, l, host).Cache(context.Background())
+	st, err := agentOf(t, l, host).Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return v.Stats
+	if !runs(st, "cache") {
+		t.Fatalf("%s runs no cache layer (mode %s)", host, st.Mode)
+	}
+	return countersIn(st, "cache")
 }
 
 // fastShare is the share of packets from_container handled on the fast
@@ -211,16 +214,13 @@ func addressMovesHost(t *testing.T, mode string) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("ping the moved address: %v\n%s", err, out)
 	}
-	v, err := api.NewClient(l.Hosts[0].Socket).Cache(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range v.Entries.EgressIPs {
+	entries := cacheEntries(t, l, "h1")
+	for _, e := range entries.EgressIPs {
 		if e.Container == old && e.Host != newHost {
 			t.Errorf("%s still cached at %s", old, e.Host)
 		}
 	}
-	for _, e := range v.Entries.EgressHosts {
+	for _, e := range entries.EgressHosts {
 		if e.Host == oldHost {
 			t.Errorf("headers for departed host %s still cached", oldHost)
 		}
@@ -331,7 +331,7 @@ func TestCacheModeSwitchBack(t *testing.T) {
 		noCacheLayer(t, l, h)
 	}
 	st, err := api.NewClient(l.Hosts[0].Socket).Status(ctx)
-	if err != nil || st.Mode != "overlay" || st.Cache != nil {
+	if err != nil || st.Mode != "overlay" || runs(st, "cache") {
 		t.Fatalf("status after switching back: %+v %v", st, err)
 	}
 	if err := ping(ctx, l, "h1/c1", dst); err != nil {
@@ -434,11 +434,7 @@ func TestCacheNotPoisoned(t *testing.T) {
 	frame := forgedVXLAN(overlay.VTEPMAC(h2.UnderlayIP), src, victim, 0x0c, 7000, []byte("poison"))
 	egressOf := func() netip.Addr {
 		t.Helper()
-		v, err := agentOf(t, l, "h1").Cache(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range v.Entries.EgressIPs {
+		for _, e := range cacheEntries(t, l, "h1").EgressIPs {
 			if e.Container == victim {
 				return e.Host
 			}

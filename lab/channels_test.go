@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/channels"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -93,9 +93,9 @@ ok = line.decode() == hashlib.sha256(data).hexdigest() and rest == want + want
 print("ok" if ok else "bad %r %d" % (line[:16], len(rest)), flush=True)
 `
 
-func channelsStatus(t *testing.T, l *Lab, host string) *api.ChannelsStatus {
+func channelsStatus(t *testing.T, l *Lab, host string) *channels.Status {
 	t.Helper()
-	return layerStatus(t, l, host, "channels", func(s *api.Status) *api.ChannelsStatus { return s.Channels })
+	return layerStatus(t, l, host, "channels", channels.StatusOf)
 }
 
 // TestChannels: two containers of one host get a fast channel: the data

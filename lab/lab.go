@@ -24,6 +24,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/sockets/seccomp"
 	"github.com/skiffnet/skiff/store"
 	"github.com/vishvananda/netlink"
@@ -571,11 +572,15 @@ func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, e
 		return nil, err
 	}
 	st, err := api.NewClient(h.Socket).Status(ctx)
-	if err != nil || st.Sockets == nil {
+	if err != nil {
+		return nil, err
+	}
+	sk, err := sockets.StatusOf(st)
+	if err != nil || sk == nil {
 		return nil, err
 	}
 	var out []netip.AddrPort
-	for _, s := range st.Sockets.Listeners {
+	for _, s := range sk.Listeners {
 		if ap, err := netip.ParseAddrPort(s); err == nil && ap.Addr() == c.IP {
 			out = append(out, ap)
 		}

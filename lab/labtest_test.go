@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,12 +11,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/lab/labtest"
 )
 
@@ -115,17 +118,49 @@ func echoTCP(ln net.Listener) {
 // agentOf returns the API client of host's agent.
 // layerStatus returns a layer's section of host's status (pick), failing
 // the test when the host does not run the layer.
-func layerStatus[T any](t *testing.T, l *Lab, host, layer string, pick func(*api.Status) *T) *T {
+func layerStatus[T any](t *testing.T, l *Lab, host, layer string, statusOf func(api.Status) (*T, error)) *T {
 	t.Helper()
 	st, err := agentOf(t, l, host).Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := pick(&st)
+	v, err := statusOf(st)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if v == nil {
 		t.Fatalf("%s reports no %s layer (mode %s)", host, layer, st.Mode)
 	}
 	return v
+}
+
+// runs reports whether st says the layer runs.
+func runs(st api.Status, layer string) bool {
+	return slices.ContainsFunc(st.Layers, func(l api.Layer) bool { return l.Name == layer && l.On })
+}
+
+// countersOf is a layer's counters in st (nil when it does not run).
+func countersIn(st api.Status, layer string) map[string]uint64 {
+	for _, l := range st.Layers {
+		if l.Name == layer && l.On {
+			return l.Counters
+		}
+	}
+	return nil
+}
+
+// cacheEntries reads the cache layer's entries on host (skiff layer cache).
+func cacheEntries(t *testing.T, l *Lab, host string) *cache.Entries {
+	t.Helper()
+	v, err := agentOf(t, l, host).Layer(context.Background(), "cache")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e cache.Entries
+	if err := json.Unmarshal(v.Details, &e); err != nil {
+		t.Fatal(err)
+	}
+	return &e
 }
 
 func agentOf(t *testing.T, l *Lab, host string) *api.Client {

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/sockets/seccomp"
 )
@@ -39,7 +38,7 @@ func buildSeccompApp(t *testing.T, dir string) string {
 }
 
 // seccompOf is target's seccomp counters, as its host reports them.
-func seccompOf(t *testing.T, l *Lab, target string) api.SocketsSeccomp {
+func seccompOf(t *testing.T, l *Lab, target string) sockets.ContainerSeccomp {
 	t.Helper()
 	c, err := l.Container(target)
 	if err != nil {
@@ -51,7 +50,7 @@ func seccompOf(t *testing.T, l *Lab, target string) api.SocketsSeccomp {
 		}
 	}
 	t.Fatalf("%s (%s) is not in %s's sockets status", target, c.IP, c.Host)
-	return api.SocketsSeccomp{}
+	return sockets.ContainerSeccomp{}
 }
 
 // seccompServer starts a server under the filter in target and waits for

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // pyChurn opens and closes a replaced listener on port argv[1] for

@@ -21,8 +21,10 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/sockets"
 )
 
 // Sockets-mode tests: security properties, policy, and faults. Programs run
@@ -369,9 +371,9 @@ func runPy(t *testing.T, l *Lab, target, prog string, env []string, args ...stri
 	return string(out)
 }
 
-func socketsStatus(t *testing.T, l *Lab, host string) *api.SocketsStatus {
+func socketsStatus(t *testing.T, l *Lab, host string) *sockets.Status {
 	t.Helper()
-	return layerStatus(t, l, host, "sockets", func(s *api.Status) *api.SocketsStatus { return s.Sockets })
+	return layerStatus(t, l, host, "sockets", sockets.StatusOf)
 }
 
 // waitListener waits until host publishes a replaced listener at addr,
@@ -1181,7 +1183,7 @@ func TestSocketsModeSwitchBack(t *testing.T) {
 		}
 	}
 	st, err := api.NewClient(l.Hosts[0].Socket).Status(ctx)
-	if err != nil || st.Mode != "overlay" || st.Sockets != nil {
+	if err != nil || st.Mode != "overlay" || runs(st, "sockets") {
 		t.Fatalf("status after switching back: %+v %v", st, err)
 	}
 	select {

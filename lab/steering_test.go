@@ -14,13 +14,13 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/lab/labtest"
+	"github.com/skiffnet/skiff/steering"
 )
 
-func steeringStatus(t *testing.T, l *Lab, host string) *api.SteeringStatus {
+func steeringStatus(t *testing.T, l *Lab, host string) *steering.Status {
 	t.Helper()
-	return layerStatus(t, l, host, "steering", func(s *api.Status) *api.SteeringStatus { return s.Steering })
+	return layerStatus(t, l, host, "steering", steering.StatusOf)
 }
 
 // rpsMask reads dev's first receive queue's rps_cpus in target's

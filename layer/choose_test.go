@@ -2,9 +2,11 @@ package layer
 
 import (
 	"errors"
-	"github.com/skiffnet/skiff/api"
+	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/skiffnet/skiff/api"
 )
 
 // TestChooseProbes: auto turns off a layer whose probe fails, with the
@@ -24,7 +26,7 @@ func TestChooseProbes(t *testing.T) {
 		t.Errorf("auto runs %v, want a and c", run)
 	}
 	want := []api.Layer{{Name: "a", On: true}, {Name: "b", Reason: "cgroup v2 not mounted and cannot be mounted"}, {Name: "c", On: true}}
-	if !slices.Equal(choices, want) {
+	if !reflect.DeepEqual(choices, want) {
 		t.Errorf("choices %+v, want %+v", choices, want)
 	}
 	if !slices.Equal(probed, []any{1, 2}) {

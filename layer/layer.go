@@ -47,7 +47,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -72,9 +71,9 @@ type Layer interface {
 	Sync(ctx context.Context, v *View) error
 	// Settle finishes a reconcile after the overlay applied v's policy.
 	Settle(ctx context.Context, v *View) error
-	// Status fills the layer's section of a status; local is this host's
-	// endpoints as the last reconcile found them.
-	Status(s *api.Status, local []cluster.Endpoint)
+	// Status reports the layer (counters, details, view, metrics); local
+	// is this host's endpoints as the last reconcile found them.
+	Status(local []cluster.Endpoint) Report
 	// Close releases the process's handles and stops its helpers; the data
 	// plane stays in place.
 	Close() error

@@ -10,7 +10,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/sockets/seccomp"
@@ -255,36 +254,6 @@ func (a *agentLayer) Settle(context.Context, *layer.View) error { return nil }
 // depend on them.
 func (a *agentLayer) Listeners(_ context.Context, v *layer.View) error {
 	return a.l.Sync(v.Hosts, v.Listeners, v.Rules)
-}
-
-// Status reports the layer's counters, listeners and containers.
-func (a *agentLayer) Status(st *api.Status, local []cluster.Endpoint) {
-	s := &api.SocketsStatus{ListenerQuota: a.l.cfg.quota(), Publish: a.publisher.stats(), RoutesOver: int(a.l.routesOver.Load())}
-	s.Counters, _ = a.l.Stats()
-	if p, err := a.l.PolicyInForce(); err == nil && p != nil {
-		s.Policy = &api.SocketsPolicy{Rules: p.Rules, Overflow: p.Overflow}
-	}
-	if ls, err := a.l.LocalListeners(); err == nil {
-		for _, l := range ls {
-			s.Listeners = append(s.Listeners, l.Addr.String())
-		}
-	}
-	for _, e := range local {
-		if !Replaced(e) {
-			continue
-		}
-		c := api.SocketsContainer{ContainerID: e.ContainerID, IP: e.IP.Addr().String(), Ports: a.l.Held(e.IP.Addr())}
-		bs := ReadBrokerStats(a.stateDir, e.ContainerID)
-		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = bs.HandedOut, bs.Replaced, bs.Fallback, bs.Privileged
-		c.Seccomp = api.SocketsSeccomp{Listeners: bs.Seccomp.Listeners, Replaced: bs.Seccomp.Replaced,
-			Fallback: bs.Seccomp.Fallback, Passed: bs.Seccomp.Passed, Dropped: bs.Seccomp.Dropped}
-		if bs.Seccomp.Handled > 0 {
-			c.Seccomp.MeanMicros = float64(bs.Seccomp.Nanos) / float64(bs.Seccomp.Handled) / 1e3
-		}
-		c.Broker = a.l.BrokerRunning(e.ContainerID)
-		s.Containers = append(s.Containers, c)
-	}
-	st.Sockets = s
 }
 
 func (a *agentLayer) Close() error {

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 )
@@ -31,7 +30,7 @@ type publisher struct {
 	resync   time.Duration
 
 	mu        sync.Mutex
-	st        api.SocketsPublish
+	st        Publish
 	published []cluster.Listener // as last written; nil after a failure
 	written   bool               // published holds a write's set
 }
@@ -128,7 +127,7 @@ func (p *publisher) failed(ctx context.Context, err error) {
 }
 
 // stats reports what was published.
-func (p *publisher) stats() *api.SocketsPublish {
+func (p *publisher) stats() *Publish {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.st

@@ -162,8 +162,8 @@ func (l *Layer) setPolicy(rules policy.Set) error {
 
 // Policy is the policy connect4 judges new connections by.
 type Policy struct {
-	Rules    int  // the rules it reads: those that can match TCP
-	Overflow bool // more than it takes: every connection takes the overlay
+	Rules    int  `json:"rules"`    // the rules it reads: those that can match TCP
+	Overflow bool `json:"overflow"` // more than it takes: every connection takes the overlay
 }
 
 // PolicyInForce reports the policy in force, nil while there is none (when

@@ -14,9 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +27,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -363,17 +366,47 @@ var Stages = []struct{ Name, Device string }{
 // its order, as the programs' BTF has it.
 var Decisions = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadStx, "stx_stats", "STX_") })
 
-func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
-	st := &api.SteeringStatus{CPUs: l.opts.CPUs, Threshold: l.opts.Threshold, Decisions: map[string]uint64{}}
+// Status is the steering layer of one host (api.Layer.Details): the CPUs
+// the stages of overlay flows are spread over, the two-choice threshold,
+// each stage's packets per CPU (where it ran), the decisions by reason,
+// and each CPU's load as last sampled (percent).
+type Status struct {
+	CPUs      []int             `json:"cpus"`
+	Threshold int               `json:"threshold"`
+	Stages    []Stage           `json:"stages"`
+	Decisions map[string]uint64 `json:"-"` // api.Layer.Counters
+	Load      map[int]uint32    `json:"load,omitempty"`
+}
+
+// Stage is one stage of the overlay's receive path: its device and the
+// packets it processed on each CPU.
+type Stage struct {
+	Name    string   `json:"name"`
+	Device  string   `json:"device"`
+	Packets []uint64 `json:"packets"` // by CPU
+}
+
+// StatusOf reads the steering layer's status from a host's status: nil
+// when the layer does not run there.
+func StatusOf(st api.Status) (*Status, error) {
+	s, l, err := layer.DetailsOf[Status](st, "steering")
+	if s != nil {
+		s.Decisions = l.Counters
+	}
+	return s, err
+}
+
+func (l *Layer) Status([]cluster.Endpoint) layer.Report {
+	st := &Status{CPUs: l.opts.CPUs, Threshold: l.opts.Threshold, Decisions: map[string]uint64{}}
 	if d, err := bpfmap.NamedCounters(l.objs.StxStats, Decisions()); err == nil {
 		st.Decisions = d
 	}
 	for i, stage := range Stages {
 		var per []uint64
 		if err := l.objs.StxStages.Lookup(uint32(i), &per); err != nil {
-			return
+			break
 		}
-		st.Stages = append(st.Stages, api.SteeringStage{Name: stage.Name, Device: stage.Device, Packets: per})
+		st.Stages = append(st.Stages, Stage{Name: stage.Name, Device: stage.Device, Packets: per})
 	}
 	if v := l.loads.Load(); v != nil {
 		st.Load = map[int]uint32{}
@@ -381,7 +414,59 @@ func (l *Layer) Status(s *api.Status, _ []cluster.Endpoint) {
 			st.Load[c] = v.Pct[c]
 		}
 	}
-	s.Steering = st
+	return st.report()
+}
+
+func (s *Status) report() layer.Report {
+	m := layer.Metrics{Layer: "steering"}
+	type stageCPU struct {
+		stage string
+		cpu   int
+		n     uint64
+	}
+	var per []stageCPU
+	for _, st := range s.Stages {
+		for cpu, n := range st.Packets {
+			per = append(per, stageCPU{st.Name, cpu, n})
+		}
+	}
+	m.Add("stage_packets_total", "Packets of overlay flows each stage of the receive path processed, by CPU (docs/steering.md).",
+		prometheus.CounterValue, []string{"stage", "cpu"}, len(per), func(i int) float64 { return float64(per[i].n) },
+		func(i int) []string { return []string{per[i].stage, strconv.Itoa(per[i].cpu)} })
+	m.Counters("decisions_total", "The steering programs' decisions and what they left alone, by reason.", "decision", s.Decisions)
+	cpus := slices.Sorted(maps.Keys(s.Load))
+	m.Add("cpu_load", "Each steering CPU's load as last sampled (percent, smoothed).", prometheus.GaugeValue, []string{"cpu"}, len(cpus),
+		func(i int) float64 { return float64(s.Load[cpus[i]]) }, func(i int) []string { return []string{strconv.Itoa(cpus[i])} })
+
+	var loads []string
+	for _, c := range s.CPUs {
+		loads = append(loads, fmt.Sprintf("cpu%d %d%%", c, s.Load[c]))
+	}
+	header := []string{"STAGE", "DEVICE"}
+	ncpu := 0
+	for _, st := range s.Stages {
+		ncpu = max(ncpu, len(st.Packets))
+	}
+	for c := range ncpu {
+		header = append(header, fmt.Sprintf("CPU%d", c))
+	}
+	var rows [][]string
+	for _, st := range s.Stages {
+		r := []string{st.Name, st.Device}
+		for _, n := range st.Packets {
+			r = append(r, fmt.Sprint(n))
+		}
+		rows = append(rows, r)
+	}
+	var decisions [][]string
+	for _, name := range Decisions() {
+		decisions = append(decisions, []string{name, fmt.Sprint(s.Decisions[name])})
+	}
+	return layer.Report{Counters: s.Decisions, Details: s, Metrics: m.List(), View: []api.Section{
+		{Title: fmt.Sprintf("steering: CPUs %v, second choice above %d%% load; load now: %s", s.CPUs, s.Threshold, strings.Join(loads, ", ")),
+			Header: header, Rows: rows},
+		{Header: []string{"DECISION", "PACKETS"}, Rows: decisions},
+	}}
 }
 
 // Close stops the load sampler, then releases the maps and programs.
