@@ -27,8 +27,9 @@ import (
 	"github.com/skiffnet/skiff/store"
 )
 
-// Modes the agent can run the data plane in.
-var Modes = cluster.Modes
+// Modes the agent can run the data plane in: auto, overlay, and each of
+// the layers it links.
+func Modes() []string { return layer.Modes() }
 
 // Config is what skiffd is started with.
 type Config struct {
@@ -39,7 +40,7 @@ type Config struct {
 	Socket        string    // API socket path
 	StateDir      string    // local cache of the host's cluster identity
 	Cluster       cluster.Config
-	// Mode (cluster.Modes; default auto) or Layers (non-nil) say which
+	// Mode (Modes; default auto) or Layers (non-nil) say which
 	// layers run (layer.Choose).
 	Mode   string
 	Layers []string
@@ -205,7 +206,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Layers an earlier run left that this one does not run go first: a
 	// host switched to another mode carries nothing on their stale state.
 	for _, r := range a.unwanted {
-		if removed, err := r.Teardown(a.layerEnv(r.Name)); err != nil {
+		if removed, err := r.Teardown(a.layerEnv(r.Name), a.cfg.LayerOptions[r.Name]); err != nil {
 			return err
 		} else if removed {
 			a.log.Info("layer removed", "layer", r.Name, "mode", a.mode())
@@ -219,7 +220,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("overlay ready", "host", a.host.Name, "subnet", a.host.Subnet, "underlay", a.host.UnderlayIP, "mtu", ov.MTU(), "mode", a.mode())
 
-	srv, err := a.serve(a.cfg.Socket)
+	srv, err := a.Serve(a.cfg.Socket)
 	if err != nil {
 		return err
 	}

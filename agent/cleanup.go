@@ -28,8 +28,9 @@ type CleanupConfig struct {
 	StateDir string
 	BPFDir   string
 	Socket   string
-	// SeccompSocket is the sockets layer's listener socket ("": none).
-	SeccompSocket string
+	// LayerOptions are the layers' options, by name (their teardowns read
+	// them: the sockets layer's seccomp socket).
+	LayerOptions map[string]any
 	// Keep are paths under StateDir that stay (an embedded etcd's data).
 	Keep []string
 }
@@ -61,7 +62,7 @@ func Cleanup(cfg CleanupConfig, log *slog.Logger) ([]string, error) {
 	for _, r := range layer.Registered() {
 		env := layer.Env{Cluster: id.Cluster, Host: id.Host, PinDir: filepath.Join(cfg.BPFDir, r.Name), StateDir: cfg.StateDir,
 			Log: log.With("layer", r.Name)}
-		if done, err := r.Teardown(env); err != nil {
+		if done, err := r.Teardown(env, cfg.LayerOptions[r.Name]); err != nil {
 			errs = append(errs, fmt.Errorf("remove layer %s: %w", r.Name, err))
 		} else if done {
 			removed = append(removed, "layer "+r.Name)
@@ -103,10 +104,8 @@ func Cleanup(cfg CleanupConfig, log *slog.Logger) ([]string, error) {
 			removed = append(removed, "pins in "+cfg.BPFDir)
 		}
 	}
-	for _, p := range []string{cfg.Socket, cfg.SeccompSocket} {
-		if p != "" && os.Remove(p) == nil {
-			removed = append(removed, "socket "+p)
-		}
+	if cfg.Socket != "" && os.Remove(cfg.Socket) == nil {
+		removed = append(removed, "socket "+cfg.Socket)
 	}
 	r, err := removeState(cfg.StateDir, cfg.Keep)
 	removed = append(removed, r...)

@@ -18,16 +18,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/version"
 )
 
-func (a *Agent) serve(socket string) (*http.Server, error) {
+// Serve serves the API on a unix socket (Run does, on --socket).
+func (a *Agent) Serve(socket string) (*http.Server, error) {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
 		return nil, fmt.Errorf("socket directory: %w", err)
 	}
@@ -282,7 +283,7 @@ func validate(req api.AddRequest, del bool) error {
 // share its cgroup.
 func (a *Agent) unshared(ctx context.Context, req api.AddRequest) error {
 	if req.Cgroup != "" {
-		cg, own := sockets.CgroupRel(req.Cgroup), sockets.OwnCgroup()
+		cg, own := cgroup.Rel(req.Cgroup), cgroup.Own()
 		if within(own, cg) {
 			return badRequest(fmt.Errorf("cgroup %q holds skiffd itself (%s): a container's cgroup is its own", req.Cgroup, own))
 		}
@@ -298,7 +299,7 @@ func (a *Agent) unshared(ctx context.Context, req api.AddRequest) error {
 		if e.ContainerID == req.ContainerID && e.IfName == req.IfName {
 			continue // this endpoint, added again
 		}
-		if req.Cgroup != "" && e.Cgroup != "" && e.ContainerID != req.ContainerID && sockets.CgroupRel(e.Cgroup) == sockets.CgroupRel(req.Cgroup) {
+		if req.Cgroup != "" && e.Cgroup != "" && e.ContainerID != req.ContainerID && cgroup.Rel(e.Cgroup) == cgroup.Rel(req.Cgroup) {
 			return badRequest(fmt.Errorf("cgroup %q is container %s's", req.Cgroup, e.ContainerID))
 		}
 		if req.MAC != "" && strings.EqualFold(e.MAC, req.MAC) {

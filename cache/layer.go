@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -21,7 +22,19 @@ func init() {
 		Probe:    probe,
 		New:      newLayer,
 		Teardown: teardownLayer,
+		Flags:    flags,
 	})
+}
+
+// flags: --cache-capacity.
+func flags(fs *flag.FlagSet) layer.FlagOptions {
+	capacity := DefaultCapacity
+	fs.Func("cache-capacity", fmt.Sprintf("cache layer: sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
+		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
+		_, err := fmt.Sscanf(v, "%d,%d,%d,%d", &capacity.EgressIPs, &capacity.EgressHosts, &capacity.Ingress, &capacity.Filter)
+		return err
+	})
+	return func(layer.Settings) (any, error) { return capacity, nil }
 }
 
 // Layer is the cache as the agent drives it (package layer).
@@ -88,7 +101,7 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 
 // teardownLayer removes a fast path an earlier run left behind, so a host
 // switched to another mode carries nothing on stale caches.
-func teardownLayer(env layer.Env) (bool, error) {
+func teardownLayer(env layer.Env, _ any) (bool, error) {
 	if !Pinned(env.PinDir) {
 		return false, nil
 	}

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -24,16 +25,32 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
-	"github.com/skiffnet/skiff/sockets"
 )
 
 func init() {
-	layer.Register(layer.Registration{Name: "channels", Probe: probe, With: with, New: newLayer, Teardown: teardown})
+	layer.Register(layer.Registration{Name: "channels", Probe: probe, With: with, New: newLayer, Teardown: teardown, Flags: flags})
+}
+
+// flags: --channels-capacity, --channels-containers (by default on when
+// the layer is named, by --mode channels or --layers, off in auto); the
+// cgroup root is skiffd's --cgroup-root.
+func flags(fs *flag.FlagSet) layer.FlagOptions {
+	var o Options
+	fs.IntVar(&o.Capacity, "channels-capacity", DefaultCapacity, "channels layer: sockets its map holds (two a connection); connections past it stay on TCP")
+	fs.BoolVar(&o.Containers, "channels-containers", false, "channels layer: join the sockets of containers' own namespaces too, not only host sockets (default: on when the layer is named by --mode or --layers, off in auto; docs/channels.md)")
+	return func(s layer.Settings) (any, error) {
+		if !layer.IsSet(fs, "channels-containers") {
+			o.Containers = s.Mode != layer.Auto
+		}
+		o.CgroupRoot = s.CgroupRoot
+		return o, nil
+	}
 }
 
 // with: a layer for host sockets alone serves the sockets layer.
@@ -53,7 +70,7 @@ func probe(any) error {
 		layer.Programs(ebpf.SkMsg, asm.FnMsgRedirectHash),
 		layer.Maps(ebpf.SockHash, ebpf.SkStorage, ebpf.LRUHash),
 		layer.KernelHas("bpf_sock_destroy, to end connections the policy denies", "bpf_sock_destroy"),
-		func() error { _, err := sockets.CgroupRoot(); return err },
+		func() error { _, err := cgroup.Root(); return err },
 	)
 }
 
@@ -70,7 +87,7 @@ type Options struct {
 	// (docs/channels.md).
 	Containers bool
 	// CgroupRoot is the cgroup v2 mount containers' cgroups are under
-	// (sockets.Options.CgroupRoot; default: found or mounted).
+	// (skiffd --cgroup-root; default: found or mounted, cgroup.Root).
 	CgroupRoot string
 }
 
@@ -125,7 +142,7 @@ func (l *Layer) Start(_ context.Context, env layer.Env) error {
 		return fmt.Errorf("configure channels programs: %w", err)
 	}
 	if l.root = l.opts.CgroupRoot; l.root == "" {
-		if l.root, err = sockets.CgroupRoot(); err != nil {
+		if l.root, err = cgroup.Root(); err != nil {
 			return err
 		}
 	}
@@ -169,7 +186,7 @@ func pinnedLink(path, root string, prog *ebpf.Program, attach ebpf.AttachType) e
 // teardown removes an earlier run's programs and maps: the sockops link
 // (so no new socket joins) and the pins (channelled connections end with
 // the map, when its last socket closes).
-func teardown(env layer.Env) (bool, error) {
+func teardown(env layer.Env, _ any) (bool, error) {
 	path := filepath.Join(env.PinDir, sockopsLink)
 	if _, err := os.Stat(path); err != nil {
 		return false, nil
@@ -194,12 +211,12 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 		}
 		return errors.Join(errLimited, err)
 	}
-	if sockets.Replaced(e) {
-		dir, err := sockets.CgroupDir(l.root, e)
+	if e.Cgroup != "" {
+		dir, err := cgroup.Dir(l.root, e)
 		if err != nil {
 			return err
 		}
-		id, err := sockets.CgroupID(dir)
+		id, err := cgroup.ID(dir)
 		if err != nil {
 			return err
 		}
@@ -259,7 +276,7 @@ func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
 	if err := l.eps.Err(e); err != nil {
 		return false, err.Error()
 	}
-	if !sockets.Replaced(e) && !l.opts.Containers {
+	if e.Cgroup == "" && !l.opts.Containers {
 		return false, "no host sockets (no cgroupPath), and its own sockets are not joined (--channels-containers)"
 	}
 	return true, ""

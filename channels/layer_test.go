@@ -26,10 +26,10 @@ func TestStartAgain(t *testing.T) {
 		}
 		l.Close()
 	}
-	if removed, err := teardown(env); err != nil || !removed {
+	if removed, err := teardown(env, nil); err != nil || !removed {
 		t.Errorf("teardown: %v, %v", removed, err)
 	}
-	if removed, err := teardown(env); err != nil || removed {
+	if removed, err := teardown(env, nil); err != nil || removed {
 		t.Errorf("teardown again: %v, %v; want nothing to remove", removed, err)
 	}
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -134,11 +134,11 @@ func checkRoot() finding {
 }
 
 func checkCgroup2() finding {
-	if sockets.CgroupMounted() {
+	if cgroup.Mounted() {
 		return finding{Check: "cgroup v2", Result: resultOK, Detail: "mounted"}
 	}
 	if raw, err := os.ReadFile("/proc/filesystems"); err == nil && strings.Contains(string(raw), "cgroup2") {
-		return finding{Check: "cgroup v2", Result: resultOK, Detail: "not mounted; skiffd mounts it at " + sockets.DefaultCgroupRoot}
+		return finding{Check: "cgroup v2", Result: resultOK, Detail: "not mounted; skiffd mounts it at " + cgroup.DefaultRoot}
 	}
 	return finding{Check: "cgroup v2", Result: resultWarn, Detail: "the kernel has no cgroup2 file system",
 		Fix: "the sockets and channels layers stay off without it"}

@@ -85,7 +85,7 @@ func labUp(ctx context.Context, env Env, args []string) error {
 	fs.StringVar(&cfg.Name, "name", lab.DefaultName, "lab name")
 	fs.IntVar(&cfg.Hosts, "hosts", 2, "number of hosts")
 	fs.IntVar(&cfg.ContainersPerHost, "containers-per-host", 2, "containers on each host")
-	fs.StringVar(&cfg.Mode, "mode", "auto", "data-plane mode: "+strings.Join(agent.Modes, ", ")+" (auto: every layer the machine can run)")
+	fs.StringVar(&cfg.Mode, "mode", "auto", "data-plane mode: "+strings.Join(agent.Modes(), ", ")+" (auto: every layer the machine can run)")
 	fs.IntVar(&cfg.UnderlayMTU, "underlay-mtu", 1500, "MTU of the underlay links")
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "10.244.0.0/16", "overlay address range")
 	fs.BoolVar(&cfg.EtcdInsecure, "etcd-insecure", false, "run the lab's store on plain HTTP without client certificates (default: TLS)")

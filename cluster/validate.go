@@ -9,20 +9,6 @@ import (
 	"strings"
 )
 
-// Modes the data plane can run in: auto (every layer the host can run),
-// overlay (none), or one layer alone (package layer).
-var Modes = []string{"auto", "overlay", "cache", "sockets", "channels", "steering"}
-
-// ValidMode reports whether m is one of Modes.
-func ValidMode(m string) bool {
-	for _, x := range Modes {
-		if x == m {
-			return true
-		}
-	}
-	return false
-}
-
 // MaxContainerIDLen bounds a container ID. The CNI spec and libcni set no
 // limit; runtimes use 64 hex digits (containerd, CRI-O, Docker, Podman). The
 // ID names files in the agent's state directory (a broker's "<id>.stats",

@@ -85,19 +85,6 @@ func TestValidateNetns(t *testing.T) {
 	}
 }
 
-func TestValidMode(t *testing.T) {
-	for _, m := range Modes {
-		if !ValidMode(m) {
-			t.Errorf("ValidMode(%q) = false", m)
-		}
-	}
-	for _, m := range []string{"", "nope", "Overlay"} {
-		if ValidMode(m) {
-			t.Errorf("ValidMode(%q) = true", m)
-		}
-	}
-}
-
 func TestValidateCgroup(t *testing.T) {
 	for p, ok := range map[string]bool{
 		"": true, "kubepods.slice:cri-containerd:abc": true, "/sys/fs/cgroup/unified/skiff/c1": true, "skiff/c1": true,

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/api"
-	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/cgroup"
 )
 
 // TestCgroupPathPerEndpoint: cgroupPath as a CRI runtime with the systemd
@@ -23,7 +23,7 @@ import (
 func TestCgroupPathPerEndpoint(t *testing.T) {
 	l := newLab(t, Config{Name: "tcgpath", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
 	ctx := context.Background()
-	root, err := sockets.CgroupRoot()
+	root, err := cgroup.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestCgroupPathPerEndpoint(t *testing.T) {
 			client.DeleteEndpoint(context.Background(), req)
 		}
 		for _, dir := range []string{unit, slices[1], slices[0]} {
-			sockets.RemoveCgroup(dir)
+			cgroup.Remove(dir)
 		}
 	})
 	// Each ADD's endpoint record makes a reconcile (the agent watches its
@@ -99,7 +99,7 @@ func TestCgroupPathPerEndpoint(t *testing.T) {
 			t.Errorf("DEL %s: %v", name, err)
 		}
 	}
-	if err := sockets.RemoveCgroup(unit); err != nil {
+	if err := cgroup.Remove(unit); err != nil {
 		t.Errorf("the container's cgroup after DEL: %v", err)
 	}
 }
@@ -119,7 +119,7 @@ func TestCgroupReleasedAtDel(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sockets.RemoveCgroup(dir) })
+	t.Cleanup(func() { cgroup.Remove(dir) })
 	ns := l.prefix() + "cgrel"
 	if err := addNetns(ns); err != nil {
 		t.Fatal(err)

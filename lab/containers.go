@@ -17,7 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -157,7 +157,7 @@ func (l *Lab) runtimeConf(c Container) *libcni.RuntimeConf {
 
 // cgroupDir is the lab's cgroup v2 directory, parent of its containers'.
 func (l *Lab) cgroupDir() (string, error) {
-	root, err := sockets.CgroupRoot()
+	root, err := cgroup.Root()
 	if err != nil {
 		return "", err
 	}
@@ -231,7 +231,7 @@ func (l *Lab) RemoveContainer(ctx context.Context, name string) error {
 		return err
 	}
 	if c.Cgroup != "" {
-		if err := sockets.RemoveCgroup(c.Cgroup); err != nil {
+		if err := cgroup.Remove(c.Cgroup); err != nil {
 			return err
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/skiffnet/skiff/sockets"
+	"github.com/skiffnet/skiff/cgroup"
 )
 
 // Down removes everything a lab made: its processes, namespaces (and with
@@ -95,7 +95,7 @@ func (l *Lab) killNetns(ctx context.Context, ns string) error {
 // removeCgroups removes the lab's container cgroups (sockets mode), once
 // their processes are gone.
 func (l *Lab) removeCgroups() error {
-	if !sockets.CgroupMounted() {
+	if !cgroup.Mounted() {
 		return nil
 	}
 	dir, err := l.cgroupDir()
@@ -109,8 +109,8 @@ func (l *Lab) removeCgroups() error {
 	var errs []error
 	for _, e := range entries {
 		if e.IsDir() {
-			errs = append(errs, sockets.RemoveCgroup(filepath.Join(dir, e.Name())))
+			errs = append(errs, cgroup.Remove(filepath.Join(dir, e.Name())))
 		}
 	}
-	return errors.Join(append(errs, sockets.RemoveCgroup(dir))...)
+	return errors.Join(append(errs, cgroup.Remove(dir))...)
 }

@@ -21,13 +21,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/api"
-	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/sockets/seccomp"
 	"github.com/skiffnet/skiff/store"
-	"github.com/vishvananda/netlink"
 )
 
 // RunDir holds every lab's state, sockets and logs.
@@ -90,8 +91,8 @@ func (c *Config) defaults() error {
 	if c.Mode == "" {
 		c.Mode = "overlay"
 	}
-	if !cluster.ValidMode(c.Mode) {
-		return fmt.Errorf("mode %q: choose one of %s", c.Mode, strings.Join(cluster.Modes, ", "))
+	if !slices.Contains(agent.Modes(), c.Mode) {
+		return fmt.Errorf("mode %q: choose one of %s", c.Mode, strings.Join(agent.Modes(), ", "))
 	}
 	if c.EtcdMembers == 0 {
 		c.EtcdMembers = 1

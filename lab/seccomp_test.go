@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/sockets/seccomp"
 )
@@ -317,7 +318,7 @@ func runcContainer(t *testing.T, l *Lab, runc, root, target, dir, app string, ar
 	if err != nil {
 		t.Fatal(err)
 	}
-	cgroups, err := sockets.CgroupRoot()
+	cgroups, err := cgroup.Root()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,8 +6,17 @@ import (
 	"strings"
 
 	"github.com/skiffnet/skiff/api"
-	"github.com/skiffnet/skiff/cluster"
 )
+
+// Modes the data plane can run in: auto (every layer the host can run),
+// overlay (none), or one registered layer alone.
+func Modes() []string {
+	modes := []string{Auto, "overlay"}
+	for _, r := range Registered() {
+		modes = append(modes, r.Name)
+	}
+	return modes
+}
 
 // Auto is the mode that runs every layer this host can run.
 const Auto = "auto"
@@ -36,7 +45,11 @@ func choose(all []Registration, mode string, names []string, options map[string]
 	case slices.ContainsFunc(all, func(r Registration) bool { return r.Name == mode }):
 		names = []string{mode}
 	default:
-		return nil, nil, fmt.Errorf("mode %q is not one of %s", mode, strings.Join(cluster.Modes, ", "))
+		modes := []string{Auto, "overlay"}
+		for _, r := range all {
+			modes = append(modes, r.Name)
+		}
+		return nil, nil, fmt.Errorf("mode %q is not one of %s", mode, strings.Join(modes, ", "))
 	}
 	if !auto {
 		if err := known(all, names); err != nil {

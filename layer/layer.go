@@ -41,6 +41,7 @@ package layer
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -163,8 +164,13 @@ type Registration struct {
 	Manual string
 	// Teardown removes what an earlier run of the layer left on the host
 	// (programs, pins, rules, helpers), without loading it: the layer is not
-	// wanted on this start. It reports whether there was anything.
-	Teardown func(env Env) (bool, error)
+	// wanted on this start, or skiffd --cleanup runs. options as for New.
+	// It reports whether there was anything.
+	Teardown func(env Env, options any) (bool, error)
+	// Flags defines the layer's skiffd flags on fs (named --<name>-...)
+	// and returns what makes its options from them once fs is parsed.
+	// Nil: no flags, and nil options (the defaults).
+	Flags func(fs *flag.FlagSet) FlagOptions
 }
 
 var (

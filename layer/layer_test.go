@@ -8,7 +8,6 @@ import (
 
 	_ "github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/channels"
-	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/sockets"
 	_ "github.com/skiffnet/skiff/steering"
@@ -55,7 +54,7 @@ func TestChooseModes(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range cluster.Modes {
+	for _, m := range layer.Modes() {
 		if _, _, err := layer.Choose(m, nil, options); err != nil {
 			t.Errorf("mode %s: %v", m, err)
 		}
@@ -65,7 +64,7 @@ func TestChooseModes(t *testing.T) {
 		names []string
 		want  string
 	}{
-		{"", nil, `mode "" is not one of auto, overlay, cache, sockets`},
+		{"", nil, `mode "" is not one of auto, overlay, cache, channels, sockets, steering`},
 		{"Cache", nil, `mode "Cache" is not one of`},
 		{"cache,sockets", nil, `mode "cache,sockets" is not one of`},
 		{"auto", []string{"cache"}, "not both"},
@@ -96,7 +95,7 @@ func TestNewOptions(t *testing.T) {
 func TestRegisterRefuses(t *testing.T) {
 	for name, r := range map[string]layer.Registration{
 		"duplicate": {Name: "cache", New: func(any) (layer.Layer, error) { return nil, nil },
-			Teardown: func(layer.Env) (bool, error) { return false, nil }},
+			Teardown: func(layer.Env, any) (bool, error) { return false, nil }},
 		"no teardown": {Name: "warp", New: func(any) (layer.Layer, error) { return nil, nil }},
 		"no name":     {},
 	} {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
@@ -293,11 +294,11 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if !Replaced(e) {
 		return nil
 	}
-	dir, err := CgroupDir(l.cfg.CgroupRoot, e)
+	dir, err := cgroup.Dir(l.cfg.CgroupRoot, e)
 	if err != nil {
 		return err
 	}
-	id, err := CgroupID(dir)
+	id, err := cgroup.ID(dir)
 	if err != nil {
 		return err
 	}
@@ -349,10 +350,10 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		err = fmt.Errorf("end the sockets of %s: %w", ip, err)
 	}
-	dir, gone := CgroupDir(l.cfg.CgroupRoot, e)
+	dir, gone := cgroup.Dir(l.cfg.CgroupRoot, e)
 	var id uint64
 	if gone == nil {
-		id, gone = CgroupID(dir)
+		id, gone = cgroup.ID(dir)
 	}
 	if gone != nil {
 		// The cgroup is gone, and its links with it (PruneEndpoints
@@ -373,7 +374,7 @@ func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
 // removed here). A cgroup of the systemd driver is systemd's: the scope
 // goes when it empties, which the broker's exit lets it.
 func releaseCgroup(e cluster.Endpoint, dir string) {
-	if _, systemd := SystemdPath(e.Cgroup); systemd {
+	if _, systemd := cgroup.SystemdPath(e.Cgroup); systemd {
 		return
 	}
 	unix.Rmdir(dir)
@@ -461,8 +462,8 @@ func (l *Layer) unpinCgroup(id uint64) error {
 func (l *Layer) PruneEndpoints(local []cluster.Endpoint) error {
 	keep := map[string]bool{}
 	for _, e := range local {
-		if dir, err := CgroupDir(l.cfg.CgroupRoot, e); err == nil {
-			if id, err := CgroupID(dir); err == nil {
+		if dir, err := cgroup.Dir(l.cfg.CgroupRoot, e); err == nil {
+			if id, err := cgroup.ID(dir); err == nil {
 				keep[cgroupLinks(id)] = true
 			}
 		}

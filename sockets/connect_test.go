@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
 )
@@ -68,7 +69,7 @@ func containerHost(t *testing.T, programs ...string) (l *Layer, python func(scri
 	}
 	l = loadTest(t) // after the unshare: the thread's namespace is the host's
 
-	root, err := CgroupRoot()
+	root, err := cgroup.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func containerHost(t *testing.T, programs ...string) (l *Layer, python func(scri
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { RemoveCgroup(cg) })
+	t.Cleanup(func() { cgroup.Remove(cg) })
 	for _, name := range programs {
 		p := l.cgroupPrograms()[name]
 		lk, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: p.Attach, Program: p.Prog})
@@ -85,7 +86,7 @@ func containerHost(t *testing.T, programs ...string) (l *Layer, python func(scri
 		}
 		t.Cleanup(func() { lk.Close() })
 	}
-	id, err := CgroupID(cg)
+	id, err := cgroup.ID(cg)
 	if err != nil {
 		t.Fatal(err)
 	}

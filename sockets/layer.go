@@ -3,6 +3,7 @@ package sockets
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/sockets/seccomp"
@@ -21,7 +23,22 @@ func init() {
 		Probe:    probe,
 		New:      newAgentLayer,
 		Teardown: teardownLayer,
+		Flags:    flags,
 	})
+}
+
+// flags: --sockets-secure, --broker, --seccomp-socket,
+// --sockets-listener-quota; the cgroup root is skiffd's --cgroup-root.
+func flags(fs *flag.FlagSet) layer.FlagOptions {
+	var o Options
+	fs.BoolVar(&o.Secure, "sockets-secure", true, "sockets layer: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
+	fs.StringVar(&o.Broker, "broker", "", "sockets layer: the skiff-broker binary (default: next to skiffd)")
+	fs.StringVar(&o.SeccompSocket, "seccomp-socket", seccomp.DefaultListener, "sockets layer: where container runtimes hand over the seccomp listeners of skiff's profile (skiff seccomp-profile); \"\": none")
+	fs.IntVar(&o.ListenerQuota, "sockets-listener-quota", DefaultListenerQuota, "sockets layer: ports one container's host sockets may hold, bound or listening; past it its listeners are its own sockets, reached through the overlay")
+	return func(s layer.Settings) (any, error) {
+		o.CgroupRoot = s.CgroupRoot
+		return o, nil
+	}
 }
 
 // Options are the sockets layer's settings (skiffd's --sockets-secure,
@@ -117,18 +134,18 @@ func probe(options any) error {
 		layer.Maps(ebpf.SockHash, ebpf.SkStorage, ebpf.RingBuf, ebpf.ArrayOfMaps),
 		layer.KernelHas("bpf_sock_destroy, to end connections the policy denies", "bpf_sock_destroy"),
 		layer.KernelHas("TCX", "tcx_prog_attach"),
-		func() error { return cgroup(o.CgroupRoot) },
+		func() error { return probeCgroup(o.CgroupRoot) },
 	)
 }
 
-// cgroup checks for a cgroup v2 mount: root, or the system's (mounted
-// at DefaultCgroupRoot when it has none).
-func cgroup(root string) error {
+// probeCgroup checks for a cgroup v2 mount: root, or the system's (mounted
+// at cgroup.DefaultRoot when it has none).
+func probeCgroup(root string) error {
 	var err error
 	if root == "" {
-		_, err = CgroupRoot()
+		_, err = cgroup.Root()
 	} else {
-		err = MountCgroup2(root)
+		err = cgroup.Mount(root)
 	}
 	if err != nil {
 		return fmt.Errorf("cgroup v2 is not mounted and cannot be mounted: %w", err)
@@ -143,10 +160,10 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 	root := a.opts.CgroupRoot
 	if root == "" {
 		var err error
-		if root, err = CgroupRoot(); err != nil {
+		if root, err = cgroup.Root(); err != nil {
 			return err
 		}
-	} else if err := MountCgroup2(root); err != nil {
+	} else if err := cgroup.Mount(root); err != nil {
 		return err
 	}
 	l, err := Load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
@@ -181,10 +198,15 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 	return nil
 }
 
-// teardownLayer removes a sockets layer an earlier run left behind.
-func teardownLayer(env layer.Env) (bool, error) {
+// teardownLayer removes a sockets layer an earlier run left behind, and
+// the seccomp agent's socket.
+func teardownLayer(env layer.Env, options any) (bool, error) {
+	removed := false
+	if o, ok := options.(Options); ok && o.SeccompSocket != "" {
+		removed = os.Remove(o.SeccompSocket) == nil
+	}
 	if !Pinned(env.PinDir) {
-		return false, nil
+		return removed, nil
 	}
 	if err := Teardown(env.PinDir, env.StateDir); err != nil {
 		return true, fmt.Errorf("remove the sockets layer: %w", err)

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -43,7 +44,27 @@ import (
 const Manual = "runs only when named (--layers ...,steering or --mode steering): each stage moved to another CPU costs a hand-over, which pays only for heavy flows on hosts with cores to spare (docs/steering.md)"
 
 func init() {
-	layer.Register(layer.Registration{Name: "steering", Manual: Manual, Probe: probe, New: newLayer, Teardown: teardown})
+	layer.Register(layer.Registration{Name: "steering", Manual: Manual, Probe: probe, New: newLayer, Teardown: teardown, Flags: flags})
+}
+
+// flags: --steering-cpus, --steering-threshold, --steering-udp-batch,
+// --steering-heavy.
+func flags(fs *flag.FlagSet) layer.FlagOptions {
+	var o Options
+	fs.Func("steering-cpus", "steering layer: the CPUs the stages of overlay flows are spread over, comma-separated (default: every CPU)", func(v string) error {
+		for _, f := range layer.SplitList(v) {
+			c, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("CPU %q: not a number", f)
+			}
+			o.CPUs = append(o.CPUs, c)
+		}
+		return nil
+	})
+	fs.IntVar(&o.Threshold, "steering-threshold", DefaultThreshold, "steering layer: a CPU's load (percent) at which a stage takes its second choice")
+	fs.IntVar(&o.UDPBatch, "steering-udp-batch", 0, "steering layer: split heavy UDP flows, moving their next stage to the next CPU every this many packets (mFlow; 0: no splitting)")
+	fs.IntVar(&o.HeavyBytes, "steering-heavy", DefaultHeavyBytes, "steering layer: bytes a flow carries in a millisecond before its stages spread (-1: every flow)")
+	return func(layer.Settings) (any, error) { return o, nil }
 }
 
 // probe checks for tc programs that set the hash, TCX, per-CPU maps and
@@ -481,7 +502,7 @@ func (l *Layer) Close() error {
 // teardown removes an earlier run's programs (unpinning the links detaches
 // them) and maps, and puts the kernel's default RPS back on the devices it
 // steered.
-func teardown(env layer.Env) (bool, error) {
+func teardown(env layer.Env, _ any) (bool, error) {
 	w := readWritten(env.StateDir, env.Log)
 	_, statErr := os.Stat(filepath.Join(env.PinDir, "stx_links"))
 	if statErr != nil && len(w.Masks) == 0 {

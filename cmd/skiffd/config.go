@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/skiffnet/skiff/layer"
 )
 
 // applyConfig sets the flags a config file names (one "flag = value" a
@@ -42,7 +44,7 @@ func applyConfig(fs *flag.FlagSet, path string) error {
 			return fmt.Errorf("%s:%d: %s given again (first on line %d)", path, n, key, first)
 		}
 		seen[key] = n
-		if set(fs, key) {
+		if layer.IsSet(fs, key) {
 			continue
 		}
 		if err := fs.Set(key, strings.Trim(value, `"`)); err != nil {

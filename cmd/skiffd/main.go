@@ -10,19 +10,15 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/api"
-	"github.com/skiffnet/skiff/cache"
-	"github.com/skiffnet/skiff/channels"
+	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/sockets"
-	"github.com/skiffnet/skiff/sockets/seccomp"
-	"github.com/skiffnet/skiff/steering"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/version"
 )
@@ -61,20 +57,10 @@ func run(args []string) error {
 	hostPrefix := fs.Int("host-prefix", 24, "length of each host's subnet")
 	vni := fs.Int("vni", 1, "VXLAN network identifier")
 	port := fs.Int("vxlan-port", 4789, "VXLAN UDP port")
-	mode := fs.String("mode", "auto", "data-plane mode: "+strings.Join(agent.Modes, ", ")+" (auto: every layer this host can run; docs/layers.md)")
+	mode := fs.String("mode", "auto", "data-plane mode: "+strings.Join(agent.Modes(), ", ")+" (auto: every layer this host can run; docs/layers.md)")
 	layers := fs.String("layers", "", "run exactly these layers, comma-separated (e.g. cache,sockets; none: the overlay alone), instead of a --mode")
 	bpfDir := fs.String("bpf-dir", "/sys/fs/bpf/skiff", "bpffs directory for pinned eBPF maps and links (the source check; each layer in a directory of its own)")
-	secure := fs.Bool("sockets-secure", true, "sockets layer: host sockets may only reach overlay listeners and may not change priority, TOS, mark or device")
-	broker := fs.String("broker", "", "sockets layer: the skiff-broker binary (default: next to skiffd)")
-	seccompSocket := fs.String("seccomp-socket", seccomp.DefaultListener, "sockets layer: where container runtimes hand over the seccomp listeners of skiff's profile (skiff seccomp-profile); \"\": none")
-	listenerQuota := fs.Int("sockets-listener-quota", sockets.DefaultListenerQuota, "sockets layer: ports one container's host sockets may hold, bound or listening; past it its listeners are its own sockets, reached through the overlay")
-	cgroupRoot := fs.String("cgroup-root", "", "sockets layer: cgroup v2 mount containers' cgroups are under (default: the system's cgroup v2 mount, else one made at "+sockets.DefaultCgroupRoot+")")
-	capacity := cache.DefaultCapacity
-	fs.Func("cache-capacity", fmt.Sprintf("cache sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
-		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
-		_, err := fmt.Sscanf(v, "%d,%d,%d,%d", &capacity.EgressIPs, &capacity.EgressHosts, &capacity.Ingress, &capacity.Filter)
-		return err
-	})
+	cgroupRoot := fs.String("cgroup-root", "", "cgroup v2 mount containers' cgroups are under, for the layers that hook them (default: the system's cgroup v2 mount, else one made at "+cgroup.DefaultRoot+")")
 	var underlayRate uint64
 	fs.Func("underlay-rate", "the underlay's real rate (tc units: 1gbit): shaped to it, QoS classes keep their shares under contention (docs/limits.md); default: not shaped", func(v string) (err error) {
 		underlayRate, err = cluster.ParseRate(v)
@@ -83,22 +69,7 @@ func run(args []string) error {
 		}
 		return err
 	})
-	chanCapacity := fs.Int("channels-capacity", channels.DefaultCapacity, "channels layer: sockets its map holds (two a connection); connections past it stay on TCP")
-	chanContainers := fs.Bool("channels-containers", false, "channels layer: join the sockets of containers' own namespaces too, not only host sockets (default: on when the layer is named by --mode or --layers, off in auto; docs/channels.md)")
-	var steer steering.Options
-	fs.Func("steering-cpus", "steering layer: the CPUs the stages of overlay flows are spread over, comma-separated (default: every CPU)", func(v string) error {
-		for _, f := range splitList(v) {
-			c, err := strconv.Atoi(f)
-			if err != nil {
-				return fmt.Errorf("CPU %q: not a number", f)
-			}
-			steer.CPUs = append(steer.CPUs, c)
-		}
-		return nil
-	})
-	fs.IntVar(&steer.Threshold, "steering-threshold", steering.DefaultThreshold, "steering layer: a CPU's load (percent) at which a stage takes its second choice")
-	fs.IntVar(&steer.UDPBatch, "steering-udp-batch", 0, "steering layer: split heavy UDP flows, moving their next stage to the next CPU every this many packets (mFlow; 0: no splitting)")
-	fs.IntVar(&steer.HeavyBytes, "steering-heavy", steering.DefaultHeavyBytes, "steering layer: bytes a flow carries in a millisecond before its stages spread (-1: every flow)")
+	layerOptions := layer.DefineFlags(fs)
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "read flags from this file, one \"flag = value\" a line (deploy/skiffd.conf); the command line overrides it")
@@ -121,21 +92,22 @@ func run(args []string) error {
 		fmt.Println("skiffd", version.String())
 		return nil
 	}
-	if *cleanup {
-		return cleanupHost(agent.CleanupConfig{StateDir: *stateDir, BPFDir: *bpfDir, Socket: *socket, SeccompSocket: *seccompSocket, Keep: splitList(*embedded)})
-	}
 	var layerList []string
-	if set(fs, "layers") {
-		if set(fs, "mode") {
+	if layer.IsSet(fs, "layers") {
+		if layer.IsSet(fs, "mode") {
 			return errors.New("give --mode or --layers, not both")
 		}
 		*mode, layerList = "", []string{}
 		if *layers != "none" {
-			layerList = append(layerList, splitList(*layers)...)
+			layerList = append(layerList, layer.SplitList(*layers)...)
 		}
 	}
-	if !set(fs, "channels-containers") {
-		*chanContainers = *mode != "auto"
+	options, err := layerOptions(layer.Settings{Mode: *mode, CgroupRoot: *cgroupRoot})
+	if err != nil {
+		return err
+	}
+	if *cleanup {
+		return cleanupHost(agent.CleanupConfig{StateDir: *stateDir, BPFDir: *bpfDir, Socket: *socket, LayerOptions: options, Keep: layer.SplitList(*embedded)})
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -155,7 +127,7 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	etcd := splitList(*endpoints)
+	etcd := layer.SplitList(*endpoints)
 	var serves []string
 	if *metrics != "" {
 		serves = append(serves, *metrics)
@@ -191,12 +163,7 @@ func run(args []string) error {
 	}
 	a, err := agent.New(agent.Config{
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
-		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: map[string]any{
-			"cache":    capacity,
-			"sockets":  sockets.Options{Secure: *secure, Broker: *broker, CgroupRoot: *cgroupRoot, SeccompSocket: *seccompSocket, ListenerQuota: *listenerQuota},
-			"channels": channels.Options{Capacity: *chanCapacity, Containers: *chanContainers, CgroupRoot: *cgroupRoot},
-			"steering": steer,
-		},
+		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: options,
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
 	}, log)
 	if err != nil {
@@ -313,21 +280,4 @@ func checkCredentials(creds store.TLS, name string, log *slog.Logger) error {
 		log.Warn("the etcd client certificate expires soon: issue a new one with skiff cert issue", "file", creds.CertFile, "notAfter", end)
 	}
 	return nil
-}
-
-// set reports whether the command line gave flag name.
-func set(fs *flag.FlagSet, name string) bool {
-	found := false
-	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
-	return found
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }

@@ -1,4 +1,8 @@
-package sockets
+// Package cgroup finds containers' cgroups as runtimes name them (a path
+// on a cgroup v2 mount, one relative to it, or the systemd driver's
+// "SLICE:PREFIX:NAME"), and the cgroup v2 mount the layers' eBPF hooks
+// attach to (mounted where the machine has none).
+package cgroup
 
 import (
 	"cmp"
@@ -15,9 +19,9 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 )
 
-// DefaultCgroupRoot is where skiff mounts cgroup v2 when the machine has no
+// DefaultRoot is where skiff mounts cgroup v2 when the machine has no
 // unified hierarchy at /sys/fs/cgroup (a cgroup v1 host).
-const DefaultCgroupRoot = "/run/skiff/cgroup2"
+const DefaultRoot = "/run/skiff/cgroup2"
 
 func isCgroup2(dir string) bool {
 	var st unix.Statfs_t
@@ -28,23 +32,23 @@ func isCgroup2(dir string) bool {
 // layout, and systemd's hybrid layout (v1 controllers beside it).
 var cgroup2Mounts = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
 
-// CgroupRoot returns a cgroup v2 mount: the system's, or DefaultCgroupRoot,
+// Root returns a cgroup v2 mount: the system's, or DefaultRoot,
 // mounted if needed. The layer's hooks attach to cgroup v2 only; there is
 // one v2 hierarchy however often it is mounted, and it needs no controller,
 // so mounting it on a v1 host is fine.
-func CgroupRoot() (string, error) {
+func Root() (string, error) {
 	for _, dir := range cgroup2Mounts {
 		if isCgroup2(dir) {
 			return dir, nil
 		}
 	}
-	return DefaultCgroupRoot, MountCgroup2(DefaultCgroupRoot)
+	return DefaultRoot, Mount(DefaultRoot)
 }
 
-// CgroupMounted reports whether a cgroup v2 mount CgroupRoot would use is
+// Mounted reports whether a cgroup v2 mount Root would use is
 // there (without mounting one).
-func CgroupMounted() bool {
-	for _, dir := range append(cgroup2Mounts, DefaultCgroupRoot) {
+func Mounted() bool {
+	for _, dir := range append(cgroup2Mounts, DefaultRoot) {
 		if isCgroup2(dir) {
 			return true
 		}
@@ -52,8 +56,8 @@ func CgroupMounted() bool {
 	return false
 }
 
-// MountCgroup2 mounts cgroup v2 at dir unless it is mounted there.
-func MountCgroup2(dir string) error {
+// Mount mounts cgroup v2 at dir unless it is mounted there.
+func Mount(dir string) error {
 	if isCgroup2(dir) {
 		return nil
 	}
@@ -68,11 +72,11 @@ func MountCgroup2(dir string) error {
 	return nil
 }
 
-// CgroupDir resolves a container's cgroup as runtimes pass it in CNI
+// Dir resolves a container's cgroup as runtimes pass it in CNI
 // cgroupPath: an absolute path on a cgroup v2 mount, a path relative to
 // root (the cgroup v2 mount containers' cgroups are under), or what the
 // systemd cgroup driver names (SystemdPath).
-func CgroupDir(root string, e cluster.Endpoint) (string, error) {
+func Dir(root string, e cluster.Endpoint) (string, error) {
 	dir := e.Cgroup
 	if p, ok := SystemdPath(dir); ok {
 		dir = p
@@ -133,8 +137,8 @@ func sliceDir(slice string) (string, error) {
 	return filepath.Join(append(dirs, slice)...), nil
 }
 
-// CgroupID is what bpf_get_current_cgroup_id returns for dir: its inode.
-func CgroupID(dir string) (uint64, error) {
+// ID is what bpf_get_current_cgroup_id returns for dir: its inode.
+func ID(dir string) (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return 0, fmt.Errorf("cgroup %s: %w", dir, err)
@@ -142,9 +146,9 @@ func CgroupID(dir string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// RemoveCgroup removes a cgroup directory; a missing one is fine. A
+// Remove removes a cgroup directory; a missing one is fine. A
 // process still leaving it (a broker just told to stop) is waited for.
-func RemoveCgroup(dir string) error {
+func Remove(dir string) error {
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		err := unix.Rmdir(dir)
 		if err == nil || errors.Is(err, unix.ENOENT) {
@@ -156,15 +160,15 @@ func RemoveCgroup(dir string) error {
 	}
 }
 
-// CgroupRel is the cgroup a runtime's cgroupPath names, as a path from the
+// Rel is the cgroup a runtime's cgroupPath names, as a path from the
 // cgroup v2 root ("/a/b"), whichever of its forms the runtime used (a
 // path on a mount, relative to one, or systemd's), so two endpoints'
 // cgroups compare, and compare with /proc's.
-func CgroupRel(p string) string {
+func Rel(p string) string {
 	if sp, ok := SystemdPath(p); ok {
 		return filepath.Clean("/" + sp)
 	}
-	mounts := append([]string{DefaultCgroupRoot}, cgroup2Mounts...)
+	mounts := append([]string{DefaultRoot}, cgroup2Mounts...)
 	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) }) // /sys/fs/cgroup/unified before /sys/fs/cgroup
 	for _, m := range mounts {
 		if rest, ok := strings.CutPrefix(p, m+"/"); ok {
@@ -174,8 +178,8 @@ func CgroupRel(p string) string {
 	return filepath.Clean("/" + p)
 }
 
-// OwnCgroup is the cgroup v2 path of this process ("/" when it has none).
-func OwnCgroup() string {
+// Own is the cgroup v2 path of this process ("/" when it has none).
+func Own() string {
 	data, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return "/"
