@@ -14,6 +14,7 @@ import (
 
 	"github.com/skiffnet/skiff/bench"
 	"github.com/skiffnet/skiff/lab"
+	"github.com/skiffnet/skiff/layer"
 )
 
 // What a run measures unless told: the baseline, the standard overlay,
@@ -49,7 +50,7 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 			*modes = quickModes
 		}
 	}
-	opts := bench.Options{Modes: splitComma(*modes), Workloads: splitComma(*workloads), Repeat: *repeat,
+	opts := bench.Options{Modes: layer.SplitList(*modes), Workloads: layer.SplitList(*workloads), Repeat: *repeat,
 		Quick: *quick, SameHost: *sameHost, CellDuration: *cell, Progress: env.Stderr}
 	labModes, err := labModesFor(opts.Modes)
 	if err != nil {
@@ -218,14 +219,4 @@ func writeFile(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return f.Close()
-}
-
-func splitComma(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }

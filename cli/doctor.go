@@ -72,7 +72,7 @@ func cmdDoctor(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	if *endpoints != "" {
-		found = append(found, checkStore(ctx, splitComma(*endpoints), creds)...)
+		found = append(found, checkStore(ctx, layer.SplitList(*endpoints), creds)...)
 	}
 	failed := 0
 	for _, f := range found {
