@@ -26,7 +26,7 @@ func attach(h *netlink.Handle, link netlink.Link, prog *ebpf.Program, hook uint3
 
 // Setup attaches the underlay programs and installs the overlay's
 // established-mark rule.
-func (c *Cache) Setup() error {
+func (c *fastPath) Setup() error {
 	h := &netlink.Handle{}
 	if err := attach(h, c.underlay, c.objs.FromUnderlay, netlink.HANDLE_MIN_INGRESS); err != nil {
 		return err
@@ -55,7 +55,7 @@ const liberal = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
 // flow get the established mark, which tells the init programs the overlay
 // let the flow through. Only overlay-to-overlay traffic is matched, so no
 // mark is ever set on a packet leaving the overlay.
-func markRules(cfg Config) iptables.Chain {
+func markRules(cfg config) iptables.Chain {
 	cidr := cfg.Cluster.CIDR.String()
 	return iptables.Chain{Table: "mangle", Name: markChain,
 		Rules: []string{
@@ -79,7 +79,7 @@ const (
 // cache entry (host-side veth; MACs are learned from the first marked
 // packet), from_container on the host-side veth and to_container on the
 // container's interface.
-func (c *Cache) AddEndpoint(e cluster.Endpoint) error {
+func (c *fastPath) AddEndpoint(e cluster.Endpoint) error {
 	veth, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", e.Veth, err)
@@ -123,7 +123,7 @@ func (c *Cache) AddEndpoint(e cluster.Endpoint) error {
 // RemoveEndpoint forgets a local container: its ingress entry and every
 // flow naming its address. (Other hosts purge their egress entries for it
 // when they see the endpoint go; see Sync.) The programs go with the veth.
-func (c *Cache) RemoveEndpoint(e cluster.Endpoint) error {
+func (c *fastPath) RemoveEndpoint(e cluster.Endpoint) error {
 	key := e.IP.Addr().As4()
 	if err := c.objs.SkcIngress.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete ingress entry %s: %w", e.IP, err)
@@ -133,19 +133,19 @@ func (c *Cache) RemoveEndpoint(e cluster.Endpoint) error {
 	return err
 }
 
-// Pinned reports whether a fast path's maps are pinned in dir.
-func Pinned(dir string) bool {
+// pinned reports whether a fast path's maps are pinned in dir.
+func pinned(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, "skc_control"))
 	return err == nil
 }
 
-// Teardown removes a host's fast path without loading it: skiff's programs
+// teardown removes a host's fast path without loading it: skiff's programs
 // from every link of the host namespace (the underlay device and the
 // containers' host-side veths), the mark rule and the pinned maps. The
 // overlay carries everything afterwards. A to_container program left inside
 // a container only clears the two reserved DSCP bits, which nothing sets any
 // more; it goes with the container's interface.
-func Teardown(cfg Config) error {
+func teardown(cfg config) error {
 	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)

@@ -35,8 +35,8 @@ type Capacity struct {
 // DefaultCapacity fits a few thousand containers and tens of thousands of flows.
 var DefaultCapacity = Capacity{EgressIPs: 4096, EgressHosts: 1024, Ingress: 1024, Filter: 16384}
 
-// Config describes the host the cache runs on.
-type Config struct {
+// config describes the host the cache runs on.
+type config struct {
 	Cluster  cluster.Config
 	Host     cluster.Host
 	Underlay string // underlay device
@@ -44,26 +44,27 @@ type Config struct {
 	Capacity Capacity
 }
 
-// Cache is the loaded fast path of one host.
-type Cache struct {
-	cfg      Config
+// fastPath is the loaded fast path of one host.
+type fastPath struct {
+	cfg      config
 	objs     skcObjects
 	underlay netlink.Link
 	log      *slog.Logger
 }
 
-// Load loads the programs with this host's configuration. Maps pinned in
+// load loads the programs with this host's configuration. Maps pinned in
 // cfg.PinDir by an earlier run are reused, so a restarting agent keeps the
 // warm caches; maps whose definition changed are replaced by empty ones.
-func Load(cfg Config, log *slog.Logger) (*Cache, error) {
+func load(cfg config, log *slog.Logger) (*fastPath, error) {
 	under, err := netlink.LinkByName(cfg.Underlay)
 	if err != nil {
 		return nil, fmt.Errorf("underlay %q: %w", cfg.Underlay, err)
 	}
-	return load(cfg, under, log)
+	return loadOn(cfg, under, log)
 }
 
-func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
+// loadOn is load on a given underlay device.
+func loadOn(cfg config, under netlink.Link, log *slog.Logger) (*fastPath, error) {
 	if cfg.Capacity == (Capacity{}) {
 		cfg.Capacity = DefaultCapacity
 	}
@@ -74,7 +75,7 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 	if err := configure(spec, cfg, under); err != nil {
 		return nil, err
 	}
-	c := &Cache{cfg: cfg, underlay: under, log: log}
+	c := &fastPath{cfg: cfg, underlay: under, log: log}
 	if err := bpffs.Load(spec, &c.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load cache programs: %w", err)
 	}
@@ -83,7 +84,7 @@ func load(cfg Config, under netlink.Link, log *slog.Logger) (*Cache, error) {
 
 // configure sizes spec's caches and sets the programs' configuration
 // constants for this host.
-func configure(spec *ebpf.CollectionSpec, cfg Config, under netlink.Link) error {
+func configure(spec *ebpf.CollectionSpec, cfg config, under netlink.Link) error {
 	var s skcSpecs
 	if err := spec.Assign(&s); err != nil {
 		return fmt.Errorf("cache programs: %w", err)
@@ -147,11 +148,11 @@ func localPortRange() (uint32, uint32, error) {
 
 // Close releases this process's handles; pinned maps and attached programs
 // stay, so the fast path keeps running without the agent.
-func (c *Cache) Close() error { return c.objs.Close() }
+func (c *fastPath) Close() error { return c.objs.Close() }
 
 // SetPaused stops (or restarts) learning in the init programs. Packets keep
 // flowing on both paths while paused; only new cache entries wait.
-func (c *Cache) SetPaused(paused bool) error {
+func (c *fastPath) SetPaused(paused bool) error {
 	v := skcControl{}
 	if paused {
 		v.Paused = 1

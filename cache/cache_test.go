@@ -32,11 +32,11 @@ const (
 
 // newTestCache loads the programs as host "h1" (underlay 10.99.0.1, subnet
 // 10.244.1.0/24) into a private bpffs directory, without attaching them.
-func newTestCache(t testing.TB, capacity Capacity) *Cache {
+func newTestCache(t testing.TB, capacity Capacity) *fastPath {
 	t.Helper()
 	dir := bpffstest.Dir(t)
 	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay}}
-	c, err := load(Config{
+	c, err := loadOn(config{
 		Cluster: cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: testVNI, VXLANPort: 4789},
 		Host: cluster.Host{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24"),
 			VTEPMAC: macVTEP.String()},
@@ -51,7 +51,7 @@ func newTestCache(t testing.TB, capacity Capacity) *Cache {
 }
 
 // delta runs f and returns how the counters changed.
-func delta(t *testing.T, c *Cache, f func()) map[string]uint64 {
+func delta(t *testing.T, c *fastPath, f func()) map[string]uint64 {
 	t.Helper()
 	before, err := c.Stats()
 	if err != nil {
@@ -94,7 +94,7 @@ func ipAt(t *testing.T, pkt []byte, off int) (tos, ttl byte) {
 
 // fill puts entries into the caches so that the TCP flow of egressTCP /
 // ingressTCP hits on both paths.
-func fill(t *testing.T, c *Cache, filter, egressIP, egressHost, ingress bool) {
+func fill(t *testing.T, c *fastPath, filter, egressIP, egressHost, ingress bool) {
 	t.Helper()
 	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
 	put := func(m *ebpf.Map, key, val any) {
@@ -192,16 +192,16 @@ func TestSYNForgetsFlow(t *testing.T) {
 	key := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
 	for _, tc := range []struct {
 		name    string
-		prog    func(c *Cache) *ebpf.Program
+		prog    func(c *fastPath) *ebpf.Program
 		pkt     []byte
 		reasons []string
 		forgets bool
 	}{
-		{"from_container SYN", func(c *Cache) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN),
+		{"from_container SYN", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN),
 			[]string{"from_container/pass_syn_fin_rst", "from_container/syn_flow_forgotten"}, true},
-		{"from_underlay SYN", func(c *Cache) *ebpf.Program { return c.objs.FromUnderlay }, ingressTCP(tctest.IPOpts{}, tctest.SYN),
+		{"from_underlay SYN", func(c *fastPath) *ebpf.Program { return c.objs.FromUnderlay }, ingressTCP(tctest.IPOpts{}, tctest.SYN),
 			[]string{"from_underlay/pass_syn_fin_rst", "from_underlay/syn_flow_forgotten"}, true},
-		{"from_container SYN-ACK", func(c *Cache) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK),
+		{"from_container SYN-ACK", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK),
 			[]string{"from_container/pass_syn_fin_rst"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -711,7 +711,7 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 // busyHost fills c as on a host of a large cluster: flows between its 100
 // containers and 3 968 containers on 64 other hosts, and returns the
 // endpoints and hosts that make every entry live.
-func busyHost(t testing.TB, c *Cache) ([]cluster.Endpoint, []cluster.Host) {
+func busyHost(t testing.TB, c *fastPath) ([]cluster.Endpoint, []cluster.Host) {
 	hosts := []cluster.Host{{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24")}}
 	var eps []cluster.Endpoint
 	put := func(m *ebpf.Map, key, val any) {

@@ -40,7 +40,7 @@ func flags(fs *flag.FlagSet) layer.FlagOptions {
 // Layer is the cache as the agent drives it (package layer).
 type Layer struct {
 	capacity Capacity
-	c        *Cache
+	c        *fastPath
 	// state is the view the caches were last made coherent with (nil:
 	// never); reconciles that find it unchanged leave the caches alone.
 	state *layer.View
@@ -85,7 +85,7 @@ func newLayer(options any) (layer.Layer, error) {
 // Start loads the fast path (reusing pinned maps from an earlier run) and
 // attaches it to the underlay.
 func (l *Layer) Start(ctx context.Context, env layer.Env) error {
-	c, err := Load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
+	c, err := load(config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
 		PinDir: env.PinDir, Capacity: l.capacity}, env.Log)
 	if err != nil {
 		return err
@@ -102,10 +102,10 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 // teardownLayer removes a fast path an earlier run left behind, so a host
 // switched to another mode carries nothing on stale caches.
 func teardownLayer(env layer.Env, _ any) (bool, error) {
-	if !Pinned(env.PinDir) {
+	if !pinned(env.PinDir) {
 		return false, nil
 	}
-	if err := Teardown(Config{Cluster: env.Cluster, PinDir: env.PinDir}); err != nil {
+	if err := teardown(config{Cluster: env.Cluster, PinDir: env.PinDir}); err != nil {
 		return true, fmt.Errorf("remove the cache fast path: %w", err)
 	}
 	return true, nil

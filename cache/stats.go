@@ -70,7 +70,7 @@ var reasons = [skcReasonNR_REASONS]Reason{
 }
 
 // Entries lists every cache entry.
-func (c *Cache) Entries() (Entries, error) {
+func (c *fastPath) Entries() (Entries, error) {
 	var out Entries
 	var k, v [4]byte
 	it := c.objs.SkcEgressIp.Iterate()

@@ -28,7 +28,7 @@ func be32(a netip.Addr) uint32 {
 }
 
 // purgeFlows deletes filter entries match selects.
-func (c *Cache) purgeFlows(match func(skcFlowKey) bool) (int, error) {
+func (c *fastPath) purgeFlows(match func(skcFlowKey) bool) (int, error) {
 	return purge(c.objs.SkcFilter, func(k skcFlowKey, _ skcFilterVal) bool { return match(k) })
 }
 
@@ -66,7 +66,7 @@ func deniedBy(set policy.Set, k skcFlowKey) bool {
 
 // PurgeDenied deletes the cached flows set denies, so their next packets
 // go to the overlay, where the policy chain judges them.
-func (c *Cache) PurgeDenied(set policy.Set) (int, error) {
+func (c *fastPath) PurgeDenied(set policy.Set) (int, error) {
 	return c.purgeFlows(func(k skcFlowKey) bool { return deniedBy(set, k) })
 }
 
@@ -75,7 +75,7 @@ func (c *Cache) PurgeDenied(set policy.Set) (int, error) {
 // headers a live remote host, ingress entries a local endpoint, and flows
 // addresses that still exist. This covers endpoint deletion, host removal
 // and host moves (delete-and-reinitialize, paper §3.4) on every host.
-func (c *Cache) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
+func (c *fastPath) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 	underlay := map[string]netip.Addr{}
 	liveHost := map[netip.Addr]bool{}
 	owner := map[netip.Addr]netip.Addr{} // overlay address → host underlay address
@@ -120,7 +120,7 @@ func (c *Cache) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 }
 
 // Stats sums the per-CPU counters by reason.
-func (c *Cache) Stats() (map[string]uint64, error) {
+func (c *fastPath) Stats() (map[string]uint64, error) {
 	sums, err := bpfmap.Counters(c.objs.SkcStats, len(Reasons))
 	if err != nil {
 		return nil, err

@@ -31,7 +31,7 @@ const filterName = "skiff-sockets"
 // linkDir holds the pinned links: the host's sk_lookup and recorder links
 // and each container's cgroup links, so programs stay attached without the
 // agent.
-func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
+func (l *dataPlane) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
 
 // Setup attaches the host-wide programs — the SYN recorder on the
 // underlay's TCX ingress (same-host connections are recorded by their
@@ -39,7 +39,7 @@ func (l *Layer) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links
 // egress (the host's own connections to its containers), sk_lookup on the
 // host namespace — and routes steered overlay packets to the host stack
 // (JudgeInput puts them through the overlay's policy).
-func (l *Layer) Setup() error {
+func (l *dataPlane) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
 	}
@@ -86,7 +86,7 @@ func (l *Layer) Setup() error {
 // connections accepted from one as served (sks_served), as sockops does when
 // a listener is published: after an upgrade from a version without the
 // map, their overlay connections would otherwise reach the container.
-func (l *Layer) seedServed() error {
+func (l *dataPlane) seedServed() error {
 	conns, err := l.conns()
 	if err != nil {
 		return err
@@ -107,7 +107,7 @@ func (l *Layer) seedServed() error {
 // qdisc and classifier layers of a clsact filter, and the device's later
 // programs still see them (docs/bench/history.md). The link is pinned per
 // device; a link to an earlier underlay goes.
-func (l *Layer) attachRecorder() error {
+func (l *dataPlane) attachRecorder() error {
 	name := "underlay-" + strconv.Itoa(l.underlay.Attrs().Index)
 	old, _ := filepath.Glob(filepath.Join(l.linkDir(), "underlay-*"))
 	for _, p := range old {
@@ -174,7 +174,7 @@ func restoreAcceptLocal(stateDir string) error {
 // policy has rules. With none there is nothing to judge, and the host's
 // INPUT chain stays empty: iptables then runs no hook there for any of the
 // host's packets.
-func (l *Layer) JudgeInput(policy bool) error {
+func (l *dataPlane) JudgeInput(policy bool) error {
 	if !policy {
 		overlay.UnjudgeInput(Mark)
 		return nil
@@ -240,12 +240,12 @@ func removeHostStackRoutes(keep netip.Prefix) {
 // pinnedLink makes the link pinned as name run prog: an existing pin (an
 // earlier run) is updated in place, so the hook never goes without a
 // program; otherwise attach creates the link and it is pinned.
-func (l *Layer) pinnedLink(name string, prog *ebpf.Program, attach func() (link.Link, error)) error {
+func (l *dataPlane) pinnedLink(name string, prog *ebpf.Program, attach func() (link.Link, error)) error {
 	return bpffs.PinLink(filepath.Join(l.linkDir(), name), prog, attach)
 }
 
 // cgroupPrograms are the programs attached to each container's cgroup.
-func (l *Layer) cgroupPrograms() map[string]limits.Program {
+func (l *dataPlane) cgroupPrograms() map[string]limits.Program {
 	o := &l.objs
 	return map[string]limits.Program{
 		"sock_create":  {Prog: o.SksSockCreate, Attach: ebpf.AttachCGroupInetSockCreate},
@@ -262,7 +262,7 @@ func (l *Layer) cgroupPrograms() map[string]limits.Program {
 
 // attachCgroup attaches progs to the cgroup id (directory dir), each with
 // a link pinned under its name.
-func (l *Layer) attachCgroup(id uint64, dir string, progs map[string]limits.Program) error {
+func (l *dataPlane) attachCgroup(id uint64, dir string, progs map[string]limits.Program) error {
 	for name, p := range progs {
 		err := l.pinnedLink(filepath.Join(cgroupLinks(id), name), p.Prog, func() (link.Link, error) {
 			return link.AttachCgroup(link.CgroupOptions{Path: dir, Attach: p.Attach, Program: p.Prog})
@@ -274,14 +274,14 @@ func (l *Layer) attachCgroup(id uint64, dir string, progs map[string]limits.Prog
 	return nil
 }
 
-// Replaced reports whether e gets host sockets: it needs a cgroup (the
+// replaced reports whether e gets host sockets: it needs a cgroup (the
 // runtime passes it through the CNI cgroupPath capability).
-func Replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
+func replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
 
 // AddEndpoint gives a local container host sockets: the layer's programs
 // on its cgroup, its overlay address keyed by the cgroup, and its broker.
 // It is idempotent. Containers without a cgroup stay on the overlay.
-func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
+func (l *dataPlane) AddEndpoint(e cluster.Endpoint) error {
 	// Every local container, replaced or not, reaches replaced listeners
 	// through the overlay as well.
 	veth, err := netlink.LinkByName(e.Veth)
@@ -291,7 +291,7 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 	if err := tc.Attach(&netlink.Handle{}, veth, tc.Ingress, tc.PrioSockets, filterName, l.objs.SksFromContainer); err != nil {
 		return err
 	}
-	if !Replaced(e) {
+	if !replaced(e) {
 		return nil
 	}
 	dir, err := cgroup.Dir(l.cfg.CgroupRoot, e)
@@ -321,7 +321,7 @@ func (l *Layer) AddEndpoint(e cluster.Endpoint) error {
 // limit puts a container's rate limit and QoS class on its host sockets,
 // which skip the veth and its qdiscs (limits.Cgroups: token buckets on its
 // cgroup, its connections paced and marked), or takes lifted ones off.
-func (l *Layer) limit(id uint64, dir string, lim cluster.Limit) error {
+func (l *dataPlane) limit(id uint64, dir string, lim cluster.Limit) error {
 	if lim.None() && !lim.Marks() {
 		if _, err := os.Stat(filepath.Join(l.linkDir(), cgroupLinks(id), "skl_egress")); err != nil {
 			return nil // never limited
@@ -343,7 +343,7 @@ func (l *Layer) limit(id uint64, dir string, lim cluster.Limit) error {
 // back to IPAM, and a listener that outlived the container (passed to a
 // process elsewhere) would take connections meant for the next container
 // given it, as a connection would keep its identity.
-func (l *Layer) RemoveEndpoint(e cluster.Endpoint) error {
+func (l *dataPlane) RemoveEndpoint(e cluster.Endpoint) error {
 	l.brokers.stop(e.ContainerID)
 	ip := e.IP.Addr()
 	_, err := l.end(func(c conn) bool { return c.Local.Addr() == ip })
@@ -382,7 +382,7 @@ func releaseCgroup(e cluster.Endpoint, dir string) {
 
 // forgetAddress forgets the containers at ip, whose cgroups are gone, and
 // the address's ports (forgetPorts).
-func (l *Layer) forgetAddress(ip netip.Addr) error {
+func (l *dataPlane) forgetAddress(ip netip.Addr) error {
 	all, err := bpfmap.Entries[uint64, sksSksContainer](l.objs.SksContainers)
 	if err != nil {
 		return err
@@ -401,7 +401,7 @@ func (l *Layer) forgetAddress(ip netip.Addr) error {
 
 // Held is how many ports the host sockets of the container at ip hold
 // (bound or listening), against its quota.
-func (l *Layer) Held(ip netip.Addr) int {
+func (l *dataPlane) Held(ip netip.Addr) int {
 	var n uint32
 	if err := l.objs.SksHeld.Lookup(bpfmap.IPv4(ip), &n); err != nil {
 		return 0
@@ -411,7 +411,7 @@ func (l *Layer) Held(ip netip.Addr) int {
 
 // forgetPorts forgets that an address had a replaced listener, the ports
 // its sockets held bound and their count.
-func (l *Layer) forgetPorts(ip uint32) error {
+func (l *dataPlane) forgetPorts(ip uint32) error {
 	for _, m := range []*ebpf.Map{l.objs.SksServed, l.objs.SksHeld} {
 		if err := m.Delete(ip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
@@ -433,7 +433,7 @@ func (l *Layer) forgetPorts(ip uint32) error {
 
 // unpinCgroup detaches the programs from cgroup id and forgets it (its
 // limits too), and its address unless another container has it now.
-func (l *Layer) unpinCgroup(id uint64) error {
+func (l *dataPlane) unpinCgroup(id uint64) error {
 	err := errors.Join(os.RemoveAll(filepath.Join(l.linkDir(), cgroupLinks(id))), l.limits.Forget(id))
 	var c sksSksContainer
 	if lerr := l.objs.SksContainers.Lookup(id, &c); lerr != nil {
@@ -459,7 +459,7 @@ func (l *Layer) unpinCgroup(id uint64) error {
 
 // PruneEndpoints removes the cgroup links and brokers of containers that
 // are no longer local endpoints (deleted while the agent was down).
-func (l *Layer) PruneEndpoints(local []cluster.Endpoint) error {
+func (l *dataPlane) PruneEndpoints(local []cluster.Endpoint) error {
 	keep := map[string]bool{}
 	for _, e := range local {
 		if dir, err := cgroup.Dir(l.cfg.CgroupRoot, e); err == nil {
@@ -493,10 +493,10 @@ func (l *Layer) PruneEndpoints(local []cluster.Endpoint) error {
 // id: bpffs refuses names with dots, which container IDs may have.
 func cgroupLinks(id uint64) string { return "cg-" + strconv.FormatUint(id, 10) }
 
-// Teardown removes a host's sockets layer without loading it: tc filters,
+// teardown removes a host's sockets layer without loading it: tc filters,
 // pinned links (which detaches the programs) and maps. Brokers are stopped;
 // connections already on host sockets keep running until they close.
-func Teardown(pinDir, stateDir string) error {
+func teardown(pinDir, stateDir string) error {
 	var errs []error
 	links, err := netlinksafe.Dump(netlink.LinkList)
 	if err != nil {

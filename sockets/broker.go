@@ -179,8 +179,8 @@ func (b *brokers) pidFile(id string) string {
 	return filepath.Join(b.dir(), id+".pid")
 }
 
-// StatsFile is where a container's broker keeps its counters.
-func StatsFile(stateDir, containerID string) string {
+// statsFile is where a container's broker keeps its counters.
+func statsFile(stateDir, containerID string) string {
 	return filepath.Join(stateDir, "brokers", containerID+".stats")
 }
 
@@ -217,10 +217,10 @@ const (
 	brokerStatsMagicV2 = 0x254534b53
 )
 
-// ReadBrokerStats reads a container's broker counters; zero while the
+// readBrokerStats reads a container's broker counters; zero while the
 // broker is not (or not yet) running.
-func ReadBrokerStats(stateDir, containerID string) BrokerStats {
-	data, err := os.ReadFile(StatsFile(stateDir, containerID))
+func readBrokerStats(stateDir, containerID string) BrokerStats {
+	data, err := os.ReadFile(statsFile(stateDir, containerID))
 	if err != nil || len(data) < 72 {
 		return BrokerStats{}
 	}
@@ -298,7 +298,7 @@ func (b *brokers) start(s *brokerSpec) error {
 		s.ln, s.squatted = ln, false
 	}
 	args := []string{"--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
-		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", StatsFile(b.cfg.StateDir, id), "--transparent"}
+		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", statsFile(b.cfg.StateDir, id), "--transparent"}
 	if b.cfg.Secure {
 		// A host socket answers ioctls in the host's namespace: no host
 		// sockets for a container that may hold CAP_NET_ADMIN there.
@@ -554,7 +554,7 @@ func (b *brokers) supervise() {
 }
 
 // BrokerRunning reports whether the container's broker runs.
-func (l *Layer) BrokerRunning(containerID string) bool { return l.brokers.running(containerID) > 0 }
+func (l *dataPlane) BrokerRunning(containerID string) bool { return l.brokers.running(containerID) > 0 }
 
 func (b *brokers) close() {
 	close(b.quit)

@@ -50,7 +50,7 @@ for a in sys.argv[1:]:
 // named), for a container at ipServer. The hosts' underlay addresses 10.99.0.1–3 are all this
 // namespace's, with listeners on ports 80 and 81 that never accept.
 // python runs a script in the container's cgroup.
-func containerHost(t *testing.T, programs ...string) (l *Layer, python func(script string, args ...string) *exec.Cmd) {
+func containerHost(t *testing.T, programs ...string) (l *dataPlane, python func(script string, args ...string) *exec.Cmd) {
 	t.Helper()
 	if len(programs) == 0 {
 		programs = []string{"sock_create", "connect4"}
@@ -218,7 +218,7 @@ for s in socks:
 // address:port) and starts, in the container's cgroup, pyHoldAll holding a
 // fast-path connection to each; a line on stdin makes it report how each
 // ended, into out.
-func holding(t *testing.T, l *Layer, python func(string, ...string) *exec.Cmd, targets ...string) (stdin io.Writer, cmd *exec.Cmd, out *bytes.Buffer) {
+func holding(t *testing.T, l *dataPlane, python func(string, ...string) *exec.Cmd, targets ...string) (stdin io.Writer, cmd *exec.Cmd, out *bytes.Buffer) {
 	t.Helper()
 	h2 := cluster.Host{Name: "h2", UnderlayIP: netip.MustParseAddr("10.99.0.2"), Subnet: netip.MustParsePrefix("10.244.2.0/24")}
 	var srv []cluster.Listener
@@ -484,7 +484,7 @@ func TestExposedListenerOnLo(t *testing.T) {
 
 // connectLocal publishes target as a listener of this host (no policy
 // rules) and connects to it from the container's cgroup: pyConnect's line.
-func connectLocal(t *testing.T, l *Layer, python func(string, ...string) *exec.Cmd, target netip.AddrPort) string {
+func connectLocal(t *testing.T, l *dataPlane, python func(string, ...string) *exec.Cmd, target netip.AddrPort) string {
 	t.Helper()
 	rules, err := policy.NewSet(nil)
 	if err != nil {

@@ -120,7 +120,7 @@ func shapes(src, dst netip.Addr, option []byte) (underlay, container []fragCase)
 
 // runCases runs prog on each case: the verdict, the packet left untouched
 // and the counter.
-func runCases(t *testing.T, l *Layer, prog string, cases []fragCase, check func(t *testing.T, c fragCase)) {
+func runCases(t *testing.T, l *dataPlane, prog string, cases []fragCase, check func(t *testing.T, c fragCase)) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before, _ := l.Stats()
@@ -148,7 +148,7 @@ func runCases(t *testing.T, l *Layer, prog string, cases []fragCase, check func(
 	}
 }
 
-func progByName(l *Layer, name string) *ebpf.Program {
+func progByName(l *dataPlane, name string) *ebpf.Program {
 	switch name {
 	case "from_underlay":
 		return l.objs.SksFromUnderlay

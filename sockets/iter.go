@@ -41,7 +41,7 @@ func (c conn) flow() policy.Flow {
 
 // conns lists the host's replaced sockets. The TCP iterator walks the
 // namespace of the process creating it: the agent's, the host's.
-func (l *Layer) conns() ([]conn, error) {
+func (l *dataPlane) conns() ([]conn, error) {
 	data, err := bpfmap.Iterate(l.objs.SksDump)
 	if err != nil {
 		return nil, err
@@ -66,14 +66,14 @@ func (l *Layer) conns() ([]conn, error) {
 
 // destroy ends the given sockets (bpf_sock_destroy: the application's next
 // call fails with ECONNABORTED, the peer gets a RST).
-func (l *Layer) destroy(cookies []uint64) error {
+func (l *dataPlane) destroy(cookies []uint64) error {
 	return l.destroyBatches(cookies, int(l.objs.SksKill.MaxEntries()))
 }
 
 // destroyBatches marks the sockets to end in sks_kill, at most batch at a
 // time, and runs the destroying iterator over the host's sockets once per
 // batch: a policy change may end more connections than the map holds.
-func (l *Layer) destroyBatches(cookies []uint64, batch int) error {
+func (l *dataPlane) destroyBatches(cookies []uint64, batch int) error {
 	for len(cookies) > 0 {
 		n := min(len(cookies), batch)
 		if err := l.destroyMarked(cookies[:n]); err != nil {
@@ -84,7 +84,7 @@ func (l *Layer) destroyBatches(cookies []uint64, batch int) error {
 	return nil
 }
 
-func (l *Layer) destroyMarked(cookies []uint64) error {
+func (l *dataPlane) destroyMarked(cookies []uint64) error {
 	marks := make([]uint8, len(cookies))
 	for i := range marks {
 		marks[i] = 1
@@ -109,13 +109,13 @@ func (c conn) exposed() bool {
 }
 
 // endExposed ends exposed listeners.
-func (l *Layer) endExposed() (int, error) {
+func (l *dataPlane) endExposed() (int, error) {
 	return l.end(func(c conn) bool { return c.exposed() })
 }
 
 // Enforce ends replaced connections rules no longer allow, and exposed
 // listeners. It returns how many it ended.
-func (l *Layer) Enforce(rules policy.Set) (int, error) {
+func (l *dataPlane) Enforce(rules policy.Set) (int, error) {
 	return l.end(func(c conn) bool { return c.exposed() || l.denied(rules, c) })
 }
 
@@ -123,7 +123,7 @@ func (l *Layer) Enforce(rules policy.Set) (int, error) {
 // cannot be known is left alone, and so is a host's own address: a
 // connection from the host stack (a kubelet probe, steered by from_host),
 // which the overlay's policy does not judge either.
-func (l *Layer) denied(rules policy.Set, c conn) bool {
+func (l *dataPlane) denied(rules policy.Set, c conn) bool {
 	if c.Role != sksSksRoleSKS_CLIENT && c.Role != sksSksRoleSKS_CHILD {
 		return false
 	}
@@ -136,7 +136,7 @@ func (l *Layer) denied(rules policy.Set, c conn) bool {
 
 // hostAddress says whether a is a host's own address in the cluster: its
 // VXLAN device's or its bridge's.
-func (l *Layer) hostAddress(a netip.Addr) bool {
+func (l *dataPlane) hostAddress(a netip.Addr) bool {
 	if !l.cfg.Cluster.CIDR.Contains(a) {
 		return false
 	}
@@ -145,7 +145,7 @@ func (l *Layer) hostAddress(a netip.Addr) bool {
 }
 
 // end destroys the replaced sockets kill selects.
-func (l *Layer) end(kill func(conn) bool) (int, error) {
+func (l *dataPlane) end(kill func(conn) bool) (int, error) {
 	conns, err := l.conns()
 	if err != nil {
 		return 0, err

@@ -55,10 +55,10 @@ type Options struct {
 	ListenerQuota int
 }
 
-// agentLayer is the sockets layer as the agent drives it (package layer).
-type agentLayer struct {
+// Layer is the sockets layer as the agent drives it (package layer).
+type Layer struct {
 	opts      Options
-	l         *Layer
+	l         *dataPlane
 	stateDir  string
 	eps       layer.Attached // local containers given the layer
 	enforced  bool           // the policy was enforced since start
@@ -69,7 +69,7 @@ type agentLayer struct {
 // takeNotify gives a container process's seccomp listener to its
 // container's broker; a process of no container with host sockets has its
 // calls continued untouched (the overlay) by the host's keeper.
-func (a *agentLayer) takeNotify(h seccomp.Handoff) {
+func (a *Layer) takeNotify(h seccomp.Handoff) {
 	id, err := a.l.brokers.giveNotify(h.State.Pid, h.FD)
 	if err != nil {
 		a.l.log.Info("seccomp listener passed to the keeper: calls continue untouched (the overlay)", "runtime-id", h.State.State.ID, "pid", h.State.Pid, "why", err)
@@ -85,7 +85,7 @@ func newAgentLayer(options any) (layer.Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &agentLayer{opts: o}, nil
+	return &Layer{opts: o}, nil
 }
 
 // parseOptions checks the layer's options and fills in the defaults.
@@ -156,7 +156,7 @@ func probeCgroup(root string) error {
 // Start loads the layer (reusing pinned state), attaches its host-wide
 // programs and publishes this host's replaced listeners whenever they
 // change.
-func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
+func (a *Layer) Start(ctx context.Context, env layer.Env) error {
 	root := a.opts.CgroupRoot
 	if root == "" {
 		var err error
@@ -166,7 +166,7 @@ func (a *agentLayer) Start(ctx context.Context, env layer.Env) error {
 	} else if err := cgroup.Mount(root); err != nil {
 		return err
 	}
-	l, err := Load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
+	l, err := load(Config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
 		PinDir: env.PinDir, Secure: a.opts.Secure, CgroupRoot: root, Broker: a.opts.Broker,
 		StateDir: env.StateDir, ListenerQuota: a.opts.ListenerQuota}, env.Log)
 	if err != nil {
@@ -205,10 +205,10 @@ func teardownLayer(env layer.Env, options any) (bool, error) {
 	if o, ok := options.(Options); ok && o.SeccompSocket != "" {
 		removed = os.Remove(o.SeccompSocket) == nil
 	}
-	if !Pinned(env.PinDir) {
+	if !pinned(env.PinDir) {
 		return removed, nil
 	}
-	if err := Teardown(env.PinDir, env.StateDir); err != nil {
+	if err := teardown(env.PinDir, env.StateDir); err != nil {
 		return true, fmt.Errorf("remove the sockets layer: %w", err)
 	}
 	return true, nil
@@ -216,25 +216,25 @@ func teardownLayer(env layer.Env, options any) (bool, error) {
 
 // AddEndpoint gives a container host sockets; without them it uses the
 // overlay (a failure is the container's, tried again at every Sync).
-func (a *agentLayer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
+func (a *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
 	return a.eps.Add(e, a.l.AddEndpoint)
 }
 
-func (a *agentLayer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
+func (a *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 	a.eps.Remove(e)
 	return a.l.RemoveEndpoint(e)
 }
 
 // Endpoint says whether a local container's TCP can take host sockets,
 // and why not.
-func (a *agentLayer) Endpoint(e cluster.Endpoint) (bool, string) {
-	if !Replaced(e) {
+func (a *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
+	if !replaced(e) {
 		return false, "no cgroupPath from the runtime"
 	}
 	if err := a.eps.Err(e); err != nil {
 		return false, err.Error()
 	}
-	if bs := ReadBrokerStats(a.stateDir, e.ContainerID); bs.Privileged != 0 {
+	if bs := readBrokerStats(a.stateDir, e.ContainerID); bs.Privileged != 0 {
 		return false, fmt.Sprintf("refused: pid %d may hold NET_ADMIN or SYS_ADMIN", bs.Privileged)
 	}
 	if !a.l.BrokerRunning(e.ContainerID) {
@@ -250,7 +250,7 @@ func (a *agentLayer) Endpoint(e cluster.Endpoint) (bool, string) {
 // overlay's policy judges the overlay packets the layer delivers to the
 // host stack while it has rules. It runs before the overlay applies the
 // rules, so a first rule is judged on INPUT as soon as on FORWARD.
-func (a *agentLayer) Sync(_ context.Context, v *layer.View) error {
+func (a *Layer) Sync(_ context.Context, v *layer.View) error {
 	errs := []error{a.l.Sync(v.Hosts, v.Listeners, v.Rules), a.l.PruneEndpoints(v.Local)}
 	a.eps.Sync(v.Local, a.l.AddEndpoint, a.l.log)
 	// Walking every TCP socket of the host is for policy changes (and the
@@ -270,19 +270,19 @@ func (a *agentLayer) Sync(_ context.Context, v *layer.View) error {
 	return nil
 }
 
-func (a *agentLayer) Settle(context.Context, *layer.View) error { return nil }
+func (a *Layer) Settle(context.Context, *layer.View) error { return nil }
 
 // Listeners applies a change of the published listeners: only the routes
 // depend on them.
-func (a *agentLayer) Listeners(_ context.Context, v *layer.View) error {
+func (a *Layer) Listeners(_ context.Context, v *layer.View) error {
 	return a.l.Sync(v.Hosts, v.Listeners, v.Rules)
 }
 
-func (a *agentLayer) Close() error {
+func (a *Layer) Close() error {
 	if a.seccomp != nil {
 		a.seccomp.Close()
 	}
 	return a.l.Close()
 }
 
-var _ layer.Listening = (*agentLayer)(nil)
+var _ layer.Listening = (*Layer)(nil)

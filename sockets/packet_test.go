@@ -59,7 +59,7 @@ func syn(src, dst netip.Addr, flags byte, opts []byte) []byte {
 }
 
 // withPeer makes the peer host own subnet B.
-func withPeer(t testing.TB, l *Layer) {
+func withPeer(t testing.TB, l *dataPlane) {
 	t.Helper()
 	hosts := []cluster.Host{testHost, {Name: "h2", UnderlayIP: ulPeer, Subnet: subnetB}}
 	if err := l.Sync(hosts, nil, nil); err != nil {
@@ -67,7 +67,7 @@ func withPeer(t testing.TB, l *Layer) {
 	}
 }
 
-func pendingEntry(t *testing.T, l *Layer, saddr, daddr netip.Addr) (sksSksPending, bool) {
+func pendingEntry(t *testing.T, l *dataPlane, saddr, daddr netip.Addr) (sksSksPending, bool) {
 	t.Helper()
 	k := sksSksTuple{Saddr: bpfmap.IPv4(saddr), Daddr: bpfmap.IPv4(daddr), Sport: bpfmap.Port(40000), Dport: bpfmap.Port(8080)}
 	var v sksSksPending
@@ -244,7 +244,7 @@ func tcpSocket(t *testing.T) int {
 	return fd
 }
 
-func publish(t *testing.T, l *Layer, fd int, at netip.AddrPort) {
+func publish(t *testing.T, l *dataPlane, fd int, at netip.AddrPort) {
 	t.Helper()
 	if err := l.objs.SksServed.Put(bpfmap.IPv4(at.Addr()), uint8(1)); err != nil {
 		t.Fatal(err)
@@ -272,7 +272,7 @@ type skLookup struct {
 
 // lookup runs sk_lookup for a SYN from → to and returns the socket it
 // assigns, failing the test unless the verdict is SK_PASS.
-func lookup(t *testing.T, l *Layer, from, to netip.AddrPort) uint64 {
+func lookup(t *testing.T, l *dataPlane, from, to netip.AddrPort) uint64 {
 	t.Helper()
 	cookie, verdict := lookupVerdict(t, l, syscall.IPPROTO_TCP, from, to)
 	if verdict != 1 {
@@ -281,7 +281,7 @@ func lookup(t *testing.T, l *Layer, from, to netip.AddrPort) uint64 {
 	return cookie
 }
 
-func lookupVerdict(t *testing.T, l *Layer, proto uint32, from, to netip.AddrPort) (uint64, uint32) {
+func lookupVerdict(t *testing.T, l *dataPlane, proto uint32, from, to netip.AddrPort) (uint64, uint32) {
 	t.Helper()
 	in := skLookup{Family: syscall.AF_INET, Protocol: proto, RemoteIP4: from.Addr().As4(),
 		RemotePort: bpfmap.Port(from.Port()), LocalIP4: to.Addr().As4(), LocalPort: uint32(to.Port())}

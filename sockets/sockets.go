@@ -53,8 +53,8 @@ type Config struct {
 // container's listeners are its own sockets, reached through the overlay.
 const DefaultListenerQuota = 256
 
-// Layer is the loaded sockets layer of one host.
-type Layer struct {
+// dataPlane is the loaded sockets layer of one host.
+type dataPlane struct {
 	cfg      Config
 	objs     sksObjects
 	underlay netlink.Link
@@ -70,10 +70,10 @@ type Layer struct {
 	routesOver atomic.Int64
 }
 
-// Load loads the programs with this host's configuration. Maps pinned by an
+// load loads the programs with this host's configuration. Maps pinned by an
 // earlier run are reused, so replaced connections keep their overlay
 // identity across agent restarts.
-func Load(cfg Config, log *slog.Logger) (*Layer, error) {
+func load(cfg Config, log *slog.Logger) (*dataPlane, error) {
 	under, err := netlink.LinkByName(cfg.Underlay)
 	if err != nil {
 		return nil, fmt.Errorf("underlay %q: %w", cfg.Underlay, err)
@@ -93,7 +93,7 @@ func Load(cfg Config, log *slog.Logger) (*Layer, error) {
 	if err := configure(s.sksVariableSpecs, cfg, cookie); err != nil {
 		return nil, err
 	}
-	l := &Layer{cfg: cfg, underlay: under, log: log, rulesSpec: s.SksPolicy.InnerMap.Copy()}
+	l := &dataPlane{cfg: cfg, underlay: under, log: log, rulesSpec: s.SksPolicy.InnerMap.Copy()}
 	if err := bpffs.Load(spec, &l.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load sockets programs: %w", err)
 	}
@@ -141,8 +141,8 @@ func mask(p netip.Prefix) [4]byte {
 // overlay's policy on INPUT (HostStackTOS routes them there).
 const Mark = 0x5c1ff
 
-// Pinned reports whether a sockets layer is pinned in dir.
-func Pinned(dir string) bool {
+// pinned reports whether a sockets layer is pinned in dir.
+func pinned(dir string) bool {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "sks_listen"), nil)
 	if err != nil {
 		return false
@@ -153,7 +153,7 @@ func Pinned(dir string) bool {
 
 // Close releases this process's handles and stops the broker supervisor;
 // pinned maps, attached programs and running brokers stay.
-func (l *Layer) Close() error {
+func (l *dataPlane) Close() error {
 	l.brokers.close()
 	return errors.Join(l.objs.Close(), l.limits.Close())
 }
@@ -163,7 +163,7 @@ func (l *Layer) Close() error {
 var Reasons = sync.OnceValue(func() []string { return bpfmap.MustCounterNames(loadSks, "sks_stats", "SKS_") })
 
 // Stats returns the counters summed over CPUs, by reason.
-func (l *Layer) Stats() (map[string]uint64, error) {
+func (l *dataPlane) Stats() (map[string]uint64, error) {
 	out, err := bpfmap.NamedCounters(l.objs.SksStats, Reasons())
 	if err != nil {
 		return nil, err

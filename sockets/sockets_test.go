@@ -35,12 +35,12 @@ var testCluster = cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), H
 
 // loadTest loads the programs (verifier included) with maps pinned in a
 // private bpffs directory, without attaching them.
-func loadTest(t *testing.T) *Layer { return loadTestTB(t) }
+func loadTest(t *testing.T) *dataPlane { return loadTestTB(t) }
 
-func loadTestTB(t testing.TB) *Layer {
+func loadTestTB(t testing.TB) *dataPlane {
 	t.Helper()
 	dir := bpffstest.Dir(t)
-	l, err := Load(Config{Cluster: testCluster, Host: testHost, Underlay: "lo", PinDir: dir, Secure: true,
+	l, err := load(Config{Cluster: testCluster, Host: testHost, Underlay: "lo", PinDir: dir, Secure: true,
 		StateDir: t.TempDir(), Broker: filepath.Join(t.TempDir(), "skiff-broker")},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -62,7 +62,7 @@ func TestReloadKeepsMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	again, err := Load(l.cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	again, err := load(l.cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestFairShare(t *testing.T) {
 }
 
 // inForce reads the policy connect4 judges by: nil while there is none.
-func inForce(t *testing.T, l *Layer) *sksSksRules {
+func inForce(t *testing.T, l *dataPlane) *sksSksRules {
 	t.Helper()
 	r, err := l.inForce()
 	if err != nil {
@@ -292,7 +292,7 @@ func TestConnFlow(t *testing.T) {
 // except those whose peer is unknown or a host's own address (the host
 // stack's connections, which the overlay's policy does not judge).
 func TestDenied(t *testing.T) {
-	l := &Layer{cfg: Config{Cluster: testCluster}}
+	l := &dataPlane{cfg: Config{Cluster: testCluster}}
 	ap := netip.MustParseAddrPort
 	rules, err := policy.NewSet([]policy.Rule{{ID: "deny", Action: policy.Deny, Src: netip.MustParsePrefix("10.244.0.0/16"),
 		Dst: netip.MustParsePrefix("10.244.1.5/32"), Proto: policy.TCP}})
@@ -330,7 +330,7 @@ func TestReasonsMatchProgram(t *testing.T) {
 
 func TestReadBrokerStats(t *testing.T) {
 	dir := t.TempDir()
-	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{}) {
+	if st := readBrokerStats(dir, "c"); st != (BrokerStats{}) {
 		t.Fatalf("counters from a missing file: %+v", st)
 	}
 	data := make([]byte, 72)
@@ -338,13 +338,13 @@ func TestReadBrokerStats(t *testing.T) {
 	for i, v := range []uint64{0x54534b53 | 2<<32, 16, 3, 1, 2, 1, 0, 4242, 77} {
 		binary.NativeEndian.PutUint64(data[8*i:], v)
 	}
-	if err := os.MkdirAll(filepath.Dir(StatsFile(dir, "c")), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(statsFile(dir, "c")), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
+	if err := os.WriteFile(statsFile(dir, "c"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77}) {
+	if st := readBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77}) {
 		t.Fatalf("counters %+v, want 16, 3, 1, privileged 77", st)
 	}
 	// layout 3: the seccomp agent's counters follow
@@ -353,19 +353,19 @@ func TestReadBrokerStats(t *testing.T) {
 	for i, v := range []uint64{2, 10, 3, 4, 1, 5000, 18} {
 		binary.NativeEndian.PutUint64(data[8*(9+i):], v)
 	}
-	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
+	if err := os.WriteFile(statsFile(dir, "c"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	want := BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77,
 		Seccomp: SeccompStats{Listeners: 2, Replaced: 10, Fallback: 3, Passed: 4, Dropped: 1, Nanos: 5000, Handled: 18}}
-	if st := ReadBrokerStats(dir, "c"); st != want {
+	if st := readBrokerStats(dir, "c"); st != want {
 		t.Fatalf("counters %+v, want %+v", st, want)
 	}
 	data[0] = 0 // a broker still starting up
-	if err := os.WriteFile(StatsFile(dir, "c"), data, 0o644); err != nil {
+	if err := os.WriteFile(statsFile(dir, "c"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if st := ReadBrokerStats(dir, "c"); st != (BrokerStats{}) {
+	if st := readBrokerStats(dir, "c"); st != (BrokerStats{}) {
 		t.Fatalf("counters from a file without the magic: %+v", st)
 	}
 }

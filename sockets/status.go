@@ -84,7 +84,7 @@ func StatusOf(st api.Status) (*Status, error) {
 }
 
 // Status reports the layer's counters, listeners and containers.
-func (a *agentLayer) Status(local []cluster.Endpoint) layer.Report {
+func (a *Layer) Status(local []cluster.Endpoint) layer.Report {
 	s := &Status{ListenerQuota: a.l.cfg.quota(), Publish: a.publisher.stats(), RoutesOver: int(a.l.routesOver.Load())}
 	s.Counters, _ = a.l.Stats()
 	s.Policy, _ = a.l.PolicyInForce()
@@ -94,11 +94,11 @@ func (a *agentLayer) Status(local []cluster.Endpoint) layer.Report {
 		}
 	}
 	for _, e := range local {
-		if !Replaced(e) {
+		if !replaced(e) {
 			continue
 		}
 		c := Container{ContainerID: e.ContainerID, IP: e.IP.Addr().String(), Ports: a.l.Held(e.IP.Addr())}
-		bs := ReadBrokerStats(a.stateDir, e.ContainerID)
+		bs := readBrokerStats(a.stateDir, e.ContainerID)
 		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = bs.HandedOut, bs.Replaced, bs.Fallback, bs.Privileged
 		c.Seccomp = ContainerSeccomp{Listeners: bs.Seccomp.Listeners, Replaced: bs.Seccomp.Replaced,
 			Fallback: bs.Seccomp.Fallback, Passed: bs.Seccomp.Passed, Dropped: bs.Seccomp.Dropped}

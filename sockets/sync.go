@@ -23,7 +23,7 @@ import (
 func portOf(v uint16) uint16 { return bpfmap.Port(v) } // the swap is its own inverse
 
 // LocalListeners lists this host's replaced listeners.
-func (l *Layer) LocalListeners() ([]cluster.Listener, error) {
+func (l *dataPlane) LocalListeners() ([]cluster.Listener, error) {
 	var out []cluster.Listener
 	var k sksSksKey
 	it := l.objs.SksListen.Iterate()
@@ -42,7 +42,7 @@ func (l *Layer) LocalListeners() ([]cluster.Listener, error) {
 // (anti-spoofing), where each published listener lives, and the policy
 // connect4 judges fast-path connections by. The policy is written first, so
 // a new route is only ever taken under the policy in force.
-func (l *Layer) Sync(hosts []cluster.Host, listeners []cluster.Listener, rules policy.Set) error {
+func (l *dataPlane) Sync(hosts []cluster.Host, listeners []cluster.Listener, rules policy.Set) error {
 	subnets := map[sksSksSubnet]uint32{}
 	underlay := map[string]netip.Addr{}
 	for _, h := range hosts {
@@ -139,7 +139,7 @@ func prefix32(p netip.Prefix) (ip, mask32 uint32) {
 // setPolicy puts the rules in force for new fast-path connections: in a new
 // inner map swapped into sks_policy in one step. On failure it empties the
 // slot, and connect4 then refuses every connection (the overlay judges).
-func (l *Layer) setPolicy(rules policy.Set) error {
+func (l *dataPlane) setPolicy(rules policy.Set) error {
 	want := tcpRules(rules)
 	if l.policy != nil && *l.policy == *want {
 		return nil
@@ -168,7 +168,7 @@ type Policy struct {
 
 // PolicyInForce reports the policy in force, nil while there is none (when
 // connect4 refuses every connection).
-func (l *Layer) PolicyInForce() (*Policy, error) {
+func (l *dataPlane) PolicyInForce() (*Policy, error) {
 	r, err := l.inForce()
 	if err != nil || r == nil {
 		return nil, err
@@ -176,7 +176,7 @@ func (l *Layer) PolicyInForce() (*Policy, error) {
 	return &Policy{Rules: int(r.N), Overflow: r.Overflow != 0}, nil
 }
 
-func (l *Layer) inForce() (*sksSksRules, error) {
+func (l *dataPlane) inForce() (*sksSksRules, error) {
 	var id ebpf.MapID
 	if err := l.objs.SksPolicy.Lookup(uint32(0), &id); errors.Is(err, ebpf.ErrKeyNotExist) {
 		return nil, nil
@@ -195,7 +195,7 @@ func (l *Layer) inForce() (*sksSksRules, error) {
 	return &r, nil
 }
 
-func (l *Layer) swapPolicy(r *sksSksRules) error {
+func (l *dataPlane) swapPolicy(r *sksSksRules) error {
 	inner, err := ebpf.NewMap(l.rulesSpec)
 	if err != nil {
 		return fmt.Errorf("policy map: %w", err)
@@ -247,7 +247,7 @@ func syncMap[K comparable](m *ebpf.Map, want map[K]uint32) error {
 // exposed on host addresses are ended as soon as they are reported; when
 // the programs found the event buffer full (event_lost), a sweep every 5 s
 // ends what they could not report, and the listeners are published again.
-func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
+func (l *dataPlane) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 	rd, err := ringbuf.NewReader(l.objs.SksEvents)
 	if err != nil {
 		return nil, fmt.Errorf("listener events: %w", err)
@@ -309,13 +309,13 @@ func (l *Layer) WatchListeners(ctx context.Context) (<-chan struct{}, error) {
 }
 
 // eventsLost reads the event_lost counter.
-func (l *Layer) eventsLost() uint64 {
+func (l *dataPlane) eventsLost() uint64 {
 	st, _ := l.Stats()
 	return st["event_lost"]
 }
 
 // endExposedNow ends exposed listeners, and logs it.
-func (l *Layer) endExposedNow() {
+func (l *dataPlane) endExposedNow() {
 	if n, err := l.endExposed(); err != nil {
 		l.log.Warn("end exposed listeners", "err", err)
 	} else if n > 0 {
