@@ -2,6 +2,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -41,11 +42,8 @@ func run(args []string) error {
 	name := fs.String("name", hostname, "this host's name in the cluster")
 	underlay := fs.String("underlay-interface", "", "interface carrying the underlay address (default: that of the default route)")
 	endpoints := fs.String("etcd-endpoints", "", "comma-separated etcd client URLs of an external cluster")
-	embedded := fs.String("embedded-etcd", "", "run an embedded etcd server with its data in this directory")
-	embeddedListen := fs.String("embedded-etcd-listen", "", "client URL of the embedded etcd (default https://127.0.0.1:2379, http:// with --etcd-insecure)")
-	embeddedPeer := fs.String("embedded-etcd-peer", "", "peer URL of the embedded etcd (default https://127.0.0.1:2380, http:// with --etcd-insecure)")
-	initialCluster := fs.String("embedded-etcd-initial-cluster", "", "every member of a multi-member embedded etcd as NAME=PEER-URL,... (etcd's --initial-cluster; a member's NAME is its host's --name); default: this member alone")
-	clusterState := fs.String("embedded-etcd-initial-cluster-state", "new", "new: form the cluster of --embedded-etcd-initial-cluster; existing: join a running cluster that lists this member (etcdctl member add)")
+	var embedded embeddedStore
+	embedded.define(fs)
 	var creds store.TLS
 	fs.StringVar(&creds.CAFile, "etcd-cafile", "", "CA certificate that signed the etcd server's certificate")
 	fs.StringVar(&creds.CertFile, "etcd-certfile", "", "this host's etcd client certificate (common name: the host's --name)")
@@ -107,7 +105,7 @@ func run(args []string) error {
 		return err
 	}
 	if *cleanup {
-		return cleanupHost(agent.CleanupConfig{StateDir: *stateDir, BPFDir: *bpfDir, Socket: *socket, LayerOptions: options, Keep: layer.SplitList(*embedded)})
+		return cleanupHost(agent.CleanupConfig{StateDir: *stateDir, BPFDir: *bpfDir, Socket: *socket, LayerOptions: options, Keep: layer.SplitList(embedded.dir)})
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -132,28 +130,13 @@ func run(args []string) error {
 	if *metrics != "" {
 		serves = append(serves, *metrics)
 	}
-	if *embedded != "" {
-		scheme := "https"
-		if creds.Insecure {
-			scheme = "http"
-		}
-		if *embeddedListen == "" {
-			*embeddedListen = scheme + "://127.0.0.1:2379"
-		}
-		if *embeddedPeer == "" {
-			*embeddedPeer = scheme + "://127.0.0.1:2380"
-		}
-		serves = append(serves, *embeddedListen, *embeddedPeer)
-		cfg := store.EmbeddedConfig{Dir: *embedded, ClientURL: *embeddedListen, PeerURL: *embeddedPeer, Insecure: creds.Insecure, Log: log}
-		if err := memberFlags(&cfg, *name, *initialCluster, *clusterState); err != nil {
-			return err
-		}
-		e, err := startEmbedded(ctx, *name, cfg, &creds, log)
+	if embedded.dir != "" {
+		e, served, err := embedded.start(ctx, *name, &creds, log)
 		if err != nil {
 			return err
 		}
 		defer e.Close()
-		etcd = append(etcd, e.URL)
+		etcd, serves = append(etcd, e.URL), append(serves, served...)
 	}
 	if len(etcd) == 0 {
 		return errors.New("no cluster store: give --etcd-endpoints or --embedded-etcd")
@@ -193,6 +176,36 @@ func cleanupHost(cfg agent.CleanupConfig) error {
 		fmt.Println("nothing of skiff's left on this host")
 	}
 	return err
+}
+
+// embeddedStore is what the --embedded-etcd flags say.
+type embeddedStore struct{ dir, listen, peer, initialCluster, state string }
+
+func (e *embeddedStore) define(fs *flag.FlagSet) {
+	fs.StringVar(&e.dir, "embedded-etcd", "", "run an embedded etcd server with its data in this directory")
+	fs.StringVar(&e.listen, "embedded-etcd-listen", "", "client URL of the embedded etcd (default https://127.0.0.1:2379, http:// with --etcd-insecure)")
+	fs.StringVar(&e.peer, "embedded-etcd-peer", "", "peer URL of the embedded etcd (default https://127.0.0.1:2380, http:// with --etcd-insecure)")
+	fs.StringVar(&e.initialCluster, "embedded-etcd-initial-cluster", "", "every member of a multi-member embedded etcd as NAME=PEER-URL,... (etcd's --initial-cluster; a member's NAME is its host's --name); default: this member alone")
+	fs.StringVar(&e.state, "embedded-etcd-initial-cluster-state", "new", "new: form the cluster of --embedded-etcd-initial-cluster; existing: join a running cluster that lists this member (etcdctl member add)")
+}
+
+// start runs the embedded etcd of host name: it and the URLs it serves.
+func (e *embeddedStore) start(ctx context.Context, name string, creds *store.TLS, log *slog.Logger) (*store.Embedded, []string, error) {
+	scheme := "https"
+	if creds.Insecure {
+		scheme = "http"
+	}
+	listen := cmp.Or(e.listen, scheme+"://127.0.0.1:2379")
+	peer := cmp.Or(e.peer, scheme+"://127.0.0.1:2380")
+	cfg := store.EmbeddedConfig{Dir: e.dir, ClientURL: listen, PeerURL: peer, Insecure: creds.Insecure, Log: log}
+	if err := memberFlags(&cfg, name, e.initialCluster, e.state); err != nil {
+		return nil, nil, err
+	}
+	s, err := startEmbedded(ctx, name, cfg, creds, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, []string{listen, peer}, nil
 }
 
 // memberFlags makes the embedded etcd a member of several, named after
