@@ -113,8 +113,9 @@ func dispatch(ctx context.Context, env Env) error {
 		// skiff NAME for a layer the agent runs: skiff layer NAME.
 		err := cmdLayer(ctx, Env{Stdout: env.Stdout, Stderr: io.Discard, Getenv: env.Getenv, Args: env.Args}, append(env.Args[1:], env.Args[0]))
 		var ae *api.Error
-		if !errors.As(err, &ae) && !errors.Is(err, api.ErrAgentUnreachable) {
-			return err
+		var ue usageError
+		if !errors.As(err, &ae) && !errors.As(err, &ue) && !errors.Is(err, api.ErrAgentUnreachable) {
+			return err // nil: it was a layer
 		}
 	}
 	if !ok {
