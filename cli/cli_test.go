@@ -75,7 +75,7 @@ func TestCommands(t *testing.T) {
 		{[]string{"lab", "up", "--name", "Bad_Name"}, 1, "", "lab name"},
 		{[]string{"lab", "up", "--hosts", "0", "--name", "x", "extra"}, 2, "", "unexpected argument"},
 		{[]string{"lab", "down", "--name", "../etc"}, 1, "", "not valid"},
-		{[]string{"lab", "up", "--name", "tnope", "--mode", "nope"}, 1, "", "choose one of auto, overlay, cache, sockets"},
+		{[]string{"lab", "up", "--name", "tnope", "--mode", "nope"}, 1, "", "choose one of auto, overlay, cache, channels, sockets, steering"},
 		{[]string{"lab", "up", "--name", "tnope", "--cluster-cidr", "10.99.0.0/16"}, 1, "", "overlaps the lab's underlay"},
 		{[]string{"lab", "up", "--name", "tnope", "--cluster-cidr", "banana"}, 1, "", "cluster CIDR"},
 		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "2"}, 1, "", "2 etcd members: choose 1, 3, 5 or 7"},
