@@ -15,15 +15,16 @@ import (
 )
 
 // pyChurn opens and closes a replaced listener on port argv[1] for
-// argv[2] seconds, and prints how many times.
+// argv[2] seconds, each held argv[3] seconds, and prints how many times.
 const pyChurn = `
 import socket, sys, time
-port, until = int(sys.argv[1]), time.time() + float(sys.argv[2])
+port, until, hold = int(sys.argv[1]), time.time() + float(sys.argv[2]), float(sys.argv[3])
 n = 0
 while time.time() < until:
     s = socket.socket()
     s.bind(("0.0.0.0", port))
     s.listen()
+    time.sleep(hold)
     s.close()
     n += 1
 print(n)
@@ -51,9 +52,11 @@ func TestSocketsListenerChurn(t *testing.T) {
 		}
 		return resp.Header.Revision
 	}
-	before := revision()
+	before, added := revision(), counter(t, l, "h1", "listener_added")
 	const seconds = 4
-	cmd, err := l.Command(ctx, "h1/c1", "python3", "-c", pyChurn, "9100", strconv.Itoa(seconds))
+	// Each listener held 20 ms: long enough to be seen, as a server's
+	// would, so that every listen and close was a write before.
+	cmd, err := l.Command(ctx, "h1/c1", "python3", "-c", pyChurn, "9100", strconv.Itoa(seconds), "0.02")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,8 +65,11 @@ func TestSocketsListenerChurn(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	loops, err := strconv.Atoi(strings.TrimSpace(string(out)))
-	if err != nil || loops < 100 {
+	if err != nil || loops < 50 {
 		t.Fatalf("listen/close loop: %q", out)
+	}
+	if n := counter(t, l, "h1", "listener_added") - added; n < uint64(loops) {
+		t.Fatalf("%d listeners replaced of %d: the loop did not run on host sockets", n, loops)
 	}
 	// The last change is written within a publish interval.
 	_, err = eventually(5*time.Second, func() error {
