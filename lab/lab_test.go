@@ -563,7 +563,7 @@ func TestUpBadFlags(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{Name: "tnope", Mode: "nope"}, "choose one of auto, overlay, cache, sockets"},
+		{Config{Name: "tnope", Mode: "nope"}, "choose one of auto, overlay, cache, channels, sockets, steering"},
 		{Config{Name: "tnope", ClusterCIDR: "10.99.0.0/16"}, "overlaps the lab's underlay"},
 		{Config{Name: "tnope", ClusterCIDR: "10.244.0.0/28"}, "cluster CIDR"},
 		{Config{Name: "tnope", EtcdMembers: 4}, "4 etcd members: choose 1, 3, 5 or 7"},

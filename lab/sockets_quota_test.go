@@ -87,7 +87,7 @@ func TestSocketsListenerChurn(t *testing.T) {
 	}
 	writes := revision() - before
 	t.Logf("%d listens and closes in %d s: %d store writes", loops, seconds, writes)
-	if limit := int64(2*seconds + 4); writes > limit {
+	if limit := int64(2*seconds + 8); writes > limit {
 		t.Errorf("%d listens and closes in %d s took %d store writes, want at most %d", loops, seconds, writes, limit)
 	}
 	s := socketsStatus(t, l, "h1")

@@ -15,18 +15,20 @@ import (
 // where other hosts' agents turn them into fast-path routes. Every listen
 // and close is a kernel event, so a container that opens and closes
 // listeners in a loop would otherwise have the store written, and every
-// agent woken, at its pace: changes are gathered instead, and written at
-// most once an interval, only when the set differs from the one written
-// last. Every resync the set is written whole (SetListeners compares it
-// with the store and writes the difference), in case an event was lost or
-// a write failed.
+// agent woken, at its pace. Writes take tokens of a bucket instead: a
+// server that starts (a few listeners at once) is written at once, each
+// change, as before; a loop empties the bucket and is then written once an
+// interval, with whatever changed meanwhile, and only when the set differs
+// from the one written last. Every resync the set is written whole
+// (SetListeners compares it with the store and writes the difference), in
+// case an event was lost or a write failed.
 type publisher struct {
 	host     string
 	list     func() ([]cluster.Listener, error)
 	store    layer.ListenerPublisher
 	log      *slog.Logger
-	gather   time.Duration // after the first change, for the others that come with it
-	interval time.Duration // at least this long between two writes
+	burst    int           // writes back to back after a quiet spell
+	interval time.Duration // then one write an interval
 	resync   time.Duration
 
 	mu        sync.Mutex
@@ -35,17 +37,17 @@ type publisher struct {
 	written   bool               // published holds a write's set
 }
 
-// Publishing pace: a new listener reaches the store about 100 ms after
-// listen(), a loop of listens and closes at most once a second.
+// Publishing pace: a new listener reaches the store at once, a loop of
+// listens and closes once a second after its first five.
 const (
-	publishGather   = 100 * time.Millisecond
+	publishBurst    = 5
 	publishInterval = time.Second
 	publishResync   = 5 * time.Second
 )
 
 func newPublisher(host string, list func() ([]cluster.Listener, error), store layer.ListenerPublisher, log *slog.Logger) *publisher {
 	return &publisher{host: host, list: list, store: store, log: log,
-		gather: publishGather, interval: publishInterval, resync: publishResync}
+		burst: publishBurst, interval: publishInterval, resync: publishResync}
 }
 
 // run publishes the listeners at start, after changes (changed signals
@@ -54,7 +56,7 @@ func (p *publisher) run(ctx context.Context, changed <-chan struct{}) {
 	resync := time.NewTicker(p.resync)
 	defer resync.Stop()
 	p.publish(ctx, true)
-	last := time.Now()
+	tokens, refilled := float64(p.burst), time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -67,21 +69,27 @@ func (p *publisher) run(ctx context.Context, changed <-chan struct{}) {
 				return
 			}
 		}
-		wait := max(p.gather, time.Until(last.Add(p.interval)))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		// Changes signalled while waiting are in this write.
-		select {
-		case <-changed:
-		default:
+		now := time.Now()
+		tokens = min(float64(p.burst), tokens+float64(now.Sub(refilled))/float64(p.interval))
+		refilled = now
+		if tokens < 1 {
+			// Out of tokens: wait for the next, and write what changed
+			// meanwhile with it.
+			t := time.NewTimer(time.Duration((1 - tokens) * float64(p.interval)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			select {
+			case <-changed:
+			default:
+			}
+			tokens, refilled = 1, time.Now()
 		}
 		if p.publish(ctx, false) {
-			last = time.Now()
+			tokens--
 		}
 	}
 }

@@ -41,9 +41,9 @@ func (s *storeWrites) written() [][]cluster.Listener {
 
 // TestPublisherGathers: a container that opens and closes a listener in a
 // loop (a kernel event each) has its host's listeners written at most once
-// a publish interval, not once an event, and the last write is the set in
-// the end. A new listener after a quiet spell is written after the gather
-// time, not a whole interval; a failed write is tried again at the resync.
+// a publish interval after the first few, not once an event, and the last
+// write is the set in the end. A new listener after a quiet spell is
+// written at once, not after an interval.
 func TestPublisherGathers(t *testing.T) {
 	var mu sync.Mutex
 	var now []cluster.Listener
@@ -54,7 +54,7 @@ func TestPublisherGathers(t *testing.T) {
 	}
 	st := &storeWrites{}
 	p := newPublisher("h1", list, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	p.gather, p.interval, p.resync = 10*time.Millisecond, 500*time.Millisecond, time.Hour
+	p.burst, p.interval, p.resync = 3, 500*time.Millisecond, time.Hour
 	changed := make(chan struct{}, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -87,15 +87,17 @@ func TestPublisherGathers(t *testing.T) {
 	elapsed := time.Since(start)
 	time.Sleep(2 * p.interval)
 	w := st.written()
-	// The first write is at start; then one an interval, one more at the end.
-	if limit := 2 + int(elapsed/p.interval) + 1; len(w) > limit {
+	// The first write is at start, then the burst; then one an interval,
+	// one more at the end.
+	if limit := 1 + p.burst + int(elapsed/p.interval) + 1; len(w) > limit {
 		t.Fatalf("%d writes in %v of listen/close, want at most %d", len(w), elapsed, limit)
 	}
 	if last := w[len(w)-1]; !slices.Equal(last, []cluster.Listener{li}) {
 		t.Fatalf("last write %v, want %v", last, li)
 	}
 
-	// Quiet: a change is written after the gather time.
+	// Quiet for a refill of the bucket: a change is written at once.
+	time.Sleep(time.Duration(p.burst) * p.interval)
 	li2 := cluster.Listener{Host: "h1", Addr: netip.MustParseAddrPort("10.244.1.2:81")}
 	mu.Lock()
 	now = append(now, li2)
@@ -120,7 +122,7 @@ func TestPublisherRetries(t *testing.T) {
 	st := &storeWrites{fail: true}
 	p := newPublisher("h1", func() ([]cluster.Listener, error) { return []cluster.Listener{li}, nil }, st,
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	p.gather, p.interval, p.resync = time.Millisecond, time.Millisecond, 50*time.Millisecond
+	p.burst, p.interval, p.resync = 1, time.Millisecond, 50*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); p.run(ctx, make(chan struct{})) }()

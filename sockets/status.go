@@ -33,9 +33,8 @@ type Status struct {
 }
 
 // Publish counts the writes of this host's replaced listeners to the
-// cluster store: changes are gathered and written at most once a publish
-// interval, so a container that opens and closes listeners in a loop
-// costs the store and the other agents one write per interval.
+// cluster store (publisher: at once, but at most once a second in a loop
+// of changes).
 type Publish struct {
 	Listeners int       `json:"listeners"` // in the store as last written
 	Writes    uint64    `json:"writes"`    // writes of a changed set
