@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/bench"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/layer"
@@ -25,7 +26,20 @@ const (
 	quickModes   = "host,overlay"
 )
 
+// benchLayers makes every registered layer a bench mode of its name (its
+// containers, in a lab of that mode), unless the bench has one already:
+// a new layer is measured alone without an entry in bench.Modes.
+func benchLayers() {
+	for _, name := range agent.Modes() {
+		if _, ok := bench.Modes[name]; !ok && name != layer.Auto {
+			bench.Modes[name] = bench.Mode{Name: name, LabMode: name, Placement: bench.ContainerPlacement,
+				Description: "containers in a lab of the " + name + " layer alone", Explicit: true}
+		}
+	}
+}
+
 func cmdBench(ctx context.Context, env Env, args []string) error {
+	benchLayers()
 	fs := flags(env, "bench")
 	modes := fs.String("modes", "", "comma-separated modes (default "+defaultModes+"; with --quick "+quickModes+"): "+strings.Join(bench.ModeNames(), ", "))
 	workloads := fs.String("workloads", "", "comma-separated workloads (default: all; with --quick the micro set): "+strings.Join(bench.WorkloadNames(false), ", "))

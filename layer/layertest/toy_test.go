@@ -67,7 +67,8 @@ func (t *toy) Status([]cluster.Endpoint) layer.Report {
 
 // TestToyLayer: a layer registered from its own package alone gets its
 // flags on skiffd, its counters and details in the status JSON, its view in
-// skiff status and skiff NAME, and its metrics on /metrics.
+// skiff status and skiff NAME, a mode of the lab and the bench, and its
+// metrics on /metrics.
 func TestToyLayer(t *testing.T) {
 	fs := flag.NewFlagSet("skiffd", flag.ContinueOnError)
 	options := layer.DefineFlags(fs)
@@ -111,6 +112,14 @@ func TestToyLayer(t *testing.T) {
 		var out, errOut bytes.Buffer
 		if code := cli.Run(context.Background(), cli.Env{Args: args, Stdout: &out, Stderr: &errOut}); code != 0 || !strings.Contains(out.String(), "toy says ahoy") {
 			t.Errorf("skiff %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
+		}
+	}
+	// skiff bench knows it as a mode, and the lab (skiff lab up --mode).
+	for _, args := range [][]string{{"bench", "--help"}, {"lab", "up", "--help"}} {
+		var out bytes.Buffer
+		cli.Run(context.Background(), cli.Env{Args: args, Stdout: &out, Stderr: &out})
+		if !strings.Contains(out.String(), "toy") {
+			t.Errorf("skiff %s does not list the toy layer:\n%s", strings.Join(args, " "), out.String())
 		}
 	}
 	// /metrics.
