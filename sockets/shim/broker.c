@@ -52,27 +52,19 @@
 #define MAX_UNREAD  2
 #define LOG_LINES_PER_MIN 120
 
-const char *g_name = SKIFF_BROKER_NAME;
 static volatile sig_atomic_t g_stop;
-static uint64_t g_dummy_stats[SKIFF_ST_NSLOTS];
-volatile uint64_t *g_st = g_dummy_stats;
 
-static int *g_pool, g_npool, g_pool_target = 64;
 /* --transparent: IP_TRANSPARENT on the listeners shims send ('T'). A replaced
  * listener then answers overlay-path SYNs the agent routes to the host stack:
  * its replies carry the container's overlay address, which is not a host
  * address. Clients never need it, so pooled sockets go out without. */
-static int g_transparent;
-uint64_t g_host_netns, g_container_netns, g_inflight;
-uint32_t g_net, g_mask, g_ip;
 
-static struct pollfd *g_pfd;   /* [0] = listener, [1..] clients */
-static int g_nclients, g_capclients;
-/* per client slot, as g_pfd: requests held back until it reads its replies,
+/* per client slot, as b->pfd: requests held back until it reads its replies,
  * and the fewest sockets one of them asked for */
-struct held { int n, want; };
-static struct held *g_held;
-static int g_reply_bytes = 1024;   /* what one unread reply adds to SIOCOUTQ */
+
+static const char *log_name = SKIFF_BROKER_NAME;
+
+void log_as(const char *name) { log_name = name; }
 
 void logf_(const char *fmt, ...)
 {
@@ -84,7 +76,7 @@ void logf_(const char *fmt, ...)
 	if (now != minute) {
 		if (dropped) {
 			char d[96];
-			int n = snprintf(d, sizeof d, "skiff-broker[%s]: %d log lines suppressed\n", g_name, dropped);
+			int n = snprintf(d, sizeof d, "skiff-broker[%s]: %d log lines suppressed\n", log_name, dropped);
 			ssize_t w = write(2, d, n);
 			(void)w;
 		}
@@ -96,11 +88,15 @@ void logf_(const char *fmt, ...)
 		return;
 	}
 	char buf[512];
+	int p = snprintf(buf, sizeof buf - 1, "skiff-broker[%s]: ", log_name);
+	if (p < 0 || p >= (int)sizeof buf - 2)
+		return;
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+	int n = vsnprintf(buf + p, sizeof buf - 1 - p, fmt, ap);
 	va_end(ap);
 	if (n < 0) return;
+	n += p;
 	if (n > (int)sizeof buf - 2) n = sizeof buf - 2;
 	buf[n++] = '\n';
 	/* one write per line so concurrent brokers' lines do not interleave */
@@ -118,34 +114,33 @@ static void die_usage(const char *msg)
 	exit(2);
 }
 
-void st_add(int slot, uint64_t v) { g_st[slot] = g_st[slot] + v; }
+void st_add(struct broker *b, int slot, uint64_t v) { b->st[slot] = b->st[slot] + v; }
 
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
-static int g_fill_failing;   /* socket() fails: refill on a timer, log once per streak */
 
 /* Creates up to limit sockets, short of target. */
-static void pool_fill(int target, int limit)
+static void pool_fill(struct broker *b, int target, int limit)
 {
-	for (int made = 0; g_npool < target && made < limit; made++) {
+	for (int made = 0; b->npool < target && made < limit; made++) {
 		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (s < 0) {
-			st_add(SKIFF_ST_ERRORS, 1);
-			if (!g_fill_failing)
-				LOG("socket: %s (pool %d/%d)", strerror(errno), g_npool, g_pool_target);
-			g_fill_failing = 1;
+			st_add(b, SKIFF_ST_ERRORS, 1);
+			if (!b->fill_failing)
+				LOG("socket: %s (pool %d/%d)", strerror(errno), b->npool, b->pool_target);
+			b->fill_failing = 1;
 			return;
 		}
-		g_fill_failing = 0;
-		g_pool[g_npool++] = s;
+		b->fill_failing = 0;
+		b->pool[b->npool++] = s;
 	}
 }
 
-int pool_take(void)
+int pool_take(struct broker *b)
 {
-	if (!g_npool)
-		pool_fill(1, 1);
-	return g_npool ? g_pool[--g_npool] : -1;
+	if (!b->npool)
+		pool_fill(b, 1, 1);
+	return b->npool ? b->pool[--b->npool] : -1;
 }
 
 /* --refuse-privileged: a host socket answers ioctls and options in the
@@ -162,14 +157,6 @@ int pool_take(void)
  * runtime joins its helper to the cgroup before the helper drops its
  * capabilities and becomes the container's process (runc init, runc exec;
  * the lab's `sh` and `ip netns exec`), which takes milliseconds. */
-static int g_refuse_privileged;
-static const char *g_cgroup;
-static struct stat g_userns;   /* the broker's (the host's) user namespace */
-static pid_t g_privileged;     /* the privileged process seen; 0: none yet */
-static uint64_t g_scanned;     /* when the cgroup was last looked at (ms, monotonic) */
-#define MAX_SEEN 64
-static pid_t g_seen[MAX_SEEN];  /* privileged in the last scan */
-static int g_nseen;
 
 static uint64_t mono_ms(void)
 {
@@ -213,13 +200,13 @@ static int status_privileged(const char *path)
  * CAP_SYS_ADMIN in any capability set of any of its threads (threads hold
  * their own sets: capset(2) is per thread). A process that has gone is
  * not. */
-static int privileged(pid_t pid)
+static int privileged(struct broker *b, pid_t pid)
 {
 	char path[96];
 	struct stat st;
 	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
-	if (pid <= 0 || pid == getpid() || stat(path, &st) < 0 || st.st_dev != g_userns.st_dev ||
-	    st.st_ino != g_userns.st_ino)
+	if (pid <= 0 || pid == getpid() || stat(path, &st) < 0 || st.st_dev != b->userns.st_dev ||
+	    st.st_ino != b->userns.st_ino)
 		return 0;
 	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
 	DIR *d = opendir(path);
@@ -240,8 +227,8 @@ static int privileged(pid_t pid)
 
 /* Adds the privileged processes of cgroup dir and the cgroups below it to
  * seen (at most MAX_SEEN); returns one that was also in the last scan's
- * g_seen, or 0. */
-static pid_t privileged_in(const char *dir, int depth, pid_t *seen, int *nseen)
+ * b->seen, or 0. */
+static pid_t privileged_in(struct broker *b, const char *dir, int depth, pid_t *seen, int *nseen)
 {
 	char path[4096];
 	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
@@ -250,10 +237,10 @@ static pid_t privileged_in(const char *dir, int depth, pid_t *seen, int *nseen)
 	if (f) {
 		int pid;
 		while (!again && fscanf(f, "%d", &pid) == 1) {
-			if (!privileged(pid))
+			if (!privileged(b, pid))
 				continue;
-			for (int i = 0; i < g_nseen; i++)
-				if (g_seen[i] == pid)
+			for (int i = 0; i < b->nseen; i++)
+				if (b->seen[i] == pid)
 					again = pid;
 			if (*nseen < MAX_SEEN)
 				seen[(*nseen)++] = pid;
@@ -265,70 +252,70 @@ static pid_t privileged_in(const char *dir, int depth, pid_t *seen, int *nseen)
 		if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
 		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		again = privileged_in(path, depth + 1, seen, nseen);
+		again = privileged_in(b, path, depth + 1, seen, nseen);
 	}
 	if (d)
 		closedir(d);
 	return again;
 }
 
-int sc_privileged(pid_t pid)
+int broker_privileged(struct broker *b, pid_t pid)
 {
-	return g_refuse_privileged && (g_privileged || privileged(pid));
+	return b->refuse_privileged && (b->privileged || privileged(b, pid));
 }
 
-static void drop_client(int i, const char *why);
+static void drop_client(struct broker *b, int i, const char *why);
 
 /* Looks at a new client (its fd; -1: none) or, once a second, at the
  * container's cgroup; once a privileged process is found, drops every
  * client: their shims fall back to the container's own sockets. Returns
  * whether the container is refused. */
-static int refused(int client)
+static int refused(struct broker *b, int client)
 {
-	if (!g_refuse_privileged || g_privileged)
-		return g_privileged != 0;
+	if (!b->refuse_privileged || b->privileged)
+		return b->privileged != 0;
 	pid_t p = 0;
 	if (client >= 0) {
 		struct ucred uc;
 		socklen_t ul = sizeof uc;
-		if (getsockopt(client, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && privileged(uc.pid))
+		if (getsockopt(client, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && privileged(b, uc.pid))
 			p = uc.pid;
-	} else if (g_cgroup) {
+	} else if (b->cgroup) {
 		pid_t seen[MAX_SEEN];
 		int nseen = 0;
-		p = privileged_in(g_cgroup, 0, seen, &nseen);
-		memcpy(g_seen, seen, nseen * sizeof *seen);
-		g_nseen = nseen;
-		g_scanned = mono_ms();
+		p = privileged_in(b, b->cgroup, 0, seen, &nseen);
+		memcpy(b->seen, seen, nseen * sizeof *seen);
+		b->nseen = nseen;
+		b->scanned = mono_ms();
 	}
 	if (!p)
 		return 0;
-	g_privileged = p;
-	g_st[SKIFF_ST_PRIVILEGED] = (uint64_t)p;
+	b->privileged = p;
+	b->st[SKIFF_ST_PRIVILEGED] = (uint64_t)p;
 	LOG("process %d holds CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace: "
 	    "no host sockets for this container; it uses the overlay", (int)p);
-	while (g_nclients)
-		drop_client(g_nclients, "container privileged");
+	while (b->nclients)
+		drop_client(b, b->nclients, "container privileged");
 	return 1;
 }
 
-static void drop_client(int i, const char *why)
+static void drop_client(struct broker *b, int i, const char *why)
 {
-	LOG("client fd %d closed (%s), %d left", g_pfd[i].fd, why, g_nclients - 1);
-	close(g_pfd[i].fd);
-	g_pfd[i] = g_pfd[g_nclients];   /* last client moves into slot i */
-	g_held[i] = g_held[g_nclients];
-	g_nclients--;
-	g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
+	LOG("client fd %d closed (%s), %d left", b->pfd[i].fd, why, b->nclients - 1);
+	close(b->pfd[i].fd);
+	b->pfd[i] = b->pfd[b->nclients];   /* last client moves into slot i */
+	b->held[i] = b->held[b->nclients];
+	b->nclients--;
+	b->st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)b->nclients;
 }
 
 /* Sends up to want sockets in one message (fewer, down to none, if the pool
  * cannot cover them). Returns 0 if sent, 1 if the client has gone (its last
  * messages, such as an exit flush, are still to be read), -1 if it must be
  * dropped. */
-static int send_sockets(int c, int want)
+static int send_sockets(struct broker *b, int c, int want)
 {
-	int have = want < g_npool ? want : g_npool, *fds = &g_pool[g_npool - have];
+	int have = want < b->npool ? want : b->npool, *fds = &b->pool[b->npool - have];
 	struct skiff_reply rep = { .n = (uint32_t)have };
 	struct iovec iov = { &rep, sizeof rep };
 	union skiff_fds_cmsg u;
@@ -343,39 +330,39 @@ static int send_sockets(int c, int want)
 	int err = r < 0 ? errno : 0;
 	/* in flight, the sockets hold their own references: the broker's go */
 	skiff_close_fds(fds, have);
-	g_npool -= have;
+	b->npool -= have;
 	if (r == (ssize_t)sizeof rep) {
-		st_add(SKIFF_ST_HANDED_OUT, (uint64_t)have);
+		st_add(b, SKIFF_ST_HANDED_OUT, (uint64_t)have);
 		return 0;
 	}
 	if (err == EPIPE || err == ECONNRESET)
 		return 1;   /* it exited with a request outstanding */
-	st_add(SKIFF_ST_ERRORS, 1);
+	st_add(b, SKIFF_ST_ERRORS, 1);
 	LOG("sendmsg to fd %d: %s", c, r < 0 ? strerror(err) : "short");
 	return -1;
 }
 
 /* Replies c has not read yet (the hello and 'T' answers count too). */
-static int unread(int c)
+static int unread(struct broker *b, int c)
 {
 	int q;
 	if (ioctl(c, SIOCOUTQ, &q) < 0)
 		return MAX_UNREAD;
-	return (q + g_reply_bytes - 1) / g_reply_bytes;
+	return (q + b->reply_bytes - 1) / b->reply_bytes;
 }
 
 /* Sends client i the replies it is owed, as far as it has read the earlier
  * ones. Returns as send_sockets. */
-static int serve_held(int i)
+static int serve_held(struct broker *b, int i)
 {
-	while (g_held[i].n > 0 && unread(g_pfd[i].fd) < MAX_UNREAD) {
-		int want = g_held[i].want;
-		if (g_npool < want)   /* pool short (burst or small --pool): top up on the spot */
-			pool_fill(want, MAX_POOL);
-		g_held[i].n--;
-		int r = send_sockets(g_pfd[i].fd, want);
+	while (b->held[i].n > 0 && unread(b, b->pfd[i].fd) < MAX_UNREAD) {
+		int want = b->held[i].want;
+		if (b->npool < want)   /* pool short (burst or small --pool): top up on the spot */
+			pool_fill(b, want, MAX_POOL);
+		b->held[i].n--;
+		int r = send_sockets(b, b->pfd[i].fd, want);
 		if (r) {
-			g_held[i].n = 0;   /* gone, or to be dropped */
+			b->held[i].n = 0;   /* gone, or to be dropped */
 			return r;
 		}
 	}
@@ -414,16 +401,16 @@ int sockopt_is(int fd, int level, int name, int want)
 /* 'T': IP_TRANSPARENT on the shim's listener, if it is a host TCP socket
  * (one the broker handed out: the container has no other). Returns 0 or an
  * errno. */
-int make_transparent(int fd)
+int make_transparent(struct broker *b, int fd)
 {
 	uint64_t ns = 0;
 	socklen_t l = sizeof ns;
 	int one = 1;
-	if (!g_transparent)
+	if (!b->transparent)
 		return EPERM;
 	if (!sockopt_is(fd, SOL_SOCKET, SO_DOMAIN, AF_INET) || !sockopt_is(fd, SOL_SOCKET, SO_TYPE, SOCK_STREAM) ||
 	    !sockopt_is(fd, SOL_SOCKET, SO_PROTOCOL, IPPROTO_TCP) ||
-	    getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != g_host_netns)
+	    getsockopt(fd, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != b->host_netns)
 		return EINVAL;
 	/* only a bound socket about to listen (the shim binds first): the
 	 * broker's close of a connected socket with SO_LINGER could block it */
@@ -459,9 +446,9 @@ static int adopt_listener(int fd)
 }
 
 /* returns 0 if client i stays, -1 if it must be dropped */
-static int handle_client(int i)
+static int handle_client(struct broker *b, int i)
 {
-	int c = g_pfd[i].fd;
+	int c = b->pfd[i].fd;
 	int gone = 0;
 	for (int k = 0; k < 32; k++) {   /* bounded so one client cannot starve others */
 		struct skiff_msg m;
@@ -475,7 +462,7 @@ static int handle_client(int i)
 			int nfd = skiff_received_fds(&mh, &fd, 1);
 			if ((mh.msg_flags & MSG_CTRUNC) || nfd != (r == (ssize_t)sizeof m && m.op == SKIFF_OP_TRANSPARENT)) {
 				if (fd >= 0) close(fd);
-				st_add(SKIFF_ST_ERRORS, 1);
+				st_add(b, SKIFF_ST_ERRORS, 1);
 				LOG("fd %d: fds where none belong", c);
 				return -1;
 			}
@@ -491,16 +478,16 @@ static int handle_client(int i)
 		if (r == 0)
 			return -1;
 		if (r != (ssize_t)sizeof m) {
-			st_add(SKIFF_ST_ERRORS, 1);
+			st_add(b, SKIFF_ST_ERRORS, 1);
 			LOG("fd %d: bad message size %zd", c, r);
 			return -1;
 		}
-		st_add(SKIFF_ST_REPLACED, m.replaced);
-		st_add(SKIFF_ST_FALLBACK, m.fallback);
+		st_add(b, SKIFF_ST_REPLACED, m.replaced);
+		st_add(b, SKIFF_ST_FALLBACK, m.fallback);
 		if (m.op == SKIFF_OP_SOCKETS) {
 			int want = m.arg;
 			if (want < 1 || want > SKIFF_MAX_BATCH) {
-				st_add(SKIFF_ST_ERRORS, 1);
+				st_add(b, SKIFF_ST_ERRORS, 1);
 				LOG("fd %d: bad count %d", c, want);
 				return -1;
 			}
@@ -508,13 +495,13 @@ static int handle_client(int i)
 				continue;
 			if (want > MAX_REPLY)
 				want = MAX_REPLY;   /* a reply may carry fewer than asked */
-			if (!g_held[i].n || want < g_held[i].want)
-				g_held[i].want = want;
-			g_held[i].n++;
-			if ((gone = serve_held(i)) < 0)
+			if (!b->held[i].n || want < b->held[i].want)
+				b->held[i].want = want;
+			b->held[i].n++;
+			if ((gone = serve_held(b, i)) < 0)
 				return -1;
 		} else if (m.op == SKIFF_OP_TRANSPARENT) {
-			int err = make_transparent(fd);
+			int err = make_transparent(b, fd);
 			close(fd);
 			if (err)
 				LOG("fd %d: listener not made transparent: %s", c, strerror(err));
@@ -526,7 +513,7 @@ static int handle_client(int i)
 				LOG("fd %d: fallback event reason=%s (+%u replaced +%u fallback)",
 				    c, reason_name(m.arg), m.replaced, m.fallback);
 		} else {
-			st_add(SKIFF_ST_ERRORS, 1);
+			st_add(b, SKIFF_ST_ERRORS, 1);
 			LOG("fd %d: unknown op 0x%02x", c, m.op);
 			return -1;
 		}
@@ -534,9 +521,8 @@ static int handle_client(int i)
 	return 0;
 }
 
-static int g_accept_paused;   /* out of fds or memory: accept on the retry timer */
 
-static void accept_clients(int ls, const struct skiff_hello *hello)
+static void accept_clients(struct broker *b, int ls)
 {
 	for (;;) {
 		int c = accept4(ls, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -544,51 +530,51 @@ static void accept_clients(int ls, const struct skiff_hello *hello)
 			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 				/* the connection stays queued and the listener readable:
 				 * polling it now would spin */
-				if (!g_accept_paused)
-					LOG("accept: %s (%d clients); retrying every 100 ms", strerror(errno), g_nclients);
-				st_add(SKIFF_ST_ERRORS, !g_accept_paused);
-				g_accept_paused = 1;
-				g_pfd[0].events = 0;
+				if (!b->accept_paused)
+					LOG("accept: %s (%d clients); retrying every 100 ms", strerror(errno), b->nclients);
+				st_add(b, SKIFF_ST_ERRORS, !b->accept_paused);
+				b->accept_paused = 1;
+				b->pfd[0].events = 0;
 			} else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-				st_add(SKIFF_ST_ERRORS, 1);
+				st_add(b, SKIFF_ST_ERRORS, 1);
 				LOG("accept: %s", strerror(errno));
 			}
 			return;
 		}
-		g_accept_paused = 0;
-		if (refused(c)) {   /* the shim falls back */
-			st_add(SKIFF_ST_ERRORS, 1);
+		b->accept_paused = 0;
+		if (refused(b, c)) {   /* the shim falls back */
+			st_add(b, SKIFF_ST_ERRORS, 1);
 			close(c);
 			continue;
 		}
-		if (g_nclients >= MAX_CLIENTS) {   /* the shim falls back */
-			st_add(SKIFF_ST_ERRORS, 1);
-			LOG("client refused: %d clients already", g_nclients);
+		if (b->nclients >= MAX_CLIENTS) {   /* the shim falls back */
+			st_add(b, SKIFF_ST_ERRORS, 1);
+			LOG("client refused: %d clients already", b->nclients);
 			close(c);
 			continue;
 		}
-		if (send(c, hello, sizeof *hello, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof *hello) {
-			st_add(SKIFF_ST_ERRORS, 1);
+		if (send(c, &b->hello, sizeof b->hello, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof b->hello) {
+			st_add(b, SKIFF_ST_ERRORS, 1);
 			close(c);
 			continue;
 		}
-		if (g_nclients + 2 >= g_capclients) {   /* + the client, + the seccomp agent's slot */
-			int cap = g_capclients ? g_capclients * 2 : 64;
-			struct pollfd *p = realloc(g_pfd, cap * sizeof *p);
-			if (p) g_pfd = p;
-			struct held *h = p ? realloc(g_held, cap * sizeof *h) : NULL;
-			if (h) g_held = h;
-			if (!h) { st_add(SKIFF_ST_ERRORS, 1); close(c); continue; }
-			g_capclients = cap;
+		if (b->nclients + 2 >= b->capclients) {   /* + the client, + the seccomp agent's slot */
+			int cap = b->capclients ? b->capclients * 2 : 64;
+			struct pollfd *p = realloc(b->pfd, cap * sizeof *p);
+			if (p) b->pfd = p;
+			struct held *h = p ? realloc(b->held, cap * sizeof *h) : NULL;
+			if (h) b->held = h;
+			if (!h) { st_add(b, SKIFF_ST_ERRORS, 1); close(c); continue; }
+			b->capclients = cap;
 		}
-		g_nclients++;
-		g_pfd[g_nclients].fd = c;
-		g_pfd[g_nclients].events = POLLIN;
-		g_pfd[g_nclients].revents = 0;
-		g_held[g_nclients].n = 0;
-		st_add(SKIFF_ST_CLIENTS_TOTAL, 1);
-		g_st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)g_nclients;
-		LOG("client fd %d connected, %d open", c, g_nclients);
+		b->nclients++;
+		b->pfd[b->nclients].fd = c;
+		b->pfd[b->nclients].events = POLLIN;
+		b->pfd[b->nclients].revents = 0;
+		b->held[b->nclients].n = 0;
+		st_add(b, SKIFF_ST_CLIENTS_TOTAL, 1);
+		b->st[SKIFF_ST_CLIENTS_NOW] = (uint64_t)b->nclients;
+		LOG("client fd %d connected, %d open", c, b->nclients);
 	}
 }
 
@@ -625,35 +611,47 @@ static void stop_on_signals(sigset_t *empty)
 	sigaction(SIGINT, &sact, NULL);
 }
 
-int g_keeper;
 
 /* --keeper: holds the seccomp listeners of processes that get no host
  * sockets (no container of the host, or none the layer replaces) and
  * continues every call of theirs, so that they outlive skiffd: with no
  * holder left the kernel would fail them (ENOSYS). One per host. */
-static int keep(int control_fd)
+static int keep(struct broker *b)
 {
-	g_name = "keeper";
-	if (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(control_fd) < 0)
+	log_as("keeper");
+	if (fcntl(b->control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(b, b->control_fd) < 0)
 		return 1;
 	raise_nofile();   /* a listener per process of every container without host sockets */
 	sigset_t empty;
 	stop_on_signals(&empty);
 	LOG("ready pid %d", (int)getpid());
-	struct pollfd p = { .fd = sc_epoll(), .events = POLLIN };
+	struct pollfd p = { .fd = sc_epoll(b), .events = POLLIN };
 	while (!g_stop) {
 		if (ppoll(&p, 1, NULL, &empty) < 0 && errno != EINTR) {
 			LOG("ppoll: %s", strerror(errno));
 			return 1;
 		}
 		if (p.revents)
-			sc_ready();
+			sc_ready(b);
 	}
-	LOG("exiting (signal), %d listeners", sc_listeners());
+	LOG("exiting (signal), %d listeners", sc_listeners(b));
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* A descriptor number a flag passes (3..1023). */
+static int fd_arg(const char *flag)
+{
+	char *e, msg[64];
+	long v = strtol(optarg, &e, 10);
+	if (*e || e == optarg || v < 3 || v > 1023) {
+		snprintf(msg, sizeof msg, "bad %s (3..1023)", flag);
+		die_usage(msg);
+	}
+	return (int)v;
+}
+
+/* Reads the command line into b; exits with usage on anything wrong. */
+static void parse_args(struct broker *b, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "netns", required_argument, 0, 'n' }, { "cidr", required_argument, 0, 'c' },
@@ -663,38 +661,26 @@ int main(int argc, char **argv)
 		{ "listen-fd", required_argument, 0, 'L' }, { "refuse-privileged", no_argument, 0, 'P' },
 		{ "control-fd", required_argument, 0, 'C' }, { "keeper", no_argument, 0, 'K' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
-	const char *netns = NULL, *cidr = NULL, *ipstr = NULL, *cgroup = NULL, *stats = NULL;
-	int listen_fd = -1, control_fd = -1;
 	char msg[600];
 	int o;
 	opterr = 0;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (o) {
-		case 'n': netns = optarg; break;
-		case 'c': cidr = optarg; break;
-		case 'i': ipstr = optarg; break;
-		case 'g': cgroup = optarg; break;
-		case 's': stats = optarg; break;
-		case 'N': g_name = optarg; break;
-		case 'T': g_transparent = 1; break;
-		case 'P': g_refuse_privileged = 1; break;
-		case 'K': g_keeper = 1; break;
-		case 'L': {
-			char *e; long v = strtol(optarg, &e, 10);
-			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --listen-fd (3..1023)");
-			listen_fd = (int)v;
-			break;
-		}
-		case 'C': {
-			char *e; long v = strtol(optarg, &e, 10);
-			if (*e || e == optarg || v < 3 || v > 1023) die_usage("bad --control-fd (3..1023)");
-			control_fd = (int)v;
-			break;
-		}
+		case 'n': b->netns = optarg; break;
+		case 'c': b->cidr = optarg; break;
+		case 'i': b->ipstr = optarg; break;
+		case 'g': b->cgroup = optarg; break;
+		case 's': b->stats = optarg; break;
+		case 'N': b->name = optarg; break;
+		case 'T': b->transparent = 1; break;
+		case 'P': b->refuse_privileged = 1; break;
+		case 'K': b->keeper = 1; break;
+		case 'L': b->listen_fd = fd_arg("--listen-fd"); break;
+		case 'C': b->control_fd = fd_arg("--control-fd"); break;
 		case 'p': {
 			char *e; long v = strtol(optarg, &e, 10);
 			if (*e || e == optarg || v < 0 || v > MAX_POOL) die_usage("bad --pool (0..4096)");
-			g_pool_target = (int)v;
+			b->pool_target = (int)v;
 			break;
 		}
 		case 'h': die_usage("help");
@@ -707,153 +693,169 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind < argc) { snprintf(msg, sizeof msg, "unexpected argument %s", argv[optind]); die_usage(msg); }
-	if (g_keeper) {
-		if (control_fd < 0) die_usage("--keeper needs --control-fd");
-		return keep(control_fd);
+	if (b->keeper) {
+		if (b->control_fd < 0) die_usage("--keeper needs --control-fd");
+		return;
 	}
-	if (!netns == (listen_fd < 0)) die_usage("want one of --netns and --listen-fd");
-	if (!cidr) die_usage("missing --cidr");
-	if (!ipstr) die_usage("missing --ip");
-	if (!*g_name || strlen(g_name) > sizeof(((struct sockaddr_un *)0)->sun_path) - 2)
+	if (!b->netns == (b->listen_fd < 0)) die_usage("want one of --netns and --listen-fd");
+	if (!b->cidr) die_usage("missing --cidr");
+	if (!b->ipstr) die_usage("missing --ip");
+	if (!*b->name || strlen(b->name) > sizeof(((struct sockaddr_un *)0)->sun_path) - 2)
 		die_usage("bad --name");
 
-	struct skiff_hello hello = { .magic = SKIFF_HELLO_MAGIC, .version = SKIFF_PROTO_VERSION };
-	{
-		char buf[64];
-		const char *sl = strchr(cidr, '/');
-		char *e;
-		if (!sl || sl - cidr >= (long)sizeof buf) die_usage("bad --cidr (want A.B.C.D/LEN)");
-		memcpy(buf, cidr, sl - cidr); buf[sl - cidr] = 0;
-		long len = strtol(sl + 1, &e, 10);
-		if (*e || e == sl + 1 || len < 0 || len > 32 || parse_ip(buf, &hello.net))
-			die_usage("bad --cidr (want A.B.C.D/LEN)");
-		uint32_t mask = len ? htonl(~0u << (32 - len)) : 0;
-		if (hello.net & ~mask) die_usage("bad --cidr: host bits set");
-		hello.prefix = (uint8_t)len;
-		if (parse_ip(ipstr, &hello.ip)) die_usage("bad --ip");
-		if ((hello.ip & mask) != hello.net) die_usage("--ip is not inside --cidr");
-		g_net = hello.net;
-		g_mask = mask;
-		g_ip = hello.ip;
-	}
+	struct skiff_hello *h = &b->hello;
+	*h = (struct skiff_hello){ .magic = SKIFF_HELLO_MAGIC, .version = SKIFF_PROTO_VERSION };
+	char buf[64];
+	const char *sl = strchr(b->cidr, '/');
+	char *e;
+	if (!sl || sl - b->cidr >= (long)sizeof buf) die_usage("bad --cidr (want A.B.C.D/LEN)");
+	memcpy(buf, b->cidr, sl - b->cidr); buf[sl - b->cidr] = 0;
+	long len = strtol(sl + 1, &e, 10);
+	if (*e || e == sl + 1 || len < 0 || len > 32 || parse_ip(buf, &h->net))
+		die_usage("bad --cidr (want A.B.C.D/LEN)");
+	uint32_t mask = len ? htonl(~0u << (32 - len)) : 0;
+	if (h->net & ~mask) die_usage("bad --cidr: host bits set");
+	h->prefix = (uint8_t)len;
+	if (parse_ip(b->ipstr, &h->ip)) die_usage("bad --ip");
+	if ((h->ip & mask) != h->net) die_usage("--ip is not inside --cidr");
+	b->net = h->net;
+	b->mask = mask;
+	b->ip = h->ip;
+}
 
-	int nsfd = -1, hostfd = -1;
-	if (netns) {
-		nsfd = open(netns, O_RDONLY | O_CLOEXEC);
-		if (nsfd < 0) { fprintf(stderr, "skiff-broker: open netns %s: %s\n", netns, strerror(errno)); return 1; }
-		hostfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-		if (hostfd < 0) { fprintf(stderr, "skiff-broker: open /proc/self/ns/net: %s\n", strerror(errno)); return 1; }
+/* Maps the stats file (--stats), reading first what notification a broker
+ * before this one left unanswered: its caller waits until someone does. */
+static int map_stats(struct broker *b)
+{
+	int old = open(b->stats, O_RDONLY | O_CLOEXEC);
+	uint64_t prev[SKIFF_ST_NSLOTS] = { 0 };
+	if (old >= 0) {
+		if (read(old, prev, sizeof prev) == (ssize_t)sizeof prev && prev[SKIFF_ST_MAGIC] == SKIFF_STATS_MAGIC)
+			b->inflight = prev[SKIFF_ST_SC_INFLIGHT];
+		close(old);
 	}
+	int fd = open(b->stats, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, SKIFF_STATS_SIZE) < 0) {
+		fprintf(stderr, "skiff-broker: stats %s: %s\n", b->stats, strerror(errno));
+		return -1;
+	}
+	void *p = mmap(NULL, SKIFF_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) { fprintf(stderr, "skiff-broker: mmap %s: %s\n", b->stats, strerror(errno)); return -1; }
+	close(fd);
+	b->st = p;
+	return 0;
+}
 
-	if (g_refuse_privileged && stat("/proc/self/ns/user", &g_userns) < 0) {
+/* The shim's listener: bound in the container's netns (--netns) or the
+ * one skiffd passed (--listen-fd). Everything else lives in the host
+ * netns. Returns it, or -1 (logged). */
+static int open_listener(struct broker *b)
+{
+	if (!b->netns) {
+		int err = adopt_listener(b->listen_fd);
+		if (err) {
+			fprintf(stderr, "skiff-broker: --listen-fd %d: %s\n", b->listen_fd, strerror(err));
+			return -1;
+		}
+		return b->listen_fd;
+	}
+	int nsfd = open(b->netns, O_RDONLY | O_CLOEXEC);
+	if (nsfd < 0) { fprintf(stderr, "skiff-broker: open netns %s: %s\n", b->netns, strerror(errno)); return -1; }
+	int hostfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (hostfd < 0) { fprintf(stderr, "skiff-broker: open /proc/self/ns/net: %s\n", strerror(errno)); return -1; }
+	if (setns(nsfd, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "skiff-broker: setns %s: %s\n", b->netns, strerror(errno));
+		return -1;
+	}
+	int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), lerr = 0;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t nl = strlen(b->name);
+	memcpy(sa.sun_path + 1, b->name, nl);
+	socklen_t salen = offsetof(struct sockaddr_un, sun_path) + 1 + nl;
+	if (ls < 0 || bind(ls, (struct sockaddr *)&sa, salen) < 0 || listen(ls, 512) < 0)
+		lerr = errno;
+	if (setns(hostfd, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "skiff-broker: setns back to host netns: %s\n", strerror(errno));
+		return -1;
+	}
+	close(hostfd);
+	close(nsfd);
+	if (lerr) {
+		fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", b->name, b->netns, strerror(lerr));
+		return -1;
+	}
+	return ls;
+}
+
+/* Everything the loop needs: the cgroup joined, the stats mapped, the
+ * listener, the netns cookies, the pool, the seccomp agent, the signals.
+ * Returns the listener, or -1 (logged). */
+static int open_broker(struct broker *b)
+{
+	if (b->refuse_privileged && stat("/proc/self/ns/user", &b->userns) < 0) {
 		fprintf(stderr, "skiff-broker: /proc/self/ns/user: %s\n", strerror(errno));
-		return 1;
+		return -1;
 	}
-	g_cgroup = cgroup;
-	if (cgroup) {
+	if (b->cgroup) {
 		char path[4096];
-		snprintf(path, sizeof path, "%s/cgroup.procs", cgroup);
+		snprintf(path, sizeof path, "%s/cgroup.procs", b->cgroup);
 		int fd = open(path, O_WRONLY | O_CLOEXEC);
 		if (fd < 0 || write(fd, "0", 1) != 1) {
-			fprintf(stderr, "skiff-broker: join cgroup %s: %s\n", cgroup, strerror(errno));
-			return 1;
+			fprintf(stderr, "skiff-broker: join cgroup %s: %s\n", b->cgroup, strerror(errno));
+			return -1;
 		}
 		close(fd);
 	}
-
-	if (stats) {
-		/* a notification the broker before this one had taken and not
-		 * answered when it died: its caller waits until someone does */
-		int old = open(stats, O_RDONLY | O_CLOEXEC);
-		uint64_t prev[SKIFF_ST_NSLOTS] = { 0 };
-		if (old >= 0) {
-			if (read(old, prev, sizeof prev) == (ssize_t)sizeof prev && prev[SKIFF_ST_MAGIC] == SKIFF_STATS_MAGIC)
-				g_inflight = prev[SKIFF_ST_SC_INFLIGHT];
-			close(old);
-		}
-		int fd = open(stats, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		if (fd < 0 || ftruncate(fd, SKIFF_STATS_SIZE) < 0) {
-			fprintf(stderr, "skiff-broker: stats %s: %s\n", stats, strerror(errno));
-			return 1;
-		}
-		void *p = mmap(NULL, SKIFF_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED) { fprintf(stderr, "skiff-broker: mmap %s: %s\n", stats, strerror(errno)); return 1; }
-		close(fd);
-		g_st = p;
+	if (b->stats && map_stats(b) < 0)
+		return -1;
+	b->st[SKIFF_ST_PID] = (uint64_t)getpid();
+	int ls = open_listener(b);
+	if (ls < 0)
+		return -1;
+	/* the shim checks a socket is one of ours before it replaces it */
+	int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	socklen_t l = sizeof b->hello.host_netns;
+	if (s < 0 || getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &b->hello.host_netns, &l) < 0) {
+		fprintf(stderr, "skiff-broker: netns cookie: %s\n", strerror(errno));
+		return -1;
 	}
-	g_st[SKIFF_ST_PID] = (uint64_t)getpid();
-
-	/* the listener lives in the container netns; everything else in the host netns */
-	int ls = listen_fd, lerr = 0;
-	if (netns) {
-		if (setns(nsfd, CLONE_NEWNET) < 0) {
-			fprintf(stderr, "skiff-broker: setns %s: %s\n", netns, strerror(errno));
-			return 1;
-		}
-		ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
-		size_t nl = strlen(g_name);
-		memcpy(sa.sun_path + 1, g_name, nl);
-		socklen_t salen = offsetof(struct sockaddr_un, sun_path) + 1 + nl;
-		if (ls < 0 || bind(ls, (struct sockaddr *)&sa, salen) < 0 || listen(ls, 512) < 0)
-			lerr = errno;
-		if (setns(hostfd, CLONE_NEWNET) < 0) {
-			fprintf(stderr, "skiff-broker: setns back to host netns: %s\n", strerror(errno));
-			return 1;
-		}
-		close(hostfd);
-		close(nsfd);
-	} else {
-		lerr = adopt_listener(ls);
-	}
-	{
-		/* the shim checks a socket is one of ours before it replaces it */
-		int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-		socklen_t l = sizeof hello.host_netns;
-		if (s < 0 || getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &hello.host_netns, &l) < 0) {
-			fprintf(stderr, "skiff-broker: netns cookie: %s\n", strerror(errno));
-			return 1;
-		}
-		close(s);
-		g_host_netns = hello.host_netns;
-		/* the container's: the only sockets the seccomp agent swaps */
-		l = sizeof g_container_netns;
-		if (getsockopt(ls, SOL_SOCKET, SO_NETNS_COOKIE, &g_container_netns, &l) < 0)
-			g_container_netns = 0;
-	}
-	if (lerr) {
-		if (netns)
-			fprintf(stderr, "skiff-broker: listen on @%s in %s: %s\n", g_name, netns, strerror(lerr));
-		else
-			fprintf(stderr, "skiff-broker: --listen-fd %d: %s\n", listen_fd, strerror(lerr));
-		return 1;
-	}
+	close(s);
+	b->host_netns = b->hello.host_netns;
+	/* the container's: the only sockets the seccomp agent swaps */
+	l = sizeof b->container_netns;
+	if (getsockopt(ls, SOL_SOCKET, SO_NETNS_COOKIE, &b->container_netns, &l) < 0)
+		b->container_netns = 0;
 
 	/* one connection per process of the container, plus the pool: a
 	 * container of many processes (prefork servers) needs more than the
 	 * usual soft limit of 1024 */
 	raise_nofile();
-	g_pool = calloc(MAX_POOL, sizeof(int));
-	g_capclients = 64;
-	g_pfd = calloc(g_capclients, sizeof *g_pfd);
-	g_held = calloc(g_capclients, sizeof *g_held);
-	if (!g_pool || !g_pfd || !g_held) { fprintf(stderr, "skiff-broker: out of memory\n"); return 1; }
+	b->pool = calloc(MAX_POOL, sizeof(int));
+	b->capclients = 64;
+	b->pfd = calloc(b->capclients, sizeof *b->pfd);
+	b->held = calloc(b->capclients, sizeof *b->held);
+	if (!b->pool || !b->pfd || !b->held) { fprintf(stderr, "skiff-broker: out of memory\n"); return -1; }
 	int rb = measure_reply_bytes();
 	if (rb > 0)
-		g_reply_bytes = rb;
-	g_pfd[0].fd = ls;
-	g_pfd[0].events = POLLIN;
+		b->reply_bytes = rb;
+	b->pfd[0].fd = ls;
+	b->pfd[0].events = POLLIN;
 	/* the seccomp agent's: control socket and listeners behind one epoll,
 	 * polled after the clients */
-	if (control_fd >= 0 && (fcntl(control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(control_fd) < 0))
-		return 1;
+	if (b->control_fd >= 0 && (fcntl(b->control_fd, F_SETFD, FD_CLOEXEC) < 0 || sc_setup(b, b->control_fd) < 0))
+		return -1;
+	return ls;
+}
 
+/* Serves until a signal (0) or an error (1). */
+static int run(struct broker *b, int ls)
+{
 	sigset_t empty;
 	stop_on_signals(&empty);
 	signal(SIGPIPE, SIG_IGN);
 	/* written after everything is set up (listener bound, stats mapped): readers
 	 * may treat a valid magic as "broker ready" */
-	g_st[SKIFF_ST_MAGIC] = SKIFF_STATS_MAGIC;
+	b->st[SKIFF_ST_MAGIC] = SKIFF_STATS_MAGIC;
 
 	/* Refilling is background work: as SCHED_BATCH the broker's wake-up
 	 * (a shim asking for its next batch) does not preempt the application
@@ -862,13 +864,13 @@ int main(int argc, char **argv)
 	int batch = sched_setscheduler(0, SCHED_BATCH, &sp) == 0;
 	if (!batch)
 		LOG("SCHED_BATCH: %s", strerror(errno));
-	pool_fill(g_pool_target, MAX_POOL);
+	pool_fill(b, b->pool_target, MAX_POOL);
 	{
 		char nb[INET_ADDRSTRLEN], ib[INET_ADDRSTRLEN];
-		inet_ntop(AF_INET, &hello.net, nb, sizeof nb);
-		inet_ntop(AF_INET, &hello.ip, ib, sizeof ib);
-		LOG("ready pid %d netns %s cidr %s/%u ip %s pool %d%s%s", (int)getpid(), netns ? netns : "of --listen-fd", nb,
-		    hello.prefix, ib, g_npool, cgroup ? " cgroup " : "", cgroup ? cgroup : "");
+		inet_ntop(AF_INET, &b->hello.net, nb, sizeof nb);
+		inet_ntop(AF_INET, &b->hello.ip, ib, sizeof ib);
+		LOG("ready pid %d netns %s cidr %s/%u ip %s pool %d%s%s", (int)getpid(), b->netns ? b->netns : "of --listen-fd", nb,
+		    b->hello.prefix, ib, b->npool, b->cgroup ? " cgroup " : "", b->cgroup ? b->cgroup : "");
 	}
 
 	while (!g_stop) {
@@ -876,68 +878,82 @@ int main(int argc, char **argv)
 		 * sockets at a time between polls (every 100 ms while socket() fails) */
 		static const struct timespec now = { 0, 0 }, retry = { 0, 100 * 1000 * 1000 };
 		static const struct timespec held = { 0, 5 * 1000 * 1000 };
-		const struct timespec *wait = g_npool >= g_pool_target ? NULL : g_fill_failing ? &retry : &now;
-		if (g_accept_paused && !wait)
+		const struct timespec *wait = b->npool >= b->pool_target ? NULL : b->fill_failing ? &retry : &now;
+		if (b->accept_paused && !wait)
 			wait = &retry;
 		static const struct timespec second = { 1, 0 };
-		int watching = g_refuse_privileged && !g_privileged && g_cgroup;
+		int watching = b->refuse_privileged && !b->privileged && b->cgroup;
 		if (watching && !wait)
 			wait = &second;
 		/* replies held back: look again soon whether their clients read */
-		for (int i = 1; i <= g_nclients && wait != &now; i++)
-			if (g_held[i].n) { wait = &held; break; }
+		for (int i = 1; i <= b->nclients && wait != &now; i++)
+			if (b->held[i].n) { wait = &held; break; }
 		/* a notification's target waits until the broker answers: it
 		 * must wake the broker at once, which SCHED_BATCH does not */
-		if (batch && control_fd >= 0 && sc_listeners() > 0)
+		if (batch && b->sc && sc_listeners(b) > 0)
 			batch = sched_setscheduler(0, SCHED_OTHER, &sp) < 0;
-		int npfd = 1 + g_nclients;
-		if (control_fd >= 0) {
-			g_pfd[npfd].fd = sc_epoll();
-			g_pfd[npfd].events = POLLIN;
-			g_pfd[npfd++].revents = 0;
+		int npfd = 1 + b->nclients;
+		if (b->sc) {
+			b->pfd[npfd].fd = sc_epoll(b);
+			b->pfd[npfd].events = POLLIN;
+			b->pfd[npfd++].revents = 0;
 		}
-		int r = ppoll(g_pfd, npfd, wait, &empty);
+		int r = ppoll(b->pfd, npfd, wait, &empty);
 		if (r < 0) {
 			if (errno == EINTR) continue;
 			LOG("ppoll: %s", strerror(errno));
 			break;
 		}
-		if (control_fd >= 0 && g_pfd[1 + g_nclients].revents)
-			sc_ready();
-		if (g_accept_paused) {   /* try again after any wake-up, at the latest on the timer */
-			g_pfd[0].events = POLLIN;
-			g_pfd[0].revents = POLLIN;
+		if (b->sc && b->pfd[1 + b->nclients].revents)
+			sc_ready(b);
+		if (b->accept_paused) {   /* try again after any wake-up, at the latest on the timer */
+			b->pfd[0].events = POLLIN;
+			b->pfd[0].revents = POLLIN;
 		}
-		for (int i = g_nclients; i >= 1; i--) {   /* backwards: drop_client moves the last one into i */
-			short re = g_pfd[i].revents;
+		for (int i = b->nclients; i >= 1; i--) {   /* backwards: drop_client moves the last one into i */
+			short re = b->pfd[i].revents;
 			if (!re) continue;
-			g_pfd[i].revents = 0;
+			b->pfd[i].revents = 0;
 			if (re & POLLIN) {
-				if (handle_client(i) < 0) { drop_client(i, "eof/error"); continue; }
+				if (handle_client(b, i) < 0) { drop_client(b, i, "eof/error"); continue; }
 			} else if (re & (POLLHUP | POLLERR | POLLNVAL)) {
-				drop_client(i, "hangup");
+				drop_client(b, i, "hangup");
 			}
 		}
-		for (int i = g_nclients; i >= 1; i--)
-			if (g_held[i].n && serve_held(i) < 0)
-				drop_client(i, "eof/error");
+		for (int i = b->nclients; i >= 1; i--)
+			if (b->held[i].n && serve_held(b, i) < 0)
+				drop_client(b, i, "eof/error");
 		/* at least a second apart: a process privileged for less
 		 * than that is seen in one scan at most */
-		if (watching && mono_ms() - g_scanned >= 1000)
-			refused(-1);
-		if (g_pfd[0].revents & POLLIN)
-			accept_clients(ls, &hello);
-		g_pfd[0].revents = 0;
+		if (watching && mono_ms() - b->scanned >= 1000)
+			refused(b, -1);
+		if (b->pfd[0].revents & POLLIN)
+			accept_clients(b, ls);
+		b->pfd[0].revents = 0;
 		/* Off the critical path, since replies already went out, and in
 		 * steps: a burst of socket creation would hold up the connections
 		 * of whoever shares this CPU. */
-		if (g_npool < g_pool_target) {
-			pool_fill(g_pool_target, REFILL_STEP);
+		if (b->npool < b->pool_target) {
+			pool_fill(b, b->pool_target, REFILL_STEP);
 			sched_yield();
 		}
 	}
 	LOG("exiting (%s), handed out %llu", g_stop ? "signal" : "error",
-	    (unsigned long long)g_st[SKIFF_ST_HANDED_OUT]);
-	g_st[SKIFF_ST_CLIENTS_NOW] = 0;
+	    (unsigned long long)b->st[SKIFF_ST_HANDED_OUT]);
+	b->st[SKIFF_ST_CLIENTS_NOW] = 0;
 	return g_stop ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+	static struct broker broker = { .name = SKIFF_BROKER_NAME, .listen_fd = -1, .control_fd = -1,
+					.pool_target = 64, .reply_bytes = 1024 };
+	struct broker *b = &broker;
+	b->st = b->dummy;
+	parse_args(b, argc, argv);
+	log_as(b->name);
+	if (b->keeper)
+		return keep(b);
+	int ls = open_broker(b);
+	return ls < 0 ? 1 : run(b, ls);
 }

@@ -68,11 +68,32 @@
  * notification, which may never come, and serve nothing else meanwhile. */
 #define RECV_BOUND_US 100000
 
-static int g_ep = -1, g_ctl = -1;
-static int g_nlisteners;
-static struct seccomp_notif_sizes g_sizes;
-static struct seccomp_notif *g_req;
-static struct seccomp_notif_resp *g_resp;
+/* What the broker knows of a calling thread, looked up at most once a
+ * second: whether it may hold CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's
+ * user namespace (secure mode: no host sockets for it, as for the shim),
+ * and its process's epoll descriptors (a swap would lose a registration:
+ * epoll keys on the file). By thread id, which is what a notification
+ * names. */
+#define MAX_EPS 32
+#define NCALLERS 16
+struct caller {
+	pid_t tid;
+	uint64_t at;
+	int privileged;
+	int neps;   /* -1: more than MAX_EPS, each socket counts as registered */
+	int eps[MAX_EPS];
+};
+
+/* The agent's state (struct broker's sc). */
+struct seccomp_agent {
+	int ep, ctl;        /* the epoll of the control socket and the listeners, the control socket */
+	int nlisteners;
+	struct seccomp_notif_sizes sizes;
+	struct seccomp_notif *req;       /* the notification being served */
+	struct seccomp_notif_resp *resp;
+	struct caller callers[NCALLERS];
+	int release[2];     /* the descriptors to release once the call is answered */
+};
 
 static uint64_t now_ns(void)
 {
@@ -81,34 +102,38 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int sc_epoll(void) { return g_ep; }
-int sc_listeners(void) { return g_nlisteners; }
+int sc_epoll(struct broker *b) { return b->sc->ep; }
+int sc_listeners(struct broker *b) { return b->sc->nlisteners; }
 
 /* SIGALRM only ends a receive: installed without SA_RESTART. */
 static void on_alarm(int sig) { (void)sig; }
 
-int sc_setup(int ctl)
+int sc_setup(struct broker *b, int ctl)
 {
 	struct sigaction sa = { .sa_handler = on_alarm };
 	if (sigaction(SIGALRM, &sa, NULL) < 0) {
 		LOG("seccomp agent: SIGALRM: %s", strerror(errno));
 		return -1;
 	}
-	if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &g_sizes) < 0) {
+	struct seccomp_agent *sc = calloc(1, sizeof *sc);
+	if (!sc || syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sc->sizes) < 0) {
 		LOG("seccomp notification sizes: %s", strerror(errno));
+		free(sc);
 		return -1;
 	}
-	size_t rq = g_sizes.seccomp_notif > sizeof *g_req ? g_sizes.seccomp_notif : sizeof *g_req;
-	size_t rs = g_sizes.seccomp_notif_resp > sizeof *g_resp ? g_sizes.seccomp_notif_resp : sizeof *g_resp;
-	g_req = calloc(1, rq);
-	g_resp = calloc(1, rs);
-	g_ep = epoll_create1(EPOLL_CLOEXEC);
+	size_t rq = sc->sizes.seccomp_notif > sizeof *sc->req ? sc->sizes.seccomp_notif : sizeof *sc->req;
+	size_t rs = sc->sizes.seccomp_notif_resp > sizeof *sc->resp ? sc->sizes.seccomp_notif_resp : sizeof *sc->resp;
+	sc->req = calloc(1, rq);
+	sc->resp = calloc(1, rs);
+	sc->release[0] = sc->release[1] = -1;
+	sc->ctl = ctl;
+	sc->ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = { .events = EPOLLIN, .data.fd = ctl };
-	if (!g_req || !g_resp || g_ep < 0 || epoll_ctl(g_ep, EPOLL_CTL_ADD, ctl, &ev) < 0) {
+	if (!sc->req || !sc->resp || sc->ep < 0 || epoll_ctl(sc->ep, EPOLL_CTL_ADD, ctl, &ev) < 0) {
 		LOG("seccomp agent: %s", strerror(errno));
 		return -1;
 	}
-	g_ctl = ctl;
+	b->sc = sc;
 	return 0;
 }
 
@@ -123,69 +148,72 @@ static int is_listener(int fd)
 	return !strcmp(link, "anon_inode:seccomp notify");
 }
 
-static void drop_listener(int fd)
+static void drop_listener(struct broker *b, int fd)
 {
-	epoll_ctl(g_ep, EPOLL_CTL_DEL, fd, NULL);
+	struct seccomp_agent *sc = b->sc;
+	epoll_ctl(sc->ep, EPOLL_CTL_DEL, fd, NULL);
 	close(fd);
-	g_nlisteners--;
-	g_st[SKIFF_ST_SC_LISTENERS] = (uint64_t)g_nlisteners;
+	sc->nlisteners--;
+	b->st[SKIFF_ST_SC_LISTENERS] = (uint64_t)sc->nlisteners;
 }
 
-static int reply(int lfd, int32_t error, uint32_t flags)
+static int reply(struct broker *b, int lfd, int32_t error, uint32_t flags)
 {
-	memset(g_resp, 0, g_sizes.seccomp_notif_resp);
-	g_resp->id = g_req->id;
-	g_resp->error = error;
-	g_resp->flags = flags;
-	return ioctl(lfd, SECCOMP_IOCTL_NOTIF_SEND, g_resp);
+	struct seccomp_agent *sc = b->sc;
+	memset(sc->resp, 0, sc->sizes.seccomp_notif_resp);
+	sc->resp->id = sc->req->id;
+	sc->resp->error = error;
+	sc->resp->flags = flags;
+	return ioctl(lfd, SECCOMP_IOCTL_NOTIF_SEND, sc->resp);
 }
 
 /* A message from skiffd: a listener to serve. */
-static void control(void)
+static void control(struct broker *b)
 {
+	struct seccomp_agent *sc = b->sc;
 	for (;;) {
 		uint8_t op;
 		struct iovec iov = { &op, 1 };
 		union skiff_fds_cmsg u;
 		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
 		skiff_expect_fds(&m, &u, 1);
-		ssize_t r = recvmsg(g_ctl, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		ssize_t r = recvmsg(sc->ctl, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 		if (r < 0 && (errno == EAGAIN || errno == EINTR))
 			return;
 		if (r <= 0) {
 			/* skiffd holds the other end for as long as the broker runs; a
 			 * restarted skiffd takes the broker's copy of it back */
 			LOG("control socket closed");
-			epoll_ctl(g_ep, EPOLL_CTL_DEL, g_ctl, NULL);
+			epoll_ctl(sc->ep, EPOLL_CTL_DEL, sc->ctl, NULL);
 			return;
 		}
 		int fd = -1;
 		int n = skiff_received_fds(&m, &fd, 1);
 		if (r != 1 || op != SKIFF_CTL_LISTENER || n != 1 || (m.msg_flags & MSG_CTRUNC) || !is_listener(fd) ||
-		    g_nlisteners >= MAX_LISTENERS) {
+		    sc->nlisteners >= MAX_LISTENERS) {
 			if (n == 1)
 				close(fd);
-			st_add(SKIFF_ST_ERRORS, 1);
-			LOG("control: refused a message (op 0x%02x, %d fds, %d listeners held)", op, n, g_nlisteners);
+			st_add(b, SKIFF_ST_ERRORS, 1);
+			LOG("control: refused a message (op 0x%02x, %d fds, %d listeners held)", op, n, sc->nlisteners);
 			continue;
 		}
 		struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
-		if (epoll_ctl(g_ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-			st_add(SKIFF_ST_ERRORS, 1);
+		if (epoll_ctl(sc->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			st_add(b, SKIFF_ST_ERRORS, 1);
 			LOG("control: epoll: %s", strerror(errno));
 			close(fd);
 			continue;
 		}
-		g_nlisteners++;
-		g_st[SKIFF_ST_SC_LISTENERS] = (uint64_t)g_nlisteners;
-		if (g_inflight) {   /* left by the broker before: continue it, if it is this listener's */
-			g_req->id = g_inflight;
-			if (reply(fd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE) == 0) {
-				LOG("continued notification %llx the previous broker left", (unsigned long long)g_inflight);
-				g_inflight = 0;
+		sc->nlisteners++;
+		b->st[SKIFF_ST_SC_LISTENERS] = (uint64_t)sc->nlisteners;
+		if (b->inflight) {   /* left by the broker before: continue it, if it is this listener's */
+			sc->req->id = b->inflight;
+			if (reply(b, fd, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE) == 0) {
+				LOG("continued notification %llx the previous broker left", (unsigned long long)b->inflight);
+				b->inflight = 0;
 			}
 		}
-		LOG("seccomp listener fd %d, %d held", fd, g_nlisteners);
+		LOG("seccomp listener fd %d, %d held", fd, sc->nlisteners);
 	}
 }
 
@@ -224,32 +252,17 @@ static int copy_options(int s, int h)
 	return 0;
 }
 
-/* What the broker knows of a calling thread, looked up at most once a
- * second: whether it may hold CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's
- * user namespace (secure mode: no host sockets for it, as for the shim),
- * and its process's epoll descriptors (a swap would lose a registration:
- * epoll keys on the file). By thread id, which is what a notification
- * names. */
-#define MAX_EPS 32
-#define NCALLERS 16
-struct caller {
-	pid_t tid;
-	uint64_t at;
-	int privileged;
-	int neps;   /* -1: more than MAX_EPS, each socket counts as registered */
-	int eps[MAX_EPS];
-};
-static struct caller g_callers[NCALLERS];
 
-static struct caller *caller(pid_t tid)
+static struct caller *caller(struct broker *b, pid_t tid)
 {
-	struct caller *c = &g_callers[(unsigned)tid % NCALLERS];
+	struct seccomp_agent *sc = b->sc;
+	struct caller *c = &sc->callers[(unsigned)tid % NCALLERS];
 	uint64_t t = now_ns();
 	if (c->tid == tid && t - c->at < 1000000000ull)
 		return c;
 	c->tid = tid;
 	c->at = t;
-	c->privileged = sc_privileged(tid);
+	c->privileged = broker_privileged(b, tid);
 	c->neps = 0;
 	char path[300], link[64];
 	snprintf(path, sizeof path, "/proc/%d/fd", (int)tid);
@@ -322,18 +335,16 @@ static int pidfd_of(pid_t tid)
 
 enum outcome { PASSED, FALLBACK, REPLACED, DROPPED };
 
-/* The descriptors to release once the call is answered. */
-static int g_release[2] = { -1, -1 };
-
 /* The caller's socket n, if it is a TCP/IPv4 socket of the container's
  * namespace that has not connected, with where it is bound in *bound; else
  * -1 (the call is passed). */
-static int target_socket(int lfd, pid_t tid, int n, struct sockaddr_in *bound)
+static int target_socket(struct broker *b, int lfd, pid_t tid, int n, struct sockaddr_in *bound)
 {
+	struct seccomp_agent *sc = b->sc;
 	int pidfd = pidfd_of(tid);
 	if (pidfd < 0)
 		return -1;   /* gone: the answer finds out */
-	if (ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &g_req->id) < 0) {
+	if (ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &sc->req->id) < 0) {
 		close(pidfd);   /* the caller went, and tid may be another's now */
 		return -1;
 	}
@@ -352,62 +363,64 @@ static int target_socket(int lfd, pid_t tid, int n, struct sockaddr_in *bound)
 	 * shim's), nor a socket of another container whose listener was handed
 	 * over as this one's, which must never get this container's sockets */
 	if (getsockname(s, (struct sockaddr *)bound, &bl) < 0 || bound->sin_family != AF_INET ||
-	    getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != g_container_netns ||
+	    getsockopt(s, SOL_SOCKET, SO_NETNS_COOKIE, &ns, &l) < 0 || ns != b->container_netns ||
 	    getsockopt(s, SOL_TCP, TCP_INFO, &ti, &tl) < 0 || ti.tcpi_state != TCP_CLOSE) {
 		close(s);
 		return -1;
 	}
-	g_release[0] = s;
+	sc->release[0] = s;
 	return s;
 }
 
 /* Puts h at the target's fd n in place of s (closing s there), with s's
  * O_NONBLOCK (in fl, s's file flags): 0, or -1. */
-static int swap_in(int lfd, pid_t pid, int n, int s, int fl, int h)
+static int swap_in(struct broker *b, int lfd, pid_t pid, int n, int s, int fl, int h)
 {
+	struct seccomp_agent *sc = b->sc;
 	if (fcntl(h, F_SETFL, fl & O_NONBLOCK) < 0)
 		return -1;
 	/* n is still s: the target did not close and reuse it meanwhile */
 	if (syscall(SYS_kcmp, pid, getpid(), KCMP_FILE, n, s) != 0)
 		return -1;
-	struct seccomp_notif_addfd add = { .id = g_req->id, .flags = SECCOMP_ADDFD_FLAG_SETFD, .srcfd = (uint32_t)h,
+	struct seccomp_notif_addfd add = { .id = sc->req->id, .flags = SECCOMP_ADDFD_FLAG_SETFD, .srcfd = (uint32_t)h,
 					   .newfd = (uint32_t)n, .newfd_flags = cloexec(pid, n) ? O_CLOEXEC : 0 };
 	return ioctl(lfd, SECCOMP_IOCTL_NOTIF_ADDFD, &add) == n ? 0 : -1;
 }
 
 /* connect(n, addr): REPLACED (the call answered with error and flags) or why
  * not; every call not replaced continues on the program's own socket. */
-static enum outcome on_connect(int lfd, int32_t *error, uint32_t *flags)
+static enum outcome on_connect(struct broker *b, int lfd, int32_t *error, uint32_t *flags)
 {
-	pid_t tid = (pid_t)g_req->pid;
-	int n = (int)g_req->data.args[0];
+	struct seccomp_agent *sc = b->sc;
+	pid_t tid = (pid_t)sc->req->pid;
+	int n = (int)sc->req->data.args[0];
 	struct sockaddr_in sa;
-	struct iovec local = { &sa, sizeof sa }, remote = { (void *)(uintptr_t)g_req->data.args[1], sizeof sa };
+	struct iovec local = { &sa, sizeof sa }, remote = { (void *)(uintptr_t)sc->req->data.args[1], sizeof sa };
 	if (process_vm_readv(tid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof sa ||
-	    ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &g_req->id) < 0)
+	    ioctl(lfd, SECCOMP_IOCTL_NOTIF_ID_VALID, &sc->req->id) < 0)
 		return PASSED;
-	if (sa.sin_family != AF_INET || !skiff_fast_ip(sa.sin_addr.s_addr, g_net, g_mask))
+	if (sa.sin_family != AF_INET || !skiff_fast_ip(sa.sin_addr.s_addr, b->net, b->mask))
 		return PASSED;
-	struct sockaddr_in b;
-	int s = target_socket(lfd, tid, n, &b);
+	struct sockaddr_in bound;
+	int s = target_socket(b, lfd, tid, n, &bound);
 	if (s < 0)
 		return PASSED;
 	/* a socket bound first, in an epoll, with an option the broker does not
 	 * copy, of a privileged process, or a connect the layer refuses stays
 	 * the program's (the overlay); another error the program's socket meets
 	 * by itself */
-	struct caller *c = caller(tid);
-	if (c->privileged || in_epoll(c, n) || b.sin_port || b.sin_addr.s_addr)
+	struct caller *c = caller(b, tid);
+	if (c->privileged || in_epoll(c, n) || bound.sin_port || bound.sin_addr.s_addr)
 		return FALLBACK;
-	int h = pool_take();
+	int h = pool_take(b);
 	if (h < 0)
 		return FALLBACK;
-	g_release[1] = h;
+	sc->release[1] = h;
 	if (copy_options(s, h) < 0 || fcntl(h, F_SETFL, O_NONBLOCK) < 0 ||
 	    (connect(h, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS))
 		return FALLBACK;
 	int fl = fcntl(s, F_GETFL);
-	if (fl < 0 || swap_in(lfd, tid, n, s, fl, h) < 0)
+	if (fl < 0 || swap_in(b, lfd, tid, n, s, fl, h) < 0)
 		return FALLBACK;
 	if (fl & O_NONBLOCK) {
 		*error = -EINPROGRESS;
@@ -419,39 +432,40 @@ static enum outcome on_connect(int lfd, int32_t *error, uint32_t *flags)
 }
 
 /* listen(n, backlog): as on_connect. */
-static enum outcome on_listen(int lfd, int32_t *error, uint32_t *flags)
+static enum outcome on_listen(struct broker *b, int lfd, int32_t *error, uint32_t *flags)
 {
-	pid_t tid = (pid_t)g_req->pid;
-	int n = (int)g_req->data.args[0], backlog = (int)g_req->data.args[1];
-	struct sockaddr_in b;
-	int s = target_socket(lfd, tid, n, &b);
+	struct seccomp_agent *sc = b->sc;
+	pid_t tid = (pid_t)sc->req->pid;
+	int n = (int)sc->req->data.args[0], backlog = (int)sc->req->data.args[1];
+	struct sockaddr_in bound;
+	int s = target_socket(b, lfd, tid, n, &bound);
 	if (s < 0)
 		return PASSED;
-	struct caller *c = caller(tid);
-	struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = b.sin_port };
+	struct caller *c = caller(b, tid);
+	struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = bound.sin_port };
 	const char *why = NULL;
 	int h = -1;
 	if (c->privileged)
 		why = "a privileged process";
 	else if (in_epoll(c, n))
 		why = "in an epoll";
-	else if (b.sin_addr.s_addr != INADDR_ANY && b.sin_addr.s_addr != g_ip)
+	else if (bound.sin_addr.s_addr != INADDR_ANY && bound.sin_addr.s_addr != b->ip)
 		why = "bound to another address";
 	else if (!sockopt_is(s, SOL_SOCKET, SO_REUSEPORT, 0))
 		why = "SO_REUSEPORT (the kernel shares the port in the container's namespace)";
-	else if ((h = g_release[1] = pool_take()) < 0)
+	else if ((h = sc->release[1] = pool_take(b)) < 0)
 		why = "no host socket";
 	else if (copy_options(s, h) < 0)
 		why = "an option the broker does not copy";
 	else if (bind(h, (struct sockaddr *)&any, sizeof any) < 0)
 		why = "bind refused";
-	else if (make_transparent(h))
+	else if (make_transparent(b, h))
 		why = "not made transparent";
 	else if (listen(h, backlog) < 0)
 		why = "listen refused";
 	else if (skiff_on_lo(h))
 		why = "not publishable (left on lo)";
-	else if (swap_in(lfd, tid, n, s, fcntl(s, F_GETFL), h) < 0)
+	else if (swap_in(b, lfd, tid, n, s, fcntl(s, F_GETFL), h) < 0)
 		why = "swap failed";
 	if (why) {
 		LOG("seccomp: listen(%d) of %d stays on the overlay: %s", n, (int)tid, why);
@@ -462,56 +476,58 @@ static enum outcome on_listen(int lfd, int32_t *error, uint32_t *flags)
 	return REPLACED;
 }
 
-static void serve(int lfd)
+static void serve(struct broker *b, int lfd)
 {
-	memset(g_req, 0, g_sizes.seccomp_notif);
+	struct seccomp_agent *sc = b->sc;
+	memset(sc->req, 0, sc->sizes.seccomp_notif);
 	static const struct itimerval bound = { .it_value = { .tv_usec = RECV_BOUND_US } }, off = { 0 };
 	setitimer(ITIMER_REAL, &bound, NULL);
-	int r = ioctl(lfd, SECCOMP_IOCTL_NOTIF_RECV, g_req);
+	int r = ioctl(lfd, SECCOMP_IOCTL_NOTIF_RECV, sc->req);
 	setitimer(ITIMER_REAL, &off, NULL);
 	if (r < 0)
 		return;   /* the target went (ENOENT), another holder took it (EINTR at the bound) */
 	uint64_t t0 = now_ns();
-	g_st[SKIFF_ST_SC_INFLIGHT] = g_req->id;
+	b->st[SKIFF_ST_SC_INFLIGHT] = sc->req->id;
 	enum outcome out = PASSED;
 	int32_t error = 0;
 	uint32_t flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
 #ifdef NATIVE_ARCH
-	if (!g_keeper && g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_connect)
-		out = on_connect(lfd, &error, &flags);
-	else if (!g_keeper && g_req->data.arch == NATIVE_ARCH && g_req->data.nr == SYS_listen)
-		out = on_listen(lfd, &error, &flags);
+	if (!b->keeper && sc->req->data.arch == NATIVE_ARCH && sc->req->data.nr == SYS_connect)
+		out = on_connect(b, lfd, &error, &flags);
+	else if (!b->keeper && sc->req->data.arch == NATIVE_ARCH && sc->req->data.nr == SYS_listen)
+		out = on_listen(b, lfd, &error, &flags);
 #endif
 	/* every notification is answered: one left would leave its caller
 	 * waiting for good */
-	if (reply(lfd, error, flags) < 0 && errno == ENOENT)
+	if (reply(b, lfd, error, flags) < 0 && errno == ENOENT)
 		out = DROPPED;
 	/* after the answer: the last reference to the container's socket
 	 * goes here, and releasing it takes microseconds */
 	for (int i = 0; i < 2; i++)
-		if (g_release[i] >= 0) {
-			close(g_release[i]);
-			g_release[i] = -1;
+		if (sc->release[i] >= 0) {
+			close(sc->release[i]);
+			sc->release[i] = -1;
 		}
 	static const int slot[] = { [PASSED] = SKIFF_ST_SC_PASSED, [FALLBACK] = SKIFF_ST_SC_FALLBACK,
 				    [REPLACED] = SKIFF_ST_SC_REPLACED, [DROPPED] = SKIFF_ST_SC_DROPPED };
-	st_add(slot[out], 1);
-	st_add(SKIFF_ST_SC_NS, now_ns() - t0);
-	st_add(SKIFF_ST_SC_HANDLED, 1);
-	g_st[SKIFF_ST_SC_INFLIGHT] = 0;
+	st_add(b, slot[out], 1);
+	st_add(b, SKIFF_ST_SC_NS, now_ns() - t0);
+	st_add(b, SKIFF_ST_SC_HANDLED, 1);
+	b->st[SKIFF_ST_SC_INFLIGHT] = 0;
 }
 
-void sc_ready(void)
+void sc_ready(struct broker *b)
 {
+	struct seccomp_agent *sc = b->sc;
 	struct epoll_event evs[16];
-	int n = epoll_wait(g_ep, evs, 16, 0);
+	int n = epoll_wait(sc->ep, evs, 16, 0);
 	for (int i = 0; i < n; i++) {
 		int fd = evs[i].data.fd;
-		if (fd == g_ctl)
-			control();
+		if (fd == sc->ctl)
+			control(b);
 		else if (evs[i].events & EPOLLIN)
-			serve(fd);
+			serve(b, fd);
 		else if (evs[i].events & (EPOLLHUP | EPOLLERR))
-			drop_listener(fd);   /* no process uses the filter any more */
+			drop_listener(b, fd);   /* no process uses the filter any more */
 	}
 }
