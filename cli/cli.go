@@ -109,18 +109,24 @@ func dispatch(ctx context.Context, env Env) error {
 		return nil
 	}
 	c, ok := commands[env.Args[0]]
+	why := ""
 	if !ok && !strings.HasPrefix(env.Args[0], "-") {
 		// skiff NAME for a layer the agent runs: skiff layer NAME.
 		err := cmdLayer(ctx, Env{Stdout: env.Stdout, Stderr: io.Discard, Getenv: env.Getenv, Args: env.Args}, append(env.Args[1:], env.Args[0]))
 		var ae *api.Error
 		var ue usageError
-		if !errors.As(err, &ae) && !errors.As(err, &ue) && !errors.Is(err, api.ErrAgentUnreachable) {
+		switch {
+		case errors.Is(err, api.ErrAgentUnreachable):
+			why = " (nor a layer's: skiffd is not reachable to ask)"
+		case errors.As(err, &ae):
+			why = " (nor a running layer: " + ae.Message + ")"
+		case !errors.As(err, &ue):
 			return err // nil: it was a layer
 		}
 	}
 	if !ok {
 		usage(env.Stderr)
-		return usagef("unknown command %q", env.Args[0])
+		return usagef("unknown command %q%s", env.Args[0], why)
 	}
 	return c.run(ctx, env, env.Args[1:])
 }
