@@ -2,7 +2,6 @@ package sockets
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -153,13 +152,14 @@ func (s *Status) view() []api.Section {
 			fmt.Sprint(c.Fallback), fmt.Sprint(sc.Listeners), fmt.Sprint(sc.Replaced), fmt.Sprint(sc.Fallback), fmt.Sprint(sc.Passed)})
 	}
 	// The layer's events in their order, then its rate limits' (limit_*).
-	names := slices.Concat(Reasons(), slices.Sorted(func(yield func(string) bool) {
-		for name := range maps.Keys(s.Counters) {
-			if strings.HasPrefix(name, "limit_") && !yield(name) {
-				return
-			}
+	var limits []string
+	for name := range s.Counters {
+		if strings.HasPrefix(name, "limit_") {
+			limits = append(limits, name)
 		}
-	}))
+	}
+	slices.Sort(limits)
+	names := slices.Concat(Reasons(), limits) // Reasons() is shared: never appended to
 	return []api.Section{
 		{Lines: lines},
 		// ports: bound or listening, against the quota; preload: the
