@@ -470,12 +470,13 @@ func (a *Agent) InspectLayer(name string) (api.Layer, error) {
 		if l.name != name {
 			continue
 		}
-		r := l.Status(a.local)
-		if in, ok := l.Layer.(layer.Inspector); ok {
-			var err error
-			if r, err = in.Inspect(); err != nil {
-				return api.Layer{}, err
-			}
+		in, ok := l.Layer.(layer.Inspector)
+		if !ok {
+			return layerStatus(api.Layer{Name: name, On: true}, l.Status(a.local)), nil
+		}
+		r, err := in.Inspect()
+		if err != nil {
+			return api.Layer{}, err
 		}
 		return layerStatus(api.Layer{Name: name, On: true}, r), nil
 	}
