@@ -17,8 +17,9 @@ build:
 	$(foreach c,$(CMDS),$(GO) build -buildvcs=auto -o $(BIN)/$(c) ./cmd/$(c) &&) true
 	$(MAKE) -C perf
 	install -m 0755 perf/skiff-perf $(BIN)/skiff-perf
+	$(MAKE) -C sockets/broker
 	$(MAKE) -C sockets/shim
-	install -m 0755 sockets/shim/skiff-broker sockets/shim/skiff-seccomp-exec sockets/shim/sockcheck $(BIN)/
+	install -m 0755 sockets/broker/skiff-broker sockets/broker/skiff-seccomp-exec sockets/shim/sockcheck $(BIN)/
 	install -m 0644 sockets/shim/libskiff.so $(BIN)/libskiff.so
 
 vet:
@@ -107,4 +108,5 @@ clean:
 	-$(BIN)/skiff lab down 2>/dev/null
 	$(MAKE) -C perf clean
 	$(MAKE) -C sockets/shim clean
+	$(MAKE) -C sockets/broker clean
 	rm -rf $(BIN)

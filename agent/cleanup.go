@@ -95,7 +95,7 @@ func Cleanup(cfg CleanupConfig, log *slog.Logger) ([]string, error) {
 	for _, c := range chains {
 		removed = append(removed, "iptables chain "+c)
 	}
-	// Pinned links go with their pins: the TCX and cgroup programs they
+	// Pinned links go with their pins: the sk_lookup and cgroup programs they
 	// hold come off their hooks.
 	if _, err := os.Stat(cfg.BPFDir); err == nil {
 		if err := os.RemoveAll(cfg.BPFDir); err != nil {

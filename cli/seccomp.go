@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // cmdSeccompProfile prints skiff's seccomp profile: a base profile with

@@ -27,7 +27,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/policy"
 	"github.com/skiffnet/skiff/sockets"
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 	"github.com/skiffnet/skiff/store"
 )
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // podman runs Debian's podman (CNI backend, runc) as a runtime on a lab

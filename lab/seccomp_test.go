@@ -17,7 +17,7 @@ import (
 
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/sockets"
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // The seccomp agent: programs without the shim (a static Go server and

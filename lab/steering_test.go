@@ -238,8 +238,8 @@ for _ in range(2000):
 		}
 	}
 	for _, h := range l.Hosts {
-		if _, err := os.Stat(filepath.Join(l.bpfDir(h.Name), "steering", "stx_links")); err == nil {
-			t.Errorf("layer off: %s keeps steering links", h.Name)
+		if pins, _ := filepath.Glob(filepath.Join(l.bpfDir(h.Name), "steering", "stx_*")); len(pins) != 0 {
+			t.Errorf("layer off: %s keeps steering pins %v", h.Name, pins)
 		}
 	}
 	seen := 0

@@ -22,19 +22,19 @@ import (
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/sockets/broker"
 	"github.com/skiffnet/skiff/tc"
 )
 
 // filterName tags the layer's tc filters.
 const filterName = "skiff-sockets"
 
-// linkDir holds the pinned links: the host's sk_lookup and recorder links
-// and each container's cgroup links, so programs stay attached without the
+// linkDir holds the pinned links: the host's sk_lookup link and each container's cgroup links, so programs stay attached without the
 // agent.
 func (l *dataPlane) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_links") }
 
 // Setup attaches the host-wide programs — the SYN recorder on the
-// underlay's TCX ingress (same-host connections are recorded by their
+// underlay's ingress (same-host connections are recorded by their
 // clients), the overlay steering on the VXLAN device and the bridge's
 // egress (the host's own connections to its containers), sk_lookup on the
 // host namespace — and routes steered overlay packets to the host stack
@@ -43,10 +43,10 @@ func (l *dataPlane) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
 	}
-	if err := l.attachRecorder(); err != nil {
+	h := &netlink.Handle{}
+	if err := l.attachRecorder(h); err != nil {
 		return err
 	}
-	h := &netlink.Handle{}
 	vx, err := netlink.LinkByName(overlay.VXLANName)
 	if err != nil {
 		return fmt.Errorf("%s: %w", overlay.VXLANName, err)
@@ -102,23 +102,22 @@ func (l *dataPlane) seedServed() error {
 	return nil
 }
 
-// attachRecorder attaches the SYN recorder to the underlay's TCX ingress:
-// it sees every packet the host receives, which TCX hands it without the
-// qdisc and classifier layers of a clsact filter, and the device's later
-// programs still see them (docs/bench/history.md). The link is pinned per
-// device; a link to an earlier underlay goes.
-func (l *dataPlane) attachRecorder() error {
-	name := "underlay-" + strconv.Itoa(l.underlay.Attrs().Index)
+// attachRecorder puts the SYN recorder on the underlay's ingress, before
+// every other layer's program there (tc.PrioRecorder); it passes every
+// packet on (TC_ACT_UNSPEC) but the SYNs it drops, so the device's later
+// programs, skiff's and the host's own, still see them. The TCX link of an
+// earlier skiff's recorder goes (unpinning it detaches it).
+func (l *dataPlane) attachRecorder(h *netlink.Handle) error {
+	if err := tc.Attach(h, l.underlay, tc.Ingress, tc.PrioRecorder, filterName, l.objs.SksFromUnderlay); err != nil {
+		return err
+	}
 	old, _ := filepath.Glob(filepath.Join(l.linkDir(), "underlay-*"))
 	for _, p := range old {
-		if filepath.Base(p) != name {
-			os.Remove(p)
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("recorder link of an earlier skiff: %w", err)
 		}
 	}
-	return l.pinnedLink(name, l.objs.SksFromUnderlay, func() (link.Link, error) {
-		return link.AttachTCX(link.TCXOptions{Interface: l.underlay.Attrs().Index, Program: l.objs.SksFromUnderlay,
-			Attach: ebpf.AttachTCXIngress})
-	})
+	return nil
 }
 
 // acceptLocalLo lets lo take packets whose source is a local address. Only
@@ -315,7 +314,7 @@ func (l *dataPlane) AddEndpoint(e cluster.Endpoint) error {
 	if err := l.attachCgroup(id, dir, l.cgroupPrograms()); err != nil {
 		return fmt.Errorf("container %s: %w", e.ContainerID, err)
 	}
-	return l.brokers.ensure(e, dir)
+	return l.brokers.Ensure(e, dir)
 }
 
 // limit puts a container's rate limit and QoS class on its host sockets,
@@ -344,7 +343,7 @@ func (l *dataPlane) limit(id uint64, dir string, lim cluster.Limit) error {
 // process elsewhere) would take connections meant for the next container
 // given it, as a connection would keep its identity.
 func (l *dataPlane) RemoveEndpoint(e cluster.Endpoint) error {
-	l.brokers.stop(e.ContainerID)
+	l.brokers.Stop(e.ContainerID)
 	ip := e.IP.Addr()
 	_, err := l.end(func(c conn) bool { return c.Local.Addr() == ip })
 	if err != nil {
@@ -485,7 +484,7 @@ func (l *dataPlane) PruneEndpoints(local []cluster.Endpoint) error {
 		}
 		errs = append(errs, l.unpinCgroup(n))
 	}
-	l.brokers.prune(local)
+	l.brokers.Prune(local)
 	return errors.Join(errs...)
 }
 
@@ -509,6 +508,6 @@ func teardown(pinDir, stateDir string) error {
 	errs = append(errs, restoreAcceptLocal(stateDir))
 	removeHostStackRoutes(netip.Prefix{})
 	overlay.UnjudgeInput(Mark)
-	errs = append(errs, stopAllBrokers(stateDir), bpffs.Unpin(pinDir, "sks_"), bpffs.Unpin(pinDir, "skl_"), limits.TeardownIngress())
+	errs = append(errs, broker.StopAll(stateDir), bpffs.Unpin(pinDir, "sks_"), bpffs.Unpin(pinDir, "skl_"), limits.TeardownIngress())
 	return errors.Join(errs...)
 }

@@ -14,7 +14,8 @@ import (
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // The sockets layer needs the cluster's listeners: its routes lead to them.
@@ -70,10 +71,10 @@ type Layer struct {
 // container's broker; a process of no container with host sockets has its
 // calls continued untouched (the overlay) by the host's keeper.
 func (a *Layer) takeNotify(h seccomp.Handoff) {
-	id, err := a.l.brokers.giveNotify(h.State.Pid, h.FD)
+	id, err := a.l.brokers.GiveNotify(h.State.Pid, h.FD)
 	if err != nil {
 		a.l.log.Info("seccomp listener passed to the keeper: calls continue untouched (the overlay)", "runtime-id", h.State.State.ID, "pid", h.State.Pid, "why", err)
-		a.l.brokers.giveKeeper(h.FD)
+		a.l.brokers.GiveKeeper(h.FD)
 		return
 	}
 	a.l.log.Info("seccomp listener passed to the broker", "container", id, "runtime-id", h.State.State.ID, "pid", h.State.Pid)
@@ -117,8 +118,8 @@ func parseOptions(options any) (Options, error) {
 // probe checks what the layer needs: its program types and the helpers
 // and maps no older kernel has (sk_lookup with bpf_sk_assign, header
 // options from sockops, bpf_set_retval), bpf_sock_destroy to end what the
-// policy denies, TCX for the recorder, cgroup v2 for the hooks (mounted
-// if it is not), and the broker.
+// policy denies, cgroup v2 for the hooks (mounted if it is not), and the
+// broker.
 func probe(options any) error {
 	o, err := parseOptions(options)
 	if err != nil {
@@ -133,7 +134,6 @@ func probe(options any) error {
 		layer.Programs(ebpf.SchedCLS, asm.FnTcpCheckSyncookie),
 		layer.Maps(ebpf.SockHash, ebpf.SkStorage, ebpf.RingBuf, ebpf.ArrayOfMaps),
 		layer.KernelHas("bpf_sock_destroy, to end connections the policy denies", "bpf_sock_destroy"),
-		layer.KernelHas("TCX", "tcx_prog_attach"),
 		func() error { return probeCgroup(o.CgroupRoot) },
 	)
 }
@@ -234,7 +234,7 @@ func (a *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
 	if err := a.eps.Err(e); err != nil {
 		return false, err.Error()
 	}
-	if bs := readBrokerStats(a.stateDir, e.ContainerID); bs.Privileged != 0 {
+	if bs := broker.ReadStats(a.stateDir, e.ContainerID); bs.Privileged != 0 {
 		return false, fmt.Sprintf("refused: pid %d may hold NET_ADMIN or SYS_ADMIN", bs.Privileged)
 	}
 	if !a.l.BrokerRunning(e.ContainerID) {

@@ -1,5 +1,5 @@
 // The options a container's socket carries over when the seccomp agent
-// swaps a host socket in for it (sockets/shim/seccomp.c): sks_setsockopt
+// swaps a host socket in for it (sockets/broker/seccomp.c): sks_setsockopt
 // records, per socket, which of them the program set (bit i: the i-th
 // entry), and sks_getsockopt answers the set at (SKS_OPTSET_LEVEL,
 // SKS_OPTSET_NAME), so the broker reads and copies only those. Shared by

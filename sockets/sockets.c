@@ -27,7 +27,7 @@
 //   sockops       writes the overlay addresses into the SYN (option kind 253),
 //                 publishes listeners in a socket map, learns an accepted
 //                 connection's overlay peer.
-//   from_underlay TCX ingress of the underlay device: records a whole
+//   from_underlay ingress of the underlay device: records a whole
 //                 (unfragmented) SYN's 4-tuple with the option's overlay
 //                 addresses; drops SYNs whose claimed source does not live
 //                 on the sending host, and SYNs in fragments.

@@ -31,6 +31,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/sockets/broker"
 )
 
 // Config describes the host the layer runs on.
@@ -59,7 +60,7 @@ type dataPlane struct {
 	objs     sksObjects
 	underlay netlink.Link
 	log      *slog.Logger
-	brokers  *brokers
+	brokers  *broker.Supervisor
 	limits   *limits.Cgroups // rate limits of host sockets
 	// rulesSpec makes the inner maps of sks_policy; policy is what the
 	// current one holds (nil: unknown, rewritten at the next Sync).
@@ -101,7 +102,7 @@ func load(cfg Config, log *slog.Logger) (*dataPlane, error) {
 		l.objs.Close()
 		return nil, err
 	}
-	l.brokers = newBrokers(cfg, log)
+	l.brokers = broker.New(broker.Config{Binary: cfg.Broker, StateDir: cfg.StateDir, CIDR: cfg.Cluster.CIDR, Secure: cfg.Secure, CgroupRoot: cfg.CgroupRoot, OpenNetns: overlay.OpenNetns}, log)
 	return l, nil
 }
 
@@ -154,7 +155,7 @@ func pinned(dir string) bool {
 // Close releases this process's handles and stops the broker supervisor;
 // pinned maps, attached programs and running brokers stay.
 func (l *dataPlane) Close() error {
-	l.brokers.close()
+	l.brokers.Close()
 	return errors.Join(l.objs.Close(), l.limits.Close())
 }
 
@@ -174,3 +175,6 @@ func (l *dataPlane) Stats() (map[string]uint64, error) {
 	}
 	return out, err
 }
+
+// BrokerRunning reports whether the container's broker runs.
+func (l *dataPlane) BrokerRunning(containerID string) bool { return l.brokers.Running(containerID) > 0 }

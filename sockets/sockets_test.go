@@ -2,20 +2,17 @@ package sockets
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -328,48 +325,6 @@ func TestReasonsMatchProgram(t *testing.T) {
 	}
 }
 
-func TestReadBrokerStats(t *testing.T) {
-	dir := t.TempDir()
-	if st := readBrokerStats(dir, "c"); st != (BrokerStats{}) {
-		t.Fatalf("counters from a missing file: %+v", st)
-	}
-	data := make([]byte, 72)
-	// SKIFF_STATS_MAGIC of shim/skiff_broker.h: "SKST", layout 2.
-	for i, v := range []uint64{0x54534b53 | 2<<32, 16, 3, 1, 2, 1, 0, 4242, 77} {
-		binary.NativeEndian.PutUint64(data[8*i:], v)
-	}
-	if err := os.MkdirAll(filepath.Dir(statsFile(dir, "c")), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(statsFile(dir, "c"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if st := readBrokerStats(dir, "c"); st != (BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77}) {
-		t.Fatalf("counters %+v, want 16, 3, 1, privileged 77", st)
-	}
-	// layout 3: the seccomp agent's counters follow
-	data = append(data, make([]byte, 7*8)...)
-	binary.NativeEndian.PutUint64(data, 0x54534b53|3<<32)
-	for i, v := range []uint64{2, 10, 3, 4, 1, 5000, 18} {
-		binary.NativeEndian.PutUint64(data[8*(9+i):], v)
-	}
-	if err := os.WriteFile(statsFile(dir, "c"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	want := BrokerStats{HandedOut: 16, Replaced: 3, Fallback: 1, Privileged: 77,
-		Seccomp: SeccompStats{Listeners: 2, Replaced: 10, Fallback: 3, Passed: 4, Dropped: 1, Nanos: 5000, Handled: 18}}
-	if st := readBrokerStats(dir, "c"); st != want {
-		t.Fatalf("counters %+v, want %+v", st, want)
-	}
-	data[0] = 0 // a broker still starting up
-	if err := os.WriteFile(statsFile(dir, "c"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if st := readBrokerStats(dir, "c"); st != (BrokerStats{}) {
-		t.Fatalf("counters from a file without the magic: %+v", st)
-	}
-}
-
 // TestAcceptLocalRestored: Teardown gives lo's accept_local back the value
 // the layer found, also across restarts of the layer. In a network
 // namespace of its own (the test's thread, discarded at the end).
@@ -478,49 +433,6 @@ func BenchmarkSync(b *testing.B) {
 	for b.Loop() {
 		if err := l.Sync(hosts, listeners, set); err != nil {
 			b.Fatal(err)
-		}
-	}
-}
-
-// TestIsBroker: a broker is recognised by its command line, its binary
-// (/proc/PID/exe) and its owner (root): a process named skiff-broker by
-// its command line only, or run by another user, is not one.
-func TestIsBroker(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	dir := t.TempDir()
-	os.Chmod(dir, 0o755)
-	bin := filepath.Join(dir, "skiff-broker") // a shell under the broker's name
-	data, err := os.ReadFile("/bin/sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	start := func(name string, args ...string) int {
-		cmd := exec.Command(name, args...)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		return cmd.Process.Pid
-	}
-	flags := []string{"-c", "sleep 30; true", "x", "--stats", "/x/c1.stats"}
-	cases := map[string]struct {
-		pid  int
-		want bool
-	}{
-		"root's skiff-broker":            {start(bin, flags...), true},
-		"named by its command line only": {start("bash", "-c", `exec -a skiff-broker sh "$@"`, "bash", "-c", "sleep 30; true", "x", "--stats", "/x/c1.stats"), false},
-		"another user's":                 {start("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, flags...)...), false},
-	}
-	time.Sleep(200 * time.Millisecond) // the execs done
-	for name, c := range cases {
-		if got := isBroker(c.pid, "c1"); got != c.want {
-			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.pid))
-			t.Errorf("%s (%q): isBroker %v, want %v", name, cmdline, got, c.want)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/sockets/broker"
 )
 
 // Status is the sockets layer of one host (api.Layer.Details).
@@ -96,7 +97,7 @@ func (a *Layer) Status(local []cluster.Endpoint) layer.Report {
 			continue
 		}
 		c := Container{ContainerID: e.ContainerID, IP: e.IP.Addr().String(), Ports: a.l.Held(e.IP.Addr())}
-		bs := readBrokerStats(a.stateDir, e.ContainerID)
+		bs := broker.ReadStats(a.stateDir, e.ContainerID)
 		c.HandedOut, c.Replaced, c.Fallback, c.Privileged = bs.HandedOut, bs.Replaced, bs.Fallback, bs.Privileged
 		c.Seccomp = ContainerSeccomp{Listeners: bs.Seccomp.Listeners, Replaced: bs.Seccomp.Replaced,
 			Fallback: bs.Seccomp.Fallback, Passed: bs.Seccomp.Passed, Dropped: bs.Seccomp.Dropped}

@@ -27,7 +27,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -38,6 +37,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/tc"
 )
 
 // Manual is why auto leaves the layer off.
@@ -67,13 +67,12 @@ func flags(fs *flag.FlagSet) layer.FlagOptions {
 	return func(layer.Settings) (any, error) { return o, nil }
 }
 
-// probe checks for tc programs that set the hash, TCX, per-CPU maps and
-// RPS (CONFIG_RPS: receive queues have rps_cpus).
+// probe checks for tc programs that set the hash, per-CPU maps and RPS
+// (CONFIG_RPS: receive queues have rps_cpus).
 func probe(any) error {
 	return layer.First(
 		layer.Programs(ebpf.SchedCLS, asm.FnSetHash),
 		layer.Maps(ebpf.PerCPUArray),
-		layer.KernelHas("TCX", "tcx_prog_attach"),
 		func() error {
 			if _, err := os.Stat("/sys/class/net/lo/queues/rx-0/rps_cpus"); err != nil {
 				return fmt.Errorf("no RPS in this kernel (CONFIG_RPS): %w", err)
@@ -178,7 +177,12 @@ func onlineCPUs() []int {
 	return cpus
 }
 
-func (l *Layer) linkDir() string { return filepath.Join(l.env.PinDir, "stx_links") }
+// filterName tags the layer's tc filters (tc.PrioSteering).
+const filterName = "skiff-steering"
+
+// oldLinks held the TCX links of an earlier skiff (the layer's programs
+// are tc filters now): unpinning them detaches those programs.
+func oldLinks(pinDir string) string { return filepath.Join(pinDir, "stx_links") }
 
 // Start loads the programs, writes the configuration, attaches the
 // underlay's and skiff.vxlan's programs, gives skiff.vxlan the RPS mask of
@@ -223,16 +227,14 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 	if err := l.objs.StxConfig.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("configure steering: %w", err)
 	}
-	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
-		return err
-	}
-	for name, at := range map[string]struct {
-		dev  string
-		prog *ebpf.Program
-	}{"underlay": {env.Underlay, l.objs.StxUnderlay}, "vxlan": {overlay.VXLANName, l.objs.StxVxlan}} {
-		if err := l.attachTCX(name, at.dev, at.prog, ebpf.AttachTCXIngress); err != nil {
+	h := &netlink.Handle{}
+	for dev, prog := range map[string]*ebpf.Program{env.Underlay: l.objs.StxUnderlay, overlay.VXLANName: l.objs.StxVxlan} {
+		if err := attachFilter(h, dev, tc.Ingress, prog); err != nil {
 			return err
 		}
+	}
+	if err := os.RemoveAll(oldLinks(env.PinDir)); err != nil {
+		return fmt.Errorf("steering: links of an earlier skiff: %w", err)
 	}
 	w := readWritten(env.StateDir, env.Log)
 	if err := w.steerDevice(env.StateDir, "", overlay.VXLANName, FormatMask(l.opts.CPUs)); err != nil {
@@ -256,30 +258,21 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 	return nil
 }
 
-// attachTCX keeps prog on the TCX hook of dev (in the calling thread's
-// namespace) with a link pinned as name: a restart updates it in place, a
-// link whose device is gone is replaced.
-func (l *Layer) attachTCX(name, dev string, prog *ebpf.Program, attach ebpf.AttachType) error {
-	d, err := netlink.LinkByName(dev)
+// attachFilter keeps prog on dev's hook (a clsact filter, in h's
+// namespace): a restart replaces it in place.
+func attachFilter(h *netlink.Handle, dev string, hook uint32, prog *ebpf.Program) error {
+	d, err := h.LinkByName(dev)
 	if err != nil {
 		return fmt.Errorf("steering: device %s: %w", dev, err)
 	}
-	return bpffs.PinLink(filepath.Join(l.linkDir(), name), prog, func() (link.Link, error) {
-		return link.AttachTCX(link.TCXOptions{Interface: d.Attrs().Index, Program: prog, Attach: attach})
-	})
-}
-
-// endpointLinks names a container's links.
-func endpointLinks(e cluster.Endpoint) string {
-	return "ep-" + strings.NewReplacer("/", "_", ".", "_").Replace(e.ContainerID+"-"+e.IfName)
+	return tc.Attach(h, d, hook, tc.PrioSteering, filterName, prog)
 }
 
 // attach steers a local container's stage: the host veth's egress writes
 // the hash its eth0's RPS follows; its eth0 counts the stage and gets the
 // mask of the CPUs taking part.
 func (l *Layer) attach(e cluster.Endpoint) error {
-	pins := endpointPins(e)
-	if err := l.attachTCX(pins[0], e.Veth, l.objs.StxToContainer, ebpf.AttachTCXEgress); err != nil {
+	if err := attachFilter(&netlink.Handle{}, e.Veth, tc.Egress, l.objs.StxToContainer); err != nil {
 		return err
 	}
 	ns, err := overlay.OpenNetns(e)
@@ -287,9 +280,12 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 		return err
 	}
 	defer ns.Close()
-	err = overlay.InNetns(e, func() error {
-		return l.attachTCX(pins[1], e.IfName, l.objs.StxContainer, ebpf.AttachTCXIngress)
-	})
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("steering: netlink in %s: %w", e.Netns, err)
+	}
+	err = attachFilter(h, e.IfName, tc.Ingress, l.objs.StxContainer)
+	h.Close()
 	if err != nil {
 		return err
 	}
@@ -306,46 +302,21 @@ func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
 	return l.eps.Add(e, l.attach)
 }
 
-// RemoveEndpoint unpins a container's links (its devices go with it).
+// RemoveEndpoint forgets a container's mask (its devices, and the
+// programs on them, go with it).
 func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 	l.eps.Remove(e)
-	return l.forget(e)
-}
-
-func (l *Layer) forget(e cluster.Endpoint) error {
-	var errs []error
-	for _, name := range endpointPins(e) {
-		if err := os.Remove(filepath.Join(l.linkDir(), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
 	w := readWritten(l.env.StateDir, l.log)
 	delete(w.Masks, maskKey(e.Netns, e.IfName))
-	return errors.Join(append(errs, w.save(l.env.StateDir))...)
+	return w.save(l.env.StateDir)
 }
 
-// endpointPins are the names of a container's pinned links.
-func endpointPins(e cluster.Endpoint) []string {
-	name := endpointLinks(e)
-	return []string{name + "-veth", name + "-eth"}
-}
-
-// prune unpins the links of containers that are no longer local (removed
-// while the agent was down, or collected) and forgets their masks.
+// prune forgets the masks of containers that are no longer local (removed
+// while the agent was down, or collected).
 func (l *Layer) prune(local []cluster.Endpoint) error {
-	keep, masks := map[string]bool{}, map[string]bool{}
+	masks := map[string]bool{}
 	for _, e := range local {
-		for _, name := range endpointPins(e) {
-			keep[name] = true
-		}
 		masks[maskKey(e.Netns, e.IfName)] = true
-	}
-	pins, err := filepath.Glob(filepath.Join(l.linkDir(), "ep-*"))
-	var errs []error
-	for _, p := range pins {
-		if !keep[filepath.Base(p)] {
-			errs = append(errs, os.Remove(p))
-		}
 	}
 	w := readWritten(l.env.StateDir, l.log)
 	changed := false
@@ -355,10 +326,10 @@ func (l *Layer) prune(local []cluster.Endpoint) error {
 			changed = true
 		}
 	}
-	if changed {
-		errs = append(errs, w.save(l.env.StateDir))
+	if !changed {
+		return nil
 	}
-	return errors.Join(append(errs, err)...)
+	return w.save(l.env.StateDir)
 }
 
 func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
@@ -499,14 +470,14 @@ func (l *Layer) Close() error {
 	return l.objs.Close()
 }
 
-// teardown removes an earlier run's programs (unpinning the links detaches
-// them) and maps, and puts the kernel's default RPS back on the devices it
-// steered.
+// teardown removes an earlier run's programs (its filters on the host's
+// devices and on the containers' interfaces it steered) and maps, and puts
+// the kernel's default RPS back on the devices it steered.
 func teardown(env layer.Env, _ any) (bool, error) {
 	w := readWritten(env.StateDir, env.Log)
-	_, statErr := os.Stat(filepath.Join(env.PinDir, "stx_links"))
-	if statErr != nil && len(w.Masks) == 0 {
+	pins, _ := filepath.Glob(filepath.Join(env.PinDir, "stx_*"))
+	if len(pins) == 0 && len(w.Masks) == 0 {
 		return false, nil
 	}
-	return true, errors.Join(bpffs.Unpin(env.PinDir, "stx_"), w.restore(env.StateDir, env.Log))
+	return true, errors.Join(w.detach(), bpffs.Unpin(env.PinDir, "stx_"), w.restore(env.StateDir, env.Log))
 }

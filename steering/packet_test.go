@@ -25,9 +25,9 @@ var (
 )
 
 const (
-	testVNI = 1
-	loIndex = 1 // BPF_PROG_RUN's skb is on the test namespace's lo
-	tcxNext = 0xffffffff
+	testVNI  = 1
+	loIndex  = 1 // BPF_PROG_RUN's skb is on the test namespace's lo
+	tcUnspec = 0xffffffff
 )
 
 // loadTest loads the programs as the layer would, recording decisions,
@@ -95,15 +95,15 @@ func setLoads(t *testing.T, objs *stxObjects, age time.Duration, cpu0, cpu1 uint
 }
 
 // run runs prog on p and returns the decision it recorded (zero: none);
-// the verdict must be TCX_NEXT and the packet unchanged.
+// the verdict must be TC_ACT_UNSPEC and the packet unchanged.
 func run(t *testing.T, objs *stxObjects, prog *ebpf.Program, p []byte) stxStxLast {
 	t.Helper()
 	if err := objs.StxRecorded.Put(uint32(0), stxStxLast{}); err != nil {
 		t.Fatal(err)
 	}
 	ret, out := tctest.Run(t, prog, p)
-	if ret != tcxNext || !bytes.Equal(out, p) {
-		t.Errorf("%v: verdict %#x, packet changed %v; want TCX_NEXT and the packet as it came", prog, ret, !bytes.Equal(out, p))
+	if ret != tcUnspec || !bytes.Equal(out, p) {
+		t.Errorf("%v: verdict %#x, packet changed %v; want TC_ACT_UNSPEC and the packet as it came", prog, ret, !bytes.Equal(out, p))
 	}
 	var last stxStxLast
 	if err := objs.StxRecorded.Lookup(uint32(0), &last); err != nil {

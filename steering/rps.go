@@ -11,6 +11,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/skiffnet/skiff/netlinksafe"
+	"github.com/skiffnet/skiff/tc"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -197,4 +200,42 @@ func inNamespaceSysfs(nsPath string, f func(sys string) error) error {
 	}
 	defer ns.Close()
 	return inSysfs(&ns, f)
+}
+
+// detach removes the layer's filters from the host's devices and from the
+// containers' interfaces it steered (those still there).
+func (w written) detach() error {
+	errs := []error{detachIn(netns.None(), "")}
+	for key := range w.Masks {
+		if nsPath, dev, _ := strings.Cut(key, "|"); nsPath != "" {
+			ns, err := netns.GetFromPath(nsPath)
+			if err != nil {
+				continue // the container is gone, and its interface with it
+			}
+			errs = append(errs, detachIn(ns, dev))
+			ns.Close()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detachIn removes the layer's filters from both hooks of dev in ns (every
+// device of the host's namespace: netns.None(), "").
+func detachIn(ns netns.NsHandle, dev string) error {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("steering: netlink: %w", err)
+	}
+	defer h.Close()
+	links, err := netlinksafe.Dump(h.LinkList)
+	if err != nil {
+		return fmt.Errorf("steering: devices: %w", err)
+	}
+	var errs []error
+	for _, lk := range links {
+		if dev == "" || lk.Attrs().Name == dev {
+			errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName), tc.Detach(h, lk, tc.Egress, filterName))
+		}
+	}
+	return errors.Join(errs...)
 }

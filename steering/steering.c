@@ -21,7 +21,7 @@
 // CPU: its next stage runs on this CPU at once. With udp_batch, a heavy
 // UDP flow's batches of packets take the CPUs in turn (mFlow's
 // micro-flows; never TCP, which would be reordered).
-// Every program leaves the packet to the next one (TCX_NEXT) and never
+// Every program leaves the packet to the next one (TC_ACT_UNSPEC) and never
 // changes it but for its hash. Non-IPv4, truncated and foreign packets are
 // counted and left alone.
 
@@ -30,6 +30,7 @@
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/pkt_cls.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
@@ -37,8 +38,6 @@
 #include "steering.h"
 
 char __license[] SEC("license") = "GPL";
-
-#define TCX_NEXT (-1)
 
 volatile const __be16 cfg_vxlan_port; // network order
 volatile const __u32 cfg_vni;         // host order
@@ -308,18 +307,18 @@ static __always_inline int steer_frame(struct __sk_buff *skb, __u32 off)
 {
 	const struct stx_cfg *c = config();
 	if (!c)
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	bool udp = false;
 	__u32 flow, r = flow_at(skb, off, c->seed, &flow, &udp);
 	if (r == STX_FRAGMENT)
 		bump(&stx_stats, r);
 	else if (r != STX_FIRST) {
 		bump(&stx_stats, r);
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	}
 	// A fragmented datagram's pieces stay together.
 	steer(skb, c, flow, udp && r != STX_FRAGMENT);
-	return TCX_NEXT;
+	return TC_ACT_UNSPEC;
 }
 
 #define VXLAN_HLEN 8
@@ -336,14 +335,14 @@ int stx_underlay(struct __sk_buff *skb)
 	    ip.protocol != IPPROTO_UDP || (ip.frag_off & bpf_htons(0x3fff)) ||
 	    (cfg_underlay_ip && ip.daddr != cfg_underlay_ip)) {
 		bump(&stx_stats, STX_NOT_VXLAN);
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	}
 	__u32 off = sizeof(eth) + ip.ihl * 4;
 	if (bpf_skb_load_bytes(skb, off, &udp, sizeof(udp)) || udp.dest != cfg_vxlan_port ||
 	    bpf_skb_load_bytes(skb, off + sizeof(udp), vx, sizeof(vx)) || !(vx[0] & bpf_htonl(0x08000000)) ||
 	    bpf_ntohl(vx[1]) >> 8 != cfg_vni) {
 		bump(&stx_stats, STX_NOT_VXLAN);
-		return TCX_NEXT;
+		return TC_ACT_UNSPEC;
 	}
 	bump(&stx_stages, STX_STAGE_UNDERLAY);
 	return steer_frame(skb, off + sizeof(udp) + VXLAN_HLEN);
@@ -353,7 +352,7 @@ SEC("tc")
 int stx_vxlan(struct __sk_buff *skb)
 {
 	bump(&stx_stages, STX_STAGE_VXLAN);
-	return TCX_NEXT;
+	return TC_ACT_UNSPEC;
 }
 
 SEC("tc")
@@ -366,5 +365,5 @@ SEC("tc")
 int stx_container(struct __sk_buff *skb)
 {
 	bump(&stx_stages, STX_STAGE_CONTAINER);
-	return TCX_NEXT;
+	return TC_ACT_UNSPEC;
 }

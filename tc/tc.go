@@ -21,24 +21,36 @@ const (
 	Egress  = netlink.HANDLE_MIN_EGRESS
 )
 
-// Priorities of skiff's filters on a device's hook: lower runs first. A
-// program that does not take a packet returns TC_ACT_UNSPEC, and the next
-// filter sees it; one that takes it (redirect, drop, or "the stack's":
-// TC_ACT_OK) ends the hook. Only a container's host-side veth carries
-// filters of several: the overlay's source check first (every layer sees
-// only what it passed), then a limited container's egress policer (no
-// layer may carry what is over the limit), then the sockets layer (its
-// checks of a container's TCP must see every packet, and packets it turns
-// to the host stack are no other layer's), then the cache (its fast path
-// redirects what it takes). docs/layers.md has the whole map.
+// Priorities of skiff's filters on a device's hook: lower runs first. This
+// is the one place the order of every layer's tc programs is defined: each
+// is a clsact filter (direct action), none a TCX link. A program that does
+// not take a packet returns TC_ACT_UNSPEC, and the next filter sees it; one
+// that takes it (redirect, drop, or "the stack's": TC_ACT_OK) ends the hook.
+// docs/layers.md has the map of which device carries which.
 const (
-	PrioSource  = 1
-	PrioPolice  = 2
-	PrioSockets = 3
-	PrioCache   = 4
+	// PrioSource is the overlay's source check on a container's host-side
+	// veth: every layer sees only what it passed.
+	PrioSource = iota + 1
+	// PrioPolice is a limited container's egress policer: no layer may
+	// carry what is over the limit.
+	PrioPolice
+	// PrioSteering are the steering layer's programs: they only write the
+	// packet's hash, and always pass it on.
+	PrioSteering
+	// PrioRecorder is the sockets layer's SYN recorder on the underlay's
+	// ingress: it sees every packet before a layer takes it, and takes
+	// none (but drops forged SYNs).
+	PrioRecorder
+	// PrioSockets: the sockets layer's checks of a container's TCP must
+	// see every packet, and packets it turns to the host stack are no
+	// other layer's.
+	PrioSockets
+	// PrioCache is the cache's fast path: it redirects what it takes.
+	PrioCache
 	// PrioLimits is the ingress shaping of host sockets (limits.c) on the
-	// underlay and lo, after the cache (which takes VXLAN packets only).
-	PrioLimits = 5
+	// underlay and lo, and the QoS classes on the underlay's egress, after
+	// the cache (which takes VXLAN packets only).
+	PrioLimits
 )
 
 // Attach puts prog, named name, on link's hook (clsact, direct action) at

@@ -32,7 +32,7 @@ static __always_inline void keep_off_route(struct iphdr *ip)
 // The layers' tc programs share devices with each other's (docs/layers.md):
 // a packet a program does not take goes on to the device's next program
 // (TC_ACT_UNSPEC), whose verdict, or none, decides. The recorder on the
-// underlay's TCX hook never takes one.
+// underlay takes none (it only drops forged SYNs).
 
 // ipv4_of returns a packet's IPv4 header, or NULL for any other packet.
 static __always_inline struct iphdr *ipv4_of(struct __sk_buff *skb)

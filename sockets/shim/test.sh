@@ -16,6 +16,7 @@ set -u
 cd "$(dirname "$0")"
 DIR=$(pwd)
 SHIM=$DIR/libskiff.so
+SKB=$DIR/../broker/skiff-broker   # the broker (built in ../broker)
 H=skfshim-h C=skfshim-c X=skfshim-x
 PY=/usr/bin/python3
 [ -x $PY ] || PY=python3
@@ -54,7 +55,7 @@ wait_port() { # ns ip:port
 	for _ in $(seq 100); do ip netns exec "$1" ss -ltnH "src $2" 2>/dev/null | grep -q LISTEN && return 0; sleep 0.05; done; return 1
 }
 start_broker() { # extra args
-	nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --stats "$TMP/stats" "$@" 2>>"$TMP/broker.log" &
+	nsenter --net=/run/netns/$H $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --stats "$TMP/stats" "$@" 2>>"$TMP/broker.log" &
 	BROKER=$!; PIDS+=($BROKER)
 	for _ in $(seq 100); do
 		[ -s "$TMP/stats" ] && [ "$(stat_slot "$TMP/stats" 0 2>/dev/null)" = $((0x354534b53)) ] && return 0
@@ -65,7 +66,7 @@ start_broker() { # extra args
 T0=$(date +%s)
 
 [ "$(id -u)" = 0 ] || { echo "test.sh must run as root"; exit 1; }
-for f in libskiff.so skiff-broker sockcheck failsock.so eagain.so; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
+for f in libskiff.so $SKB sockcheck failsock.so eagain.so; do [ -x $f ] || [ -f $f ] || { echo "build first (make)"; exit 1; }; done
 for ns in $H $C $X; do ip netns del $ns 2>/dev/null; done
 
 # ---------------- topology ----------------
@@ -83,15 +84,15 @@ set +e
 
 # ---------------- broker flags ----------------
 bad_flags() {
-	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --bogus 2>"$TMP/e" && grep -q "unknown flag --bogus" "$TMP/e" || return 1
-	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/33 --ip 10.98.0.2 2>"$TMP/e" && grep -q "bad --cidr" "$TMP/e" || return 1
-	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.97.0.2 2>"$TMP/e" && grep -q "not inside" "$TMP/e" || return 1
-	! ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip x 2>"$TMP/e" && grep -q "bad --ip" "$TMP/e" || return 1
-	! ./skiff-broker --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "want one of --netns and --listen-fd" "$TMP/e" || return 1
-	! ./skiff-broker --netns /run/netns/$C --listen-fd 3 --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "want one of" "$TMP/e" || return 1
-	! ./skiff-broker --listen-fd 3 --cidr 10.98.0.0/16 --ip 10.98.0.2 3</dev/null 2>"$TMP/e" && grep -q -- "--listen-fd 3: " "$TMP/e" || return 1
-	! ./skiff-broker --netns /run/netns/nonexistent-skf --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "open netns" "$TMP/e" || return 1
-	! ./skiff-broker --netns /etc/hostname --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "setns" "$TMP/e"
+	! $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 --bogus 2>"$TMP/e" && grep -q "unknown flag --bogus" "$TMP/e" || return 1
+	! $SKB --netns /run/netns/$C --cidr 10.98.0.0/33 --ip 10.98.0.2 2>"$TMP/e" && grep -q "bad --cidr" "$TMP/e" || return 1
+	! $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.97.0.2 2>"$TMP/e" && grep -q "not inside" "$TMP/e" || return 1
+	! $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip x 2>"$TMP/e" && grep -q "bad --ip" "$TMP/e" || return 1
+	! $SKB --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "want one of --netns and --listen-fd" "$TMP/e" || return 1
+	! $SKB --netns /run/netns/$C --listen-fd 3 --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "want one of" "$TMP/e" || return 1
+	! $SKB --listen-fd 3 --cidr 10.98.0.0/16 --ip 10.98.0.2 3</dev/null 2>"$TMP/e" && grep -q -- "--listen-fd 3: " "$TMP/e" || return 1
+	! $SKB --netns /run/netns/nonexistent-skf --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "open netns" "$TMP/e" || return 1
+	! $SKB --netns /etc/hostname --cidr 10.98.0.0/16 --ip 10.98.0.2 2>"$TMP/e" && grep -q "setns" "$TMP/e"
 }
 check broker-bad-flags bad_flags
 
@@ -293,8 +294,8 @@ import os, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind("\0skfpassed"); s.listen(16)
 os.dup2(s.fileno(), 3)
 os.set_inheritable(3, True)  # when the socket already was fd 3, dup2 did nothing and it is close-on-exec
-os.execvp("nsenter", ["nsenter", "--net=/run/netns/" + sys.argv[1], "./skiff-broker", "--listen-fd", "3",
-    "--cidr", "10.98.0.0/16", "--ip", "10.98.0.2", "--name", "skfpassed", "--stats", sys.argv[2]])' $H "$TMP/stats-passed" 2>>"$TMP/broker.log" &
+os.execvp("nsenter", ["nsenter", "--net=/run/netns/" + sys.argv[1], sys.argv[3], "--listen-fd", "3",
+    "--cidr", "10.98.0.0/16", "--ip", "10.98.0.2", "--name", "skfpassed", "--stats", sys.argv[2]])' $H "$TMP/stats-passed" "$SKB" 2>>"$TMP/broker.log" &
 	local bp=$!; PIDS+=($bp)
 	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-passed" 0 2>/dev/null)" = $((0x354534b53)) ] && break; sleep 0.05; done
 	sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skfpassed ./sockcheck client 10.98.0.1 7001 --server-peer 10.98.0.1 --host yes
@@ -308,7 +309,7 @@ check broker-serves-passed-listener passed_listener
 # root under ip netns exec does) gets no host socket and falls back; from
 # then on the broker refuses every client, unprivileged ones too
 refuse_privileged() {
-	nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+	nsenter --net=/run/netns/$H $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 		--name skfpriv --stats "$TMP/stats-priv" --refuse-privileged 2>>"$TMP/broker.log" &
 	local bp=$!; PIDS+=($bp)
 	for _ in $(seq 100); do [ "$(stat_slot "$TMP/stats-priv" 0 2>/dev/null)" = $((0x354534b53)) ] && break; sleep 0.05; done
@@ -569,7 +570,7 @@ EOF2
 check stale-entry-not-swapped stale_entry
 
 # second broker: --name / SKIFF_BROKER, tiny pool (replies come from on-demand top-ups), many clients at once
-nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+nsenter --net=/run/netns/$H $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b2 --pool 2 --stats "$TMP/stats2" 2>>"$TMP/broker2.log" & B2=$!; PIDS+=($B2)
 for _ in $(seq 100); do [ -s "$TMP/stats2" ] && [ "$(stat_slot "$TMP/stats2" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 many_clients() {
@@ -589,7 +590,7 @@ kill -INT $B2; wait $B2; check broker-sigint-clean-exit test $? = 0
 
 # third broker, whose socket() fails (failsock.so: EMFILE). Shims fall back at once, and the broker retries
 # on its timer instead of spinning
-nsenter --net=/run/netns/$H env LD_PRELOAD=$DIR/failsock.so ./skiff-broker --netns /run/netns/$C \
+nsenter --net=/run/netns/$H env LD_PRELOAD=$DIR/failsock.so $SKB --netns /run/netns/$C \
 	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b3 --stats "$TMP/stats3" 2>>"$TMP/broker3.log" & B3=$!; PIDS+=($B3)
 for _ in $(seq 100); do [ -s "$TMP/stats3" ] && [ "$(stat_slot "$TMP/stats3" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 check broker-cannot-create-falls-back sc_ok ip netns exec $C env LD_PRELOAD=$SHIM SKIFF_BROKER=skiff-b3 \
@@ -605,7 +606,7 @@ kill $B3; wait $B3 2>/dev/null
 
 # fourth broker, without CAP_NET_ADMIN/CAP_NET_RAW: it cannot make listeners IP_TRANSPARENT, so they fall
 # back to container sockets (reachable over the overlay); clients still get host sockets
-nsenter --net=/run/netns/$H setpriv --bounding-set -net_admin,-net_raw ./skiff-broker --netns /run/netns/$C \
+nsenter --net=/run/netns/$H setpriv --bounding-set -net_admin,-net_raw $SKB --netns /run/netns/$C \
 	--cidr 10.98.0.0/16 --ip 10.98.0.2 --name skiff-b4 --transparent --stats "$TMP/stats4" 2>>"$TMP/broker4.log" & B4=$!; PIDS+=($B4)
 for _ in $(seq 100); do [ -s "$TMP/stats4" ] && [ "$(stat_slot "$TMP/stats4" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 no_transparent() {
@@ -624,7 +625,7 @@ kill $B4; wait $B4 2>/dev/null
 
 # fifth broker, out of fds (RLIMIT_NOFILE 12, soft = hard): it cannot accept every client; it must not spin
 # on the listener, and it serves new clients once others leave
-"${INH[@]}" prlimit --nofile=12:12 ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+"${INH[@]}" prlimit --nofile=12:12 $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b5 --pool 2 --stats "$TMP/stats5" 2>>"$TMP/broker5.log" & B5=$!; PIDS+=($B5)
 for _ in $(seq 100); do [ -s "$TMP/stats5" ] && [ "$(stat_slot "$TMP/stats5" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 out_of_fds() {
@@ -650,7 +651,7 @@ kill $B5; wait $B5 2>/dev/null
 
 # sixth broker, stopped (SIGSTOP) for 0.3 s while a process takes sockets in a burst: the socket() that finds
 # the queue empty waits, and from then on the shim asks for the next batch earlier (low-water 8 -> 16)
-nsenter --net=/run/netns/$H ./skiff-broker --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
+nsenter --net=/run/netns/$H $SKB --netns /run/netns/$C --cidr 10.98.0.0/16 --ip 10.98.0.2 \
 	--name skiff-b6 --stats "$TMP/stats6" 2>>"$TMP/broker6.log" & B6=$!; PIDS+=($B6)
 for _ in $(seq 100); do [ -s "$TMP/stats6" ] && [ "$(stat_slot "$TMP/stats6" 0)" = $((0x354534b53)) ] && break; sleep 0.05; done
 low_water_adapts() {

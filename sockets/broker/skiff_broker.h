@@ -133,7 +133,7 @@ enum {
 
 /* The bit the shim sets in connect()'s and listen()'s descriptor argument:
  * skiff's seccomp profile notifies only calls without it (the kernel reads
- * the int's low 32 bits). sockets/seccomp.Tag. */
+ * the int's low 32 bits). sockets/broker/seccomp.Tag. */
 #define SKIFF_SECCOMP_TAG (1ull << 32)
 #define SKIFF_STATS_SIZE     (SKIFF_ST_NSLOTS * 8)
 

@@ -1,7 +1,9 @@
+//go:build ignore
+
 /* seccomp.c - the broker's seccomp agent: host sockets for programs that do
  * not preload the shim (static and Go binaries, unmodified images).
  *
- * skiff's profile (sockets/seccomp) makes the kernel notify connect() with a
+ * skiff's profile (./seccomp) makes the kernel notify connect() with a
  * 16-byte address and listen() of untagged descriptors; the runtime hands
  * the listener to skiffd, which passes it here (SKIFF_CTL_LISTENER). For each:
  *   connect(N, addr): addr in the cluster or loopback, N an unbound TCP/IPv4

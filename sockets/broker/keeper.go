@@ -1,4 +1,4 @@
-package sockets
+package broker
 
 import (
 	"errors"
@@ -10,12 +10,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // A container process's seccomp listener (skiff's profile: its connect()
 // and listen() calls) goes to the broker of the container it belongs to,
-// which serves them with host sockets (shim/seccomp.c). The agent keeps a
+// which serves them with host sockets (seccomp.c). The agent keeps a
 // copy of each, so that a broker restarted after a crash serves them on;
 // when every process of the filter has gone, the listener hangs up and is
 // dropped.
@@ -29,7 +29,7 @@ func (e errNotReplaced) Error() string { return e.why }
 // giveNotify routes a listener to the broker of the container process pid
 // belongs to: the local container with pid's network namespace, whose
 // cgroup holds pid. It returns the container's ID.
-func (b *brokers) giveNotify(pid int, f *os.File) (string, error) {
+func (b *Supervisor) GiveNotify(pid int, f *os.File) (string, error) {
 	var ns unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &ns); err != nil {
 		return "", errNotReplaced{fmt.Sprintf("process %d: %v", pid, err)}
@@ -69,20 +69,20 @@ const keeperID = ".keeper"
 // call and, unlike the agent, survives an agent restart: with no holder
 // left the kernel would fail the calls. The agent keeps a copy, for the
 // next keeper should this one die.
-func (b *brokers) giveKeeper(f *os.File) {
+func (b *Supervisor) GiveKeeper(f *os.File) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.keep(f)
 }
 
 // keep is giveKeeper with b.mu held.
-func (b *brokers) keep(f *os.File) {
+func (b *Supervisor) keep(f *os.File) {
 	if b.keeper == nil {
 		b.keeper = &brokerSpec{}
 	}
 	b.keeper.notify = append(b.keeper.notify, f)
 	b.keeper.unsent = append(b.keeper.unsent, f)
-	if b.running(keeperID) == 0 {
+	if b.Running(keeperID) == 0 {
 		if err := b.startKeeper(); err != nil { // else the supervisor tries again
 			b.log.Warn("start the seccomp keeper", "err", err)
 		}
@@ -92,7 +92,7 @@ func (b *brokers) keep(f *os.File) {
 }
 
 // startKeeper starts the keeper and gives it the listeners held for it.
-func (b *brokers) startKeeper() error {
+func (b *Supervisor) startKeeper() error {
 	if err := b.spawn(keeperID, b.keeper, "--keeper"); err != nil {
 		return fmt.Errorf("start the seccomp keeper: %w", err)
 	}
@@ -101,7 +101,7 @@ func (b *brokers) startKeeper() error {
 
 // sendUnsent passes s's unsent listeners to its broker, as far as its
 // control socket takes them; the supervisor sends the rest later.
-func (b *brokers) sendUnsent(s *brokerSpec) {
+func (b *Supervisor) sendUnsent(s *brokerSpec) {
 	for s.ctl != nil && len(s.unsent) > 0 {
 		f := s.unsent[0]
 		err := unix.Sendmsg(int(s.ctl.Fd()), []byte{'L'}, unix.UnixRights(int(f.Fd())), nil, unix.MSG_DONTWAIT)

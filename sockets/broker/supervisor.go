@@ -1,4 +1,12 @@
-package sockets
+// Package broker runs the sockets layer's per-container socket brokers:
+// skiff-broker (broker.c), which hands a container's processes host sockets
+// (through the shim, sockets/shim, over the protocol of skiff_broker.h) and
+// serves the seccomp listeners of processes under skiff's profile
+// (seccomp.c, the receiver of the runtimes' handoffs in ./seccomp); the
+// seccomp keeper, which answers the listeners of processes without host
+// sockets; and skiff-seccomp-exec (seccomp_exec.c), which starts a process
+// under the profile.
+package broker
 
 import (
 	"bytes"
@@ -6,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,10 +30,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/overlay"
 )
 
-// brokers runs one skiff-broker per replaced container and restarts any
+// Supervisor runs one skiff-broker per replaced container and restarts any
 // that dies. A broker runs in the host namespace and in the container's
 // cgroup (the cgroup a socket is created in selects its hooks) and serves
 // the container at an abstract Unix address inside the container's
@@ -36,16 +44,28 @@ import (
 // impostor) or make the broker's bind fail. Brokers outlive the agent: a
 // restarted agent adopts them by their pid files, and takes a descriptor of
 // the listener back from the broker.
-type brokers struct {
+type Supervisor struct {
 	cfg  Config
 	log  *slog.Logger
 	mu   sync.Mutex
 	want map[string]*brokerSpec // by container ID
 	// keeper serves the seccomp listeners of processes that get no host
-	// sockets (seccomp.go); nil until the first.
+	// sockets (keeper.go); nil until the first.
 	keeper *brokerSpec
 	quit   chan struct{}
 	done   chan struct{}
+}
+
+// Config is what the brokers of a host share.
+type Config struct {
+	Binary     string       // skiff-broker
+	StateDir   string       // pid, log and counters files (StateDir/brokers)
+	CIDR       netip.Prefix // the cluster's: connections there get host sockets
+	Secure     bool         // refuse host sockets to containers holding CAP_NET_ADMIN on the host
+	CgroupRoot string       // cgroup v2 mount: a seccomp listener's process is placed by its cgroup
+	// OpenNetns opens a container's network namespace, the one it was
+	// attached in (overlay.OpenNetns).
+	OpenNetns func(cluster.Endpoint) (netns.NsHandle, error)
 }
 
 type brokerSpec struct {
@@ -61,14 +81,14 @@ type brokerSpec struct {
 	// or one adopted after a restart had none.
 	ctl *os.File
 	// notify are the seccomp listeners of the container's processes
-	// (seccomp.go): the broker serves them; skiffd keeps a copy for
+	// (keeper.go): the broker serves them; skiffd keeps a copy for
 	// the next broker should this one die. unsent are those not passed
 	// to the running broker yet (its control socket was full).
 	notify, unsent []*os.File
 }
 
 // brokerName is the broker's abstract address in the container's netns
-// (shim/skiff_broker.h, SKIFF_BROKER_NAME).
+// (skiff_broker.h, SKIFF_BROKER_NAME).
 const brokerName = "skiff-broker"
 
 // The descriptors a broker starts with (exec's ExtraFiles): the listener,
@@ -85,11 +105,11 @@ const (
 var errAddressTaken = errors.New("the broker's address @" + brokerName + " is bound by another process of the container")
 
 // listenIn binds the broker's address in e's network namespace (only the
-// one it was attached in: overlay.OpenNetns). An abstract AF_UNIX name
+// one it was attached in: Config.OpenNetns). An abstract AF_UNIX name
 // belongs to the netns of the socket, fixed when the socket is created:
 // only the socket() call needs the namespace.
-func listenIn(e cluster.Endpoint) (*os.File, error) {
-	ns, err := overlay.OpenNetns(e)
+func (b *Supervisor) listenIn(e cluster.Endpoint) (*os.File, error) {
+	ns, err := b.cfg.OpenNetns(e)
 	if err != nil {
 		return nil, fmt.Errorf("open netns: %w", err)
 	}
@@ -165,17 +185,17 @@ func takeListener(pid int) *os.File {
 // superviseEvery is how often dead brokers are looked for.
 const superviseEvery = 200 * time.Millisecond
 
-func newBrokers(cfg Config, log *slog.Logger) *brokers {
-	b := &brokers{cfg: cfg, log: log, want: map[string]*brokerSpec{}, quit: make(chan struct{}), done: make(chan struct{})}
-	if pid := b.running(keeperID); pid > 0 { // an agent restarted: its keeper runs on
+func New(cfg Config, log *slog.Logger) *Supervisor {
+	b := &Supervisor{cfg: cfg, log: log, want: map[string]*brokerSpec{}, quit: make(chan struct{}), done: make(chan struct{})}
+	if pid := b.Running(keeperID); pid > 0 { // an agent restarted: its keeper runs on
 		b.keeper = &brokerSpec{ctl: takeControl(pid), notify: takeNotify(pid)}
 	}
 	go b.supervise()
 	return b
 }
 
-func (b *brokers) dir() string { return filepath.Join(b.cfg.StateDir, "brokers") }
-func (b *brokers) pidFile(id string) string {
+func (b *Supervisor) dir() string { return filepath.Join(b.cfg.StateDir, "brokers") }
+func (b *Supervisor) pidFile(id string) string {
 	return filepath.Join(b.dir(), id+".pid")
 }
 
@@ -184,9 +204,9 @@ func statsFile(stateDir, containerID string) string {
 	return filepath.Join(stateDir, "brokers", containerID+".stats")
 }
 
-// BrokerStats are a broker's counters. Replaced and fallback are what its
+// Stats are a broker's counters. Replaced and fallback are what its
 // shims reported, flushed with their next request or at exit.
-type BrokerStats struct {
+type Stats struct {
 	HandedOut uint64 // host sockets sent to the container's processes
 	Replaced  uint64 // connections and listeners on host sockets
 	Fallback  uint64 // sockets that fell back to the overlay
@@ -198,7 +218,7 @@ type BrokerStats struct {
 }
 
 // SeccompStats are what a broker's seccomp agent did with the container's
-// connect() and listen() calls (shim/seccomp.c).
+// connect() and listen() calls (seccomp.c).
 type SeccompStats struct {
 	Listeners uint64 // notification listeners it serves
 	Replaced  uint64 // calls moved to host sockets
@@ -210,26 +230,26 @@ type SeccompStats struct {
 }
 
 // brokerStatsMagic opens a ready broker's counters file: "SKST" and the
-// layout version (shim/skiff_broker.h); layout 2 (a broker of an earlier
+// layout version (skiff_broker.h); layout 2 (a broker of an earlier
 // skiff, still running) lacks the seccomp counters.
 const (
 	brokerStatsMagic   = 0x354534b53
 	brokerStatsMagicV2 = 0x254534b53
 )
 
-// readBrokerStats reads a container's broker counters; zero while the
+// ReadStats reads a container's broker counters; zero while the
 // broker is not (or not yet) running.
-func readBrokerStats(stateDir, containerID string) BrokerStats {
+func ReadStats(stateDir, containerID string) Stats {
 	data, err := os.ReadFile(statsFile(stateDir, containerID))
 	if err != nil || len(data) < 72 {
-		return BrokerStats{}
+		return Stats{}
 	}
 	magic := binary.NativeEndian.Uint64(data)
 	if magic != brokerStatsMagic && magic != brokerStatsMagicV2 {
-		return BrokerStats{}
+		return Stats{}
 	}
 	u := func(i int) uint64 { return binary.NativeEndian.Uint64(data[8*i:]) }
-	bs := BrokerStats{HandedOut: u(1), Replaced: u(2), Fallback: u(3), Privileged: int(u(8))}
+	bs := Stats{HandedOut: u(1), Replaced: u(2), Fallback: u(3), Privileged: int(u(8))}
 	if magic == brokerStatsMagic && len(data) >= 16*8 {
 		bs.Seccomp = SeccompStats{Listeners: u(9), Replaced: u(10), Fallback: u(11), Passed: u(12),
 			Dropped: u(13), Nanos: u(14), Handled: u(15)}
@@ -241,7 +261,7 @@ func readBrokerStats(stateDir, containerID string) BrokerStats {
 // the container holds is logged, not returned: the container's sockets stay
 // on the overlay, and the agent's syncs must not fail for what a container
 // does.
-func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
+func (b *Supervisor) Ensure(e cluster.Endpoint, cgroup string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.want[e.ContainerID]
@@ -264,7 +284,7 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 		b.want[e.ContainerID] = s
 	}
 	s.e, s.cgroup = e, cgroup
-	if pid := b.running(e.ContainerID); pid > 0 {
+	if pid := b.Running(e.ContainerID); pid > 0 {
 		if s.ln == nil {
 			s.ln = takeListener(pid)
 		}
@@ -277,10 +297,10 @@ func (b *brokers) ensure(e cluster.Endpoint, cgroup string) error {
 	return b.start(s)
 }
 
-func (b *brokers) start(s *brokerSpec) error {
+func (b *Supervisor) start(s *brokerSpec) error {
 	id := s.e.ContainerID
 	if s.ln == nil {
-		ln, err := listenIn(s.e)
+		ln, err := b.listenIn(s.e)
 		if errors.Is(err, errAddressTaken) {
 			if !s.squatted {
 				b.log.Error("socket broker not started: its address is taken; the container's sockets stay on the overlay",
@@ -297,7 +317,7 @@ func (b *brokers) start(s *brokerSpec) error {
 		}
 		s.ln, s.squatted = ln, false
 	}
-	args := []string{"--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.Cluster.CIDR.String(),
+	args := []string{"--listen-fd", strconv.Itoa(brokerListenFD), "--cidr", b.cfg.CIDR.String(),
 		"--ip", s.e.IP.Addr().String(), "--cgroup", s.cgroup, "--stats", statsFile(b.cfg.StateDir, id), "--transparent"}
 	if b.cfg.Secure {
 		// A host socket answers ioctls in the host's namespace: no host
@@ -316,7 +336,7 @@ func (b *brokers) start(s *brokerSpec) error {
 // brokerControlFD and the agent's at agentControlFD (kept for a restarted
 // agent to take back). The agent's end becomes s.ctl, and the broker gets
 // s's seccomp listeners (those its predecessor served).
-func (b *brokers) spawn(id string, s *brokerSpec, args ...string) error {
+func (b *Supervisor) spawn(id string, s *brokerSpec, args ...string) error {
 	err := os.MkdirAll(b.dir(), 0o700)
 	if err == nil {
 		err = os.Chmod(b.dir(), 0o700) // an earlier skiff's was 0755
@@ -335,7 +355,7 @@ func (b *brokers) spawn(id string, s *brokerSpec, args ...string) error {
 	}
 	brokerEnd, agentEnd := os.NewFile(uintptr(ctl[0]), "broker-control"), os.NewFile(uintptr(ctl[1]), "control")
 	defer brokerEnd.Close()
-	cmd := exec.Command(b.cfg.Broker, append(args, "--control-fd", strconv.Itoa(brokerControlFD))...)
+	cmd := exec.Command(b.cfg.Binary, append(args, "--control-fd", strconv.Itoa(brokerControlFD))...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{s.ln, brokerEnd, agentEnd} // brokerListenFD (nil: none), brokerControlFD, agentControlFD
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -358,7 +378,7 @@ func (b *brokers) spawn(id string, s *brokerSpec, args ...string) error {
 }
 
 // running returns the pid of id's broker, or 0.
-func (b *brokers) running(id string) int {
+func (b *Supervisor) Running(id string) int {
 	data, err := os.ReadFile(b.pidFile(id))
 	if err != nil {
 		return 0
@@ -423,8 +443,8 @@ func rootsProcess(pid int) bool {
 
 // stopBroker ends id's broker if it runs and removes its files.
 func stopBroker(stateDir, id string) error {
-	b := brokers{cfg: Config{StateDir: stateDir}}
-	if pid := b.running(id); pid > 0 {
+	b := Supervisor{cfg: Config{StateDir: stateDir}}
+	if pid := b.Running(id); pid > 0 {
 		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("stop broker %d: %w", pid, err)
 		}
@@ -450,7 +470,7 @@ func stopBroker(stateDir, id string) error {
 	return nil
 }
 
-func (b *brokers) stop(id string) {
+func (b *Supervisor) Stop(id string) {
 	b.mu.Lock()
 	var live []*os.File
 	if s := b.want[id]; s != nil {
@@ -460,17 +480,17 @@ func (b *brokers) stop(id string) {
 	b.mu.Unlock()
 	// The broker stops first: never two holders of one listener. (One
 	// that does not die still lets go of a notification it did not get
-	// within a bound: shim/seccomp.c.)
+	// within a bound: seccomp.c.)
 	if err := stopBroker(b.cfg.StateDir, id); err != nil {
 		b.log.Warn("stop broker", "container", id, "err", err)
 	}
 	for _, f := range live { // their processes outlive the broker: the keeper answers them
-		b.giveKeeper(f)
+		b.GiveKeeper(f)
 	}
 }
 
 // prune stops brokers of containers that are not local endpoints any more.
-func (b *brokers) prune(local []cluster.Endpoint) {
+func (b *Supervisor) Prune(local []cluster.Endpoint) {
 	keep := map[string]bool{}
 	for _, e := range local {
 		keep[e.ContainerID] = true
@@ -490,12 +510,12 @@ func (b *brokers) prune(local []cluster.Endpoint) {
 	}
 	b.mu.Unlock()
 	for id := range gone {
-		b.stop(id)
+		b.Stop(id)
 	}
 }
 
-// stopAllBrokers ends every broker recorded in stateDir.
-func stopAllBrokers(stateDir string) error {
+// StopAll ends every broker recorded in stateDir.
+func StopAll(stateDir string) error {
 	entries, err := os.ReadDir(filepath.Join(stateDir, "brokers"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -511,7 +531,7 @@ func stopAllBrokers(stateDir string) error {
 
 // supervise restarts brokers that died (killed, crashed) while their
 // container lives. Until one is back, the shim falls back to the overlay.
-func (b *brokers) supervise() {
+func (b *Supervisor) supervise() {
 	defer close(b.done)
 	t := time.NewTicker(superviseEvery)
 	defer t.Stop()
@@ -524,7 +544,7 @@ func (b *brokers) supervise() {
 		b.mu.Lock()
 		if b.keeper != nil {
 			b.keeper.dropHung()
-			if b.running(keeperID) == 0 {
+			if b.Running(keeperID) == 0 {
 				if err := b.startKeeper(); err != nil {
 					b.log.Warn("restart the seccomp keeper", "err", err)
 				}
@@ -534,10 +554,10 @@ func (b *brokers) supervise() {
 		for id, s := range b.want {
 			s.dropHung()
 			b.sendUnsent(s)
-			if b.running(id) > 0 {
+			if b.Running(id) > 0 {
 				continue
 			}
-			if ns, err := overlay.OpenNetns(s.e); err != nil {
+			if ns, err := b.cfg.OpenNetns(s.e); err != nil {
 				continue // the container is going; the agent removes it
 			} else {
 				ns.Close()
@@ -553,10 +573,7 @@ func (b *brokers) supervise() {
 	}
 }
 
-// BrokerRunning reports whether the container's broker runs.
-func (l *dataPlane) BrokerRunning(containerID string) bool { return l.brokers.running(containerID) > 0 }
-
-func (b *brokers) close() {
+func (b *Supervisor) Close() {
 	close(b.quit)
 	<-b.done
 }

@@ -1,3 +1,5 @@
+//go:build ignore
+
 /* skiff-seccomp-exec: runs a program under skiff's seccomp filter and hands
  * the filter's notification listener to skiffd, as an OCI runtime does for
  * a profile with linux.seccomp.listenerPath (runc, crun). For processes no

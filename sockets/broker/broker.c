@@ -1,3 +1,5 @@
+//go:build ignore
+
 /* skiff-broker: per-container host-netns TCP socket factory for libskiff.so.
  *
  * Listens on the abstract AF_UNIX SEQPACKET address "\0skiff-broker" inside the

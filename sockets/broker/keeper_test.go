@@ -1,4 +1,4 @@
-package sockets
+package broker
 
 import (
 	"bufio"
@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/skiffnet/skiff/sockets/seccomp"
+	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // pyBursts connects to argv[1] argv[2] times for every line it reads, and
