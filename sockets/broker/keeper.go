@@ -26,7 +26,7 @@ type errNotReplaced struct{ why string }
 
 func (e errNotReplaced) Error() string { return e.why }
 
-// giveNotify routes a listener to the broker of the container process pid
+// GiveNotify routes a listener to the broker of the container process pid
 // belongs to: the local container with pid's network namespace, whose
 // cgroup holds pid. It returns the container's ID.
 func (b *Supervisor) GiveNotify(pid int, f *os.File) (string, error) {
@@ -64,7 +64,7 @@ func (b *Supervisor) GiveNotify(pid int, f *os.File) (string, error) {
 // container ID starts with a dot.
 const keeperID = ".keeper"
 
-// giveKeeper passes the listener of a process that gets no host sockets
+// GiveKeeper passes the listener of a process that gets no host sockets
 // to the host's keeper (skiff-broker --keeper), which continues its every
 // call and, unlike the agent, survives an agent restart: with no holder
 // left the kernel would fail the calls. The agent keeps a copy, for the

@@ -185,6 +185,8 @@ func takeListener(pid int) *os.File {
 // superviseEvery is how often dead brokers are looked for.
 const superviseEvery = 200 * time.Millisecond
 
+// New supervises the brokers of cfg's host, adopting the keeper an
+// earlier agent left running. cfg.OpenNetns is required.
 func New(cfg Config, log *slog.Logger) *Supervisor {
 	b := &Supervisor{cfg: cfg, log: log, want: map[string]*brokerSpec{}, quit: make(chan struct{}), done: make(chan struct{})}
 	if pid := b.Running(keeperID); pid > 0 { // an agent restarted: its keeper runs on
@@ -257,7 +259,7 @@ func ReadStats(stateDir, containerID string) Stats {
 	return bs
 }
 
-// ensure starts e's broker unless it runs. An address another process of
+// Ensure starts e's broker unless it runs. An address another process of
 // the container holds is logged, not returned: the container's sockets stay
 // on the overlay, and the agent's syncs must not fail for what a container
 // does.
@@ -377,7 +379,7 @@ func (b *Supervisor) spawn(id string, s *brokerSpec, args ...string) error {
 	return nil
 }
 
-// running returns the pid of id's broker, or 0.
+// Running returns the pid of id's broker, or 0.
 func (b *Supervisor) Running(id string) int {
 	data, err := os.ReadFile(b.pidFile(id))
 	if err != nil {
@@ -470,6 +472,8 @@ func stopBroker(stateDir, id string) error {
 	return nil
 }
 
+// Stop ends container id's broker and hands the seccomp listeners it served
+// to the keeper.
 func (b *Supervisor) Stop(id string) {
 	b.mu.Lock()
 	var live []*os.File
@@ -489,7 +493,7 @@ func (b *Supervisor) Stop(id string) {
 	}
 }
 
-// prune stops brokers of containers that are not local endpoints any more.
+// Prune stops brokers of containers that are not local endpoints any more.
 func (b *Supervisor) Prune(local []cluster.Endpoint) {
 	keep := map[string]bool{}
 	for _, e := range local {
@@ -573,6 +577,8 @@ func (b *Supervisor) supervise() {
 	}
 }
 
+// Close stops supervising; the brokers run on (a restarted agent adopts
+// them).
 func (b *Supervisor) Close() {
 	close(b.quit)
 	<-b.done
