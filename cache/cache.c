@@ -477,7 +477,13 @@ int from_underlay(struct __sk_buff *skb)
 		count(IN_PASS_NOT_MINE);
 		return TC_ACT_UNSPEC;
 	}
-	if (p == PARSE_START)
+	// A SYN forgets its flow only when it may come from where it claims:
+	// not when the inner source is a container this host sends to through
+	// another host than the one the packet came from (a forged SYN must
+	// not take a live flow off the fast path). With no entry for it, the
+	// flow takes no fast path either way.
+	__be32 *from = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
+	if (p == PARSE_START && (!from || *from == outer.saddr))
 		forget_flow(&key, IN_FLOW_FORGOTTEN);
 	if (p != PARSE_OK) {
 		count(IN_PASS_CONTROL);
@@ -499,8 +505,7 @@ int from_underlay(struct __sk_buff *skb)
 	}
 	// Reverse check, and anti-spoofing: the inner source must be a container
 	// this host would send to through the very host the packet came from.
-	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
-	if (!host || *host != outer.saddr) {
+	if (!from || *from != outer.saddr) {
 		count(IN_PASS_REVERSE);
 		return TC_ACT_UNSPEC;
 	}

@@ -187,7 +187,8 @@ func TestFromContainerPassesUntouched(t *testing.T) {
 // connection that reuses the 4-tuple of one the caches held — one that may
 // take a path they never learn, such as a host socket's — is not put on
 // the fast path until the overlay lets it through again. A SYN-ACK leaves
-// the entry.
+// the entry, and so does a SYN from an underlay host the inner source does
+// not live on.
 func TestSYNForgetsFlow(t *testing.T) {
 	key := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
 	for _, tc := range []struct {
@@ -203,6 +204,10 @@ func TestSYNForgetsFlow(t *testing.T) {
 			[]string{"from_underlay/pass_syn_fin_rst", "from_underlay/syn_flow_forgotten"}, true},
 		{"from_container SYN-ACK", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK),
 			[]string{"from_container/pass_syn_fin_rst"}, false},
+		// A SYN in VXLAN from another host than the one this host sends
+		// the inner source to is forged (or stale): the flow stays.
+		{"from_underlay SYN from another host", func(c *fastPath) *ebpf.Program { return c.objs.FromUnderlay }, forgedIngressSYN(),
+			[]string{"from_underlay/pass_syn_fin_rst"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newTestCache(t, Capacity{})
@@ -233,6 +238,13 @@ func TestSYNForgetsFlow(t *testing.T) {
 			expectCount(t, d, "from_container/miss_filter")
 		})
 	}
+}
+
+// forgedIngressSYN is ingressTCP's SYN from another underlay host than
+// the peer's.
+func forgedIngressSYN() []byte {
+	inner := tctest.Eth(macVTEP, macPeerVTEP, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipRemote, ipLocal, tctest.TCP(80, 40000, tctest.SYN, payload)))
+	return tctest.VXLAN(tctest.IPOpts{}, macPeer, macUnderlay, netip.MustParseAddr("10.99.0.77"), ulLocal, testVNI, 4789, inner)
 }
 
 func TestFromContainerMisses(t *testing.T) {
