@@ -12,7 +12,6 @@ import (
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/iptables"
-	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/tc"
 )
@@ -146,15 +145,7 @@ func pinned(dir string) bool {
 // a container only clears the two reserved DSCP bits, which nothing sets any
 // more; it goes with the container's interface.
 func teardown(cfg config) error {
-	links, err := netlinksafe.Dump(netlink.LinkList)
-	if err != nil {
-		return fmt.Errorf("list links: %w", err)
-	}
-	var errs []error
-	h := &netlink.Handle{}
-	for _, l := range links {
-		errs = append(errs, tc.Detach(h, l, tc.Ingress, filterName), tc.Detach(h, l, tc.Egress, filterName))
-	}
+	errs := []error{tc.DetachAll(&netlink.Handle{}, filterName)}
 	markRules(cfg).Remove()
 	errs = append(errs, bpffs.Unpin(cfg.PinDir, "skc_"))
 	return errors.Join(errs...)

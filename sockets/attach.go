@@ -496,16 +496,7 @@ func cgroupLinks(id uint64) string { return "cg-" + strconv.FormatUint(id, 10) }
 // pinned links (which detaches the programs) and maps. Brokers are stopped;
 // connections already on host sockets keep running until they close.
 func teardown(pinDir, stateDir string) error {
-	var errs []error
-	links, err := netlinksafe.Dump(netlink.LinkList)
-	if err != nil {
-		return fmt.Errorf("list links: %w", err)
-	}
-	h := &netlink.Handle{}
-	for _, lk := range links {
-		errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName), tc.Detach(h, lk, tc.Egress, filterName))
-	}
-	errs = append(errs, restoreAcceptLocal(stateDir))
+	errs := []error{tc.DetachAll(&netlink.Handle{}, filterName), restoreAcceptLocal(stateDir)}
 	removeHostStackRoutes(netip.Prefix{})
 	overlay.UnjudgeInput(Mark)
 	errs = append(errs, broker.StopAll(stateDir), bpffs.Unpin(pinDir, "sks_"), bpffs.Unpin(pinDir, "skl_"), limits.TeardownIngress())

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/tc"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -203,38 +202,23 @@ func inNamespaceSysfs(nsPath string, f func(sys string) error) error {
 }
 
 // detach removes the layer's filters from the host's devices and from the
-// containers' interfaces it steered (those still there).
+// containers' namespaces it steered (those still there).
 func (w written) detach() error {
-	errs := []error{detachIn(netns.None(), "")}
+	errs := []error{tc.DetachAll(&netlink.Handle{}, filterName)}
 	for key := range w.Masks {
-		if nsPath, dev, _ := strings.Cut(key, "|"); nsPath != "" {
+		if nsPath, _, _ := strings.Cut(key, "|"); nsPath != "" {
 			ns, err := netns.GetFromPath(nsPath)
 			if err != nil {
 				continue // the container is gone, and its interface with it
 			}
-			errs = append(errs, detachIn(ns, dev))
+			h, err := netlink.NewHandleAt(ns)
 			ns.Close()
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// detachIn removes the layer's filters from both hooks of dev in ns (every
-// device of the host's namespace: netns.None(), "").
-func detachIn(ns netns.NsHandle, dev string) error {
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("steering: netlink: %w", err)
-	}
-	defer h.Close()
-	links, err := netlinksafe.Dump(h.LinkList)
-	if err != nil {
-		return fmt.Errorf("steering: devices: %w", err)
-	}
-	var errs []error
-	for _, lk := range links {
-		if dev == "" || lk.Attrs().Name == dev {
-			errs = append(errs, tc.Detach(h, lk, tc.Ingress, filterName), tc.Detach(h, lk, tc.Egress, filterName))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("steering: netlink in %s: %w", nsPath, err))
+				continue
+			}
+			errs = append(errs, tc.DetachAll(h, filterName))
+			h.Close()
 		}
 	}
 	return errors.Join(errs...)

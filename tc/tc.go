@@ -109,6 +109,20 @@ func Detach(h *netlink.Handle, link netlink.Link, hook uint32, name string) erro
 	return err
 }
 
+// DetachAll removes the filters named name from both hooks of every
+// device in h's namespace: a layer's teardown.
+func DetachAll(h *netlink.Handle, name string) error {
+	links, err := netlinksafe.Dump(h.LinkList)
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	var errs []error
+	for _, lk := range links {
+		errs = append(errs, Detach(h, lk, Ingress, name), Detach(h, lk, Egress, name))
+	}
+	return errors.Join(errs...)
+}
+
 // DetachPrefix removes from both hooks of link every filter whose name
 // starts with prefix, and returns how many it removed.
 func DetachPrefix(h *netlink.Handle, link netlink.Link, prefix string) (int, error) {

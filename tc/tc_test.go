@@ -71,4 +71,32 @@ func TestAttachMovesPriority(t *testing.T) {
 	if got["old"] != 3 || got["other"] != 1 || len(got) != 2 {
 		t.Errorf("filters %v, want old at 3 alone and other at 1", got)
 	}
+	// A teardown: "old" goes from every device and hook, "other" stays.
+	peer, err := h.LinkByName("v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Attach(h, peer, Egress, 3, "old", prog); err != nil {
+		t.Fatal(err)
+	}
+	if err := DetachAll(h, "old"); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]int{}
+	for _, l := range []netlink.Link{link, peer} {
+		for _, hook := range []uint32{Ingress, Egress} {
+			fs, err := h.FilterList(l, hook)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok {
+					left[bf.Name]++
+				}
+			}
+		}
+	}
+	if left["old"] != 0 || left["other"] != 1 {
+		t.Errorf("after DetachAll(old): %v, want other alone", left)
+	}
 }
