@@ -74,33 +74,14 @@ const (
 	LearnMark = 0x1000
 )
 
-// AddEndpoint attaches the fast path to a local container: its ingress
-// cache entry (host-side veth; MACs are learned from the first marked
-// packet), from_container on the host-side veth and to_container on the
-// container's interface.
+// AddEndpoint attaches the fast path to a local container: its complete
+// ingress cache entry (host-side veth, the MACs the overlay delivers with,
+// its namespace's id for the listener check of flows.h), from_container on
+// the host-side veth and to_container on the container's interface.
 func (c *fastPath) AddEndpoint(e cluster.Endpoint) error {
 	veth, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", e.Veth, err)
-	}
-	key := e.IP.Addr().As4()
-	var ep skcIngressEp
-	shaped := uint8(0)
-	if e.Limit.IngressRate > 0 {
-		shaped = 1 // delivered through the host veth's qdisc (overlay.shape)
-	}
-	if err := c.objs.SkcIngress.Lookup(key, &ep); err != nil || ep.Ifindex != uint32(veth.Attrs().Index) || ep.Shaped != shaped {
-		// New, a new veth (MACs must be learned again), or a new limit.
-		if ep.Ifindex != uint32(veth.Attrs().Index) {
-			ep = skcIngressEp{Ifindex: uint32(veth.Attrs().Index)}
-		}
-		ep.Shaped = shaped
-		if err := c.objs.SkcIngress.Put(key, ep); err != nil {
-			return fmt.Errorf("ingress cache entry for %s: %w", e.IP, err)
-		}
-	}
-	if err := attach(&netlink.Handle{}, veth, c.objs.FromContainer, netlink.HANDLE_MIN_INGRESS); err != nil {
-		return err
 	}
 	ns, err := overlay.OpenNetns(e)
 	if err != nil {
@@ -116,11 +97,46 @@ func (c *fastPath) AddEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("container %s: %w", e.IfName, err)
 	}
+	id, err := netnsID(int(ns))
+	if err != nil {
+		return fmt.Errorf("container namespace %s: %w", e.Netns, err)
+	}
+	ep := skcIngressEp{Ifindex: uint32(veth.Attrs().Index), Ready: 1, NetnsId: id}
+	copy(ep.MacDst[:], link.Attrs().HardwareAddr)
+	copy(ep.MacSrc[:], overlay.BridgeMAC(c.cfg.Host.UnderlayIP))
+	if e.Limit.IngressRate > 0 {
+		ep.Shaped = 1 // delivered through the host veth's qdisc (overlay.shape)
+	}
+	key := e.IP.Addr().As4()
+	var have skcIngressEp
+	if err := c.objs.SkcIngress.Lookup(key, &have); err != nil || have != ep {
+		if err := c.objs.SkcIngress.Put(key, ep); err != nil {
+			return fmt.Errorf("ingress cache entry for %s: %w", e.IP, err)
+		}
+	}
+	if err := attach(&netlink.Handle{}, veth, c.objs.FromContainer, netlink.HANDLE_MIN_INGRESS); err != nil {
+		return err
+	}
 	return attach(h, link, c.objs.ToContainer, netlink.HANDLE_MIN_INGRESS)
 }
 
+// netnsID is the id of the namespace open as fd in this one, allocated if
+// it has none.
+func netnsID(fd int) (int32, error) {
+	id, err := netlink.GetNetNsIdByFd(fd)
+	if err == nil && id < 0 {
+		if err = netlink.SetNetNsIdByFd(fd, -1); err == nil {
+			id, err = netlink.GetNetNsIdByFd(fd)
+		}
+	}
+	if err != nil {
+		return -1, fmt.Errorf("namespace id: %w", err)
+	}
+	return int32(id), nil
+}
+
 // RemoveEndpoint forgets a local container: its ingress entry and every
-// flow naming its address. (Other hosts purge their egress entries for it
+// flow and connection naming its address. (Other hosts purge their egress entries for it
 // when they see the endpoint go; see Sync.) The programs go with the veth.
 func (c *fastPath) RemoveEndpoint(e cluster.Endpoint) error {
 	key := e.IP.Addr().As4()
@@ -128,8 +144,9 @@ func (c *fastPath) RemoveEndpoint(e cluster.Endpoint) error {
 		return fmt.Errorf("delete ingress entry %s: %w", e.IP, err)
 	}
 	ip := be32(e.IP.Addr())
-	_, err := c.purgeFlows(func(k skcFlowKey) bool { return k.Laddr == ip || k.Raddr == ip })
-	return err
+	_, err1 := c.purgeFlows(func(k skcFlowKey) bool { return k.Laddr == ip || k.Raddr == ip })
+	_, err2 := c.purgeConnections(func(k skcFlowKey, _ skcFlowState) bool { return k.Laddr == ip || k.Raddr == ip })
+	return errors.Join(err1, err2)
 }
 
 // pinned reports whether a fast path's maps are pinned in dir.

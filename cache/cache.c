@@ -143,6 +143,8 @@ static __always_inline bool learning(void)
 	return c && !c->paused;
 }
 
+#include "flows.h"
+
 static __always_inline bool in_cluster(__be32 a)
 {
 	return (a & cfg_cluster_mask) == cfg_cluster_net;
@@ -171,7 +173,8 @@ enum parse {
 
 // parse_ip reads the IPv4 header at off and its ports into key, oriented
 // with the source as the local side. The caller has made off+20 linear.
-static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, struct flow_key *key, __u8 *tos, __u8 *ttl)
+static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, struct flow_key *key, __u8 *tos, __u8 *ttl,
+					    __u8 *tcp_flags)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -201,6 +204,7 @@ static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, str
 			return PARSE_UNSUPPORTED;
 		key->lport = th->source;
 		key->rport = th->dest;
+		*tcp_flags = ((__u8 *)th)[13];
 		if (th->syn && !th->ack)
 			return PARSE_START;
 		if (th->syn || th->fin || th->rst)
@@ -268,8 +272,9 @@ static __always_inline void decrease_ttl(struct iphdr *ip)
 	ip->ttl--;
 }
 
-// forget_flow drops what the filter holds for a flow whose SYN is seen: a
-// connection that reuses the 4-tuple of an ended one starts unknown. It may
+// forget_flow drops what the filter and the table hold for a flow whose SYN
+// is seen: a connection that reuses the 4-tuple of an ended one starts
+// unknown (an allowed SYN opens it again in the table). It may
 // take another path than the overlay's forwarding, which the caches never
 // learn (a host socket's connection, steered to the host stack by the
 // sockets layer): a stale entry would otherwise put its packets into the
@@ -279,6 +284,8 @@ static __always_inline void forget_flow(struct flow_key *k, enum reason r)
 {
 	if (bpf_map_lookup_elem(&skc_filter, k) && bpf_map_delete_elem(&skc_filter, k) == 0)
 		count(r);
+	if (bpf_map_lookup_elem(&skc_flows, k))
+		bpf_map_delete_elem(&skc_flows, k);
 }
 
 static __always_inline bool filter_open(struct flow_key *k)
@@ -313,64 +320,34 @@ static __always_inline void clear_forged_marks(struct __sk_buff *skb)
 	count(EG_FORGED_MARKS);
 }
 
-SEC("tc")
-int from_container(struct __sk_buff *skb)
+// egress_path returns the headers to a remote container's host, when the
+// reply can take the fast path too (the local container's ingress entry is
+// complete), so the overlay's conntrack never sees one direction of a flow
+// without the other; NULL otherwise, with the missing piece counted.
+static __always_inline struct egress_host *egress_path(struct flow_key *k, enum reason *miss)
 {
-	if (skb->protocol != bpf_htons(ETH_P_IP)) {
-		count(EG_PASS_NOT_IP);
-		return TC_ACT_UNSPEC;
-	}
-	if (!linear(skb, ETH_HLEN + sizeof(struct iphdr))) {
-		count(EG_PASS_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
-	clear_forged_marks(skb);
-	struct flow_key key = {};
-	__u8 tos = 0, ttl = 0;
-	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl);
-	if (p == PARSE_UNSUPPORTED) {
-		count(EG_PASS_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
-	// Same-host, container-to-host and traffic leaving the cluster are the
-	// overlay's. Only traffic to containers on other hosts is cached.
-	if (!in_cluster(key.raddr) || is_local(key.raddr)) {
-		count(EG_PASS_NOT_REMOTE);
-		return TC_ACT_UNSPEC;
-	}
-	if (p == PARSE_START)
-		forget_flow(&key, EG_FLOW_FORGOTTEN);
-	if (p != PARSE_OK) {
-		count(EG_PASS_CONTROL);
-		return TC_ACT_UNSPEC;
-	}
-	if (ttl <= 1) {
-		count(EG_PASS_TTL);
-		return TC_ACT_UNSPEC;
-	}
-	enum reason miss;
-	struct egress_host *eh = NULL;
-	if (!filter_open(&key)) {
-		miss = EG_MISS_FILTER;
-		goto mark;
-	}
-	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
+	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &k->raddr);
 	if (!host) {
-		miss = EG_MISS_EGRESS_IP;
-		goto mark;
+		*miss = EG_MISS_EGRESS_IP;
+		return NULL;
 	}
-	eh = bpf_map_lookup_elem(&skc_egress_host, host);
+	struct egress_host *eh = bpf_map_lookup_elem(&skc_egress_host, host);
 	if (!eh) {
-		miss = EG_MISS_EGRESS_HOST;
-		goto mark;
+		*miss = EG_MISS_EGRESS_HOST;
+		return NULL;
 	}
-	// Reverse check: only when the reply can take the fast path too, so the
-	// overlay's conntrack never sees one direction of a flow without the other.
-	struct ingress_ep *self = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
+	struct ingress_ep *self = bpf_map_lookup_elem(&skc_ingress, &k->laddr);
 	if (!self || !self->ready) {
-		count(EG_PASS_REVERSE);
-		return TC_ACT_UNSPEC;
+		*miss = EG_PASS_REVERSE;
+		return NULL;
 	}
+	return eh;
+}
+
+// encapsulate puts eh's headers in front of a container's packet and sends
+// it out of the underlay device.
+static __always_inline int encapsulate(struct __sk_buff *skb, struct egress_host *eh)
+{
 	__u32 ifindex = eh->ifindex;
 	__u32 hash = bpf_get_hash_recalc(skb);
 	// FIXED_GSO: the container MTU already leaves room for the 50 bytes, so
@@ -403,8 +380,107 @@ int from_container(struct __sk_buff *skb)
 	ouh->source = flow_src_port(hash);
 	ouh->check = 0; // the overlay device sends zero UDP checksums too
 	decrease_ttl(data + INNER_IP_OFF);
-	count(EG_HIT);
 	return bpf_redirect(ifindex, 0);
+}
+
+// egress_syn judges a local container's SYN to a remote one and opens its
+// connection in the table; NULL sends the SYN to the overlay.
+static __always_inline struct egress_host *egress_syn(struct flow_key *k)
+{
+	if (!first_packet()) {
+		count(EG_SYN_UNJUDGED);
+		return NULL;
+	}
+	int v = skp_verdict(&skp_egress, k->laddr, k->raddr, IPPROTO_TCP, bpf_ntohs(k->rport));
+	if (v != SKP_ALLOW) {
+		count(v == SKP_DENY ? EG_SYN_DENIED : EG_SYN_UNJUDGED);
+		return NULL;
+	}
+	enum reason miss;
+	struct egress_host *eh = egress_path(k, &miss);
+	if (!eh) {
+		count(EG_NO_PATH);
+		return NULL;
+	}
+	if (!open_flow(k, true, EG_TABLE_FULL))
+		return NULL;
+	count(EG_TABLE_OPEN);
+	return eh;
+}
+
+SEC("tc")
+int from_container(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP)) {
+		count(EG_PASS_NOT_IP);
+		return TC_ACT_UNSPEC;
+	}
+	if (!linear(skb, ETH_HLEN + sizeof(struct iphdr))) {
+		count(EG_PASS_UNSUPPORTED);
+		return TC_ACT_UNSPEC;
+	}
+	clear_forged_marks(skb);
+	struct flow_key key = {};
+	__u8 tos = 0, ttl = 0, fl = 0;
+	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl, &fl);
+	if (p == PARSE_UNSUPPORTED) {
+		count(EG_PASS_UNSUPPORTED);
+		return TC_ACT_UNSPEC;
+	}
+	// Same-host, container-to-host and traffic leaving the cluster are the
+	// overlay's. Only traffic to containers on other hosts is cached.
+	if (!in_cluster(key.raddr) || is_local(key.raddr)) {
+		count(EG_PASS_NOT_REMOTE);
+		return TC_ACT_UNSPEC;
+	}
+	if (p == PARSE_START)
+		forget_flow(&key, EG_FLOW_FORGOTTEN);
+	if (ttl <= 1) {
+		count(EG_PASS_TTL);
+		return TC_ACT_UNSPEC;
+	}
+	enum reason miss;
+	struct egress_host *eh;
+	if (key.proto == IPPROTO_TCP) {
+		if (p == PARSE_START) {
+			eh = egress_syn(&key);
+			if (!eh)
+				return TC_ACT_UNSPEC;
+			count(EG_HIT);
+			count(EG_TABLE_HIT);
+			return encapsulate(skb, eh);
+		}
+		struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
+		if (s) {
+			eh = egress_path(&key, &miss);
+			if (!eh) {
+				count(EG_NO_PATH);
+				return TC_ACT_UNSPEC;
+			}
+			track(&key, s, fl, 1);
+			count(EG_HIT);
+			count(EG_TABLE_HIT);
+			return encapsulate(skb, eh);
+		}
+	}
+	if (p != PARSE_OK) {
+		count(EG_PASS_CONTROL);
+		return TC_ACT_UNSPEC;
+	}
+	if (!filter_open(&key)) {
+		miss = EG_MISS_FILTER;
+		goto mark;
+	}
+	eh = egress_path(&key, &miss);
+	if (!eh) {
+		if (miss == EG_PASS_REVERSE) {
+			count(EG_PASS_REVERSE);
+			return TC_ACT_UNSPEC;
+		}
+		goto mark;
+	}
+	count(EG_HIT);
+	return encapsulate(skb, eh);
 
 mark:
 	count(miss);
@@ -450,65 +526,10 @@ static __always_inline bool vxlan_inner(struct __sk_buff *skb, struct iphdr *out
 	return true;
 }
 
-SEC("tc")
-int from_underlay(struct __sk_buff *skb)
+// deliver takes the outer headers off a packet for a local container and
+// hands it to the container's namespace.
+static __always_inline int deliver(struct __sk_buff *skb, struct ingress_ep *ep)
 {
-	struct iphdr outer;
-	if (!vxlan_inner(skb, &outer)) {
-		count(IN_PASS_NOT_VXLAN);
-		return TC_ACT_UNSPEC;
-	}
-	struct ethhdr *eth = (void *)(long)skb->data;
-	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
-		return TC_ACT_UNSPEC;
-	if (outer.daddr != cfg_underlay_ip || !is_underlay_mac(eth->h_dest)) {
-		count(IN_PASS_NOT_MINE);
-		return TC_ACT_UNSPEC;
-	}
-	struct flow_key key = {};
-	__u8 tos = 0, ttl = 0;
-	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl);
-	if (p == PARSE_UNSUPPORTED) {
-		count(IN_PASS_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
-	swap_key(&key); // local side is the destination
-	if (!is_local(key.laddr)) {
-		count(IN_PASS_NOT_MINE);
-		return TC_ACT_UNSPEC;
-	}
-	// A SYN forgets its flow only when it may come from where it claims:
-	// not when the inner source is a container this host sends to through
-	// another host than the one the packet came from (a forged SYN must
-	// not take a live flow off the fast path). With no entry for it, the
-	// flow takes no fast path either way.
-	__be32 *from = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
-	if (p == PARSE_START && (!from || *from == outer.saddr))
-		forget_flow(&key, IN_FLOW_FORGOTTEN);
-	if (p != PARSE_OK) {
-		count(IN_PASS_CONTROL);
-		return TC_ACT_UNSPEC;
-	}
-	if (ttl <= 1) {
-		count(IN_PASS_TTL);
-		return TC_ACT_UNSPEC;
-	}
-	enum reason miss;
-	if (!filter_open(&key)) {
-		miss = IN_MISS_FILTER;
-		goto mark;
-	}
-	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
-	if (!ep || !ep->ready) {
-		miss = IN_MISS_INGRESS;
-		goto mark;
-	}
-	// Reverse check, and anti-spoofing: the inner source must be a container
-	// this host would send to through the very host the packet came from.
-	if (!from || *from != outer.saddr) {
-		count(IN_PASS_REVERSE);
-		return TC_ACT_UNSPEC;
-	}
 	__u32 ifindex = ep->ifindex;
 	bool shaped = ep->shaped;
 	__u8 mac[2 * ETH_ALEN];
@@ -529,7 +550,6 @@ int from_underlay(struct __sk_buff *skb)
 	}
 	__builtin_memcpy(data, mac, sizeof(mac));
 	decrease_ttl(data + ETH_HLEN);
-	count(IN_HIT);
 	// A container with an ingress rate limit gets its packets through the
 	// host veth's egress, where the limit's qdisc is (redirect_peer would
 	// skip it): the limit holds on the fast path too.
@@ -538,6 +558,134 @@ int from_underlay(struct __sk_buff *skb)
 		return bpf_redirect(ifindex, 0);
 	}
 	return bpf_redirect_peer(ifindex, 0);
+}
+
+// ingress_path returns a local container's complete ingress entry when
+// the reply to key's packet can take the fast path too; NULL otherwise.
+static __always_inline struct ingress_ep *ingress_path(struct flow_key *k)
+{
+	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &k->laddr);
+	if (!ep || !ep->ready)
+		return NULL;
+	enum reason miss;
+	if (!egress_path(k, &miss))
+		return NULL;
+	return ep;
+}
+
+// ingress_syn judges a remote container's SYN to a local one (its source
+// checked already) and opens its connection in the table; NULL sends the
+// SYN to the overlay.
+static __always_inline struct ingress_ep *ingress_syn(struct __sk_buff *skb, struct flow_key *k)
+{
+	if (!first_packet()) {
+		count(IN_SYN_UNJUDGED);
+		return NULL;
+	}
+	int v = skp_verdict(&skp_ingress, k->laddr, k->raddr, IPPROTO_TCP, bpf_ntohs(k->lport));
+	if (v != SKP_ALLOW) {
+		count(v == SKP_DENY ? IN_SYN_DENIED : IN_SYN_UNJUDGED);
+		return NULL;
+	}
+	struct ingress_ep *ep = ingress_path(k);
+	if (!ep) {
+		count(IN_NO_PATH);
+		return NULL;
+	}
+	if (!has_listener(skb, k, ep->netns_id)) {
+		count(IN_SYN_NO_LISTENER);
+		return NULL;
+	}
+	if (!open_flow(k, false, IN_TABLE_FULL))
+		return NULL;
+	count(IN_TABLE_OPEN);
+	return ep;
+}
+
+SEC("tc")
+int from_underlay(struct __sk_buff *skb)
+{
+	struct iphdr outer;
+	if (!vxlan_inner(skb, &outer)) {
+		count(IN_PASS_NOT_VXLAN);
+		return TC_ACT_UNSPEC;
+	}
+	struct ethhdr *eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return TC_ACT_UNSPEC;
+	if (outer.daddr != cfg_underlay_ip || !is_underlay_mac(eth->h_dest)) {
+		count(IN_PASS_NOT_MINE);
+		return TC_ACT_UNSPEC;
+	}
+	struct flow_key key = {};
+	__u8 tos = 0, ttl = 0, fl = 0;
+	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl, &fl);
+	if (p == PARSE_UNSUPPORTED) {
+		count(IN_PASS_UNSUPPORTED);
+		return TC_ACT_UNSPEC;
+	}
+	swap_key(&key); // local side is the destination
+	if (!is_local(key.laddr)) {
+		count(IN_PASS_NOT_MINE);
+		return TC_ACT_UNSPEC;
+	}
+	// Anti-spoofing: the inner source must be a container this host would
+	// send to through the very host the packet came from. Nothing else
+	// changes state or takes the fast path.
+	__be32 *from = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
+	bool checked = from && *from == outer.saddr;
+	// A SYN forgets its flow only when it may come from where it claims:
+	// a forged SYN must not take a live flow off the fast path. With no
+	// entry for the source, the flow takes no fast path either way.
+	if (p == PARSE_START && (!from || checked))
+		forget_flow(&key, IN_FLOW_FORGOTTEN);
+	if (ttl <= 1) {
+		count(IN_PASS_TTL);
+		return TC_ACT_UNSPEC;
+	}
+	struct ingress_ep *ep;
+	if (key.proto == IPPROTO_TCP && checked) {
+		if (p == PARSE_START) {
+			ep = ingress_syn(skb, &key);
+			if (!ep)
+				return TC_ACT_UNSPEC;
+			count(IN_HIT);
+			count(IN_TABLE_HIT);
+			return deliver(skb, ep);
+		}
+		struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
+		if (s) {
+			ep = ingress_path(&key);
+			if (!ep) {
+				count(IN_NO_PATH);
+				return TC_ACT_UNSPEC;
+			}
+			track(&key, s, fl, 2);
+			count(IN_HIT);
+			count(IN_TABLE_HIT);
+			return deliver(skb, ep);
+		}
+	}
+	if (p != PARSE_OK) {
+		count(IN_PASS_CONTROL);
+		return TC_ACT_UNSPEC;
+	}
+	enum reason miss;
+	if (!filter_open(&key)) {
+		miss = IN_MISS_FILTER;
+		goto mark;
+	}
+	ep = bpf_map_lookup_elem(&skc_ingress, &key.laddr);
+	if (!ep || !ep->ready) {
+		miss = IN_MISS_INGRESS;
+		goto mark;
+	}
+	if (!checked) {
+		count(IN_PASS_REVERSE);
+		return TC_ACT_UNSPEC;
+	}
+	count(IN_HIT);
+	return deliver(skb, ep);
 
 mark:
 	count(miss);
@@ -567,8 +715,8 @@ int to_underlay(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	struct flow_key key = {};
-	__u8 tos = 0, ttl = 0;
-	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl);
+	__u8 tos = 0, ttl = 0, fl = 0;
+	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl, &fl);
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct iphdr *iip = data + INNER_IP_OFF;
@@ -610,8 +758,8 @@ int to_container(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	struct flow_key key = {};
-	__u8 tos = 0, ttl = 0;
-	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl);
+	__u8 tos = 0, ttl = 0, fl = 0;
+	enum parse p = parse_ip(skb, ETH_HLEN, &key, &tos, &ttl, &fl);
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;

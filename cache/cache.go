@@ -22,18 +22,21 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/policymap"
 )
 
-// Capacity sets the number of entries of each cache (LRU maps).
+// Capacity sets the number of entries of each cache (LRU maps) and of the
+// connection table (a full table sends new connections to the overlay).
 type Capacity struct {
 	EgressIPs   uint32 // remote container → host
 	EgressHosts uint32 // remote host → outer headers
 	Ingress     uint32 // local container → MACs and veth
 	Filter      uint32 // flows allowed in each direction
+	Connections uint32 // TCP connections the fast path owns from their SYN
 }
 
 // DefaultCapacity fits a few thousand containers and tens of thousands of flows.
-var DefaultCapacity = Capacity{EgressIPs: 4096, EgressHosts: 1024, Ingress: 1024, Filter: 16384}
+var DefaultCapacity = Capacity{EgressIPs: 4096, EgressHosts: 1024, Ingress: 1024, Filter: 16384, Connections: 65536}
 
 // config describes the host the cache runs on.
 type config struct {
@@ -50,6 +53,8 @@ type fastPath struct {
 	objs     skcObjects
 	underlay netlink.Link
 	log      *slog.Logger
+	ctl      skcControl     // what skc_control holds
+	policy   policymap.Maps // the policy the table's SYNs are judged by
 }
 
 // load loads the programs with this host's configuration. Maps pinned in
@@ -79,6 +84,18 @@ func loadOn(cfg config, under netlink.Link, log *slog.Logger) (*fastPath, error)
 	if err := bpffs.Load(spec, &c.objs, cfg.PinDir, log); err != nil {
 		return nil, fmt.Errorf("load cache programs: %w", err)
 	}
+	// The policy maps are this process's (not pinned): no SYN opens a
+	// connection until they hold the policy. Learning stays paused if an
+	// earlier run left it so, until the first Settle.
+	if err := c.objs.SkcControl.Lookup(uint32(0), &c.ctl); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("read cache control: %w", err)
+	}
+	c.policy = policymap.Maps{Egress: c.objs.SkpEgress, Ingress: c.objs.SkpIngress, Verdicts: c.objs.SkpVerdicts}
+	if err := c.setPolicy(false); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -107,6 +124,7 @@ func configure(spec *ebpf.CollectionSpec, cfg config, under netlink.Link) error 
 	}{
 		{s.SkcEgressIp, cfg.Capacity.EgressIPs}, {s.SkcEgressHost, cfg.Capacity.EgressHosts},
 		{s.SkcIngress, cfg.Capacity.Ingress}, {s.SkcFilter, cfg.Capacity.Filter},
+		{s.SkcFlows, cfg.Capacity.Connections},
 	} {
 		if m.n == 0 {
 			return fmt.Errorf("capacity of %s is 0", m.spec.Name)
@@ -150,15 +168,30 @@ func localPortRange() (uint32, uint32, error) {
 // stay, so the fast path keeps running without the agent.
 func (c *fastPath) Close() error { return c.objs.Close() }
 
-// SetPaused stops (or restarts) learning in the init programs. Packets keep
-// flowing on both paths while paused; only new cache entries wait.
+// SetPaused stops (or restarts) learning in the init programs and the
+// opening of table connections. Packets keep flowing on both paths while
+// paused; only new cache entries wait.
 func (c *fastPath) SetPaused(paused bool) error {
-	v := skcControl{}
-	if paused {
-		v.Paused = 1
-	}
-	if err := c.objs.SkcControl.Put(uint32(0), v); err != nil {
+	c.ctl.Paused = b32(paused)
+	if err := c.objs.SkcControl.Put(uint32(0), c.ctl); err != nil {
 		return fmt.Errorf("set cache learning paused=%v: %w", paused, err)
 	}
 	return nil
+}
+
+// setPolicy says whether policymap's maps hold the current policy, so
+// that SYNs may open table connections.
+func (c *fastPath) setPolicy(valid bool) error {
+	c.ctl.Policy = b32(valid)
+	if err := c.objs.SkcControl.Put(uint32(0), c.ctl); err != nil {
+		return fmt.Errorf("set cache policy valid=%v: %w", valid, err)
+	}
+	return nil
+}
+
+func b32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
 }

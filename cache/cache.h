@@ -40,13 +40,24 @@ struct ingress_ep {
 	__u32 ifindex; // host-side veth (redirect_peer target)
 	__u8 mac_dst[6];
 	__u8 mac_src[6];
-	__u8 ready;  // MACs learned
+	__u8 ready;  // MACs known (set by the agent at ADD, or learned)
 	__u8 shaped; // an ingress rate limit: deliver through the veth's qdisc
 	__u8 pad[2];
+	__s32 netns_id; // the container's namespace id in the host's (-1: none)
+};
+
+// A connection the fast path owns from its first SYN (flows.h).
+struct flow_state {
+	__u64 seen;   // bpf_ktime_get_coarse_ns() of a recent segment
+	__u8 state;   // enum flow_st
+	__u8 fin;     // FINs seen: 1 from the local container, 2 to it
+	__u8 outbound; // the local container opened it
+	__u8 pad[5];
 };
 
 struct control {
 	__u32 paused; // learning paused (delete-and-reinitialize in progress)
+	__u32 policy; // policymap.h's maps hold the current policy: SYNs may open connections
 };
 
 // Counters, one per program outcome. Names in Go: cache/stats.go.
@@ -64,6 +75,12 @@ enum reason {
 	EG_ERR_ENCAP,
 	EG_FORGED_MARKS, // counted besides the outcome: a container's own marks, cleared
 	EG_FLOW_FORGOTTEN, // besides the outcome: a SYN's flow had a filter entry, dropped
+	EG_TABLE_HIT,      // besides the hit: it went by the connection table
+	EG_TABLE_OPEN,     // besides the hit: a SYN opened a connection
+	EG_SYN_DENIED,     // a SYN the policy denies: the overlay rejects it
+	EG_SYN_UNJUDGED,   // a SYN with no verdict (policy not compiled or being changed)
+	EG_NO_PATH,        // an allowed SYN or a table connection's segment whose path (either way) is unknown
+	EG_TABLE_FULL,     // a SYN allowed, but the table is full
 	IN_HIT,
 	IN_PASS_NOT_VXLAN,
 	IN_PASS_NOT_MINE,
@@ -76,6 +93,13 @@ enum reason {
 	IN_ERR_DECAP,
 	IN_FLOW_FORGOTTEN, // besides the outcome: a SYN's flow had a filter entry, dropped
 	IN_HIT_SHAPED, // besides the hit: delivered through the host veth's qdisc (rate limit)
+	IN_TABLE_HIT,      // besides the hit: it went by the connection table
+	IN_TABLE_OPEN,
+	IN_SYN_DENIED,
+	IN_SYN_UNJUDGED,
+	IN_NO_PATH,
+	IN_SYN_NO_LISTENER, // an allowed SYN to no socket of the container's namespace
+	IN_TABLE_FULL,
 	EI_LEARN,
 	EI_PAUSED,
 	EI_CLEARED,

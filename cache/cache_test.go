@@ -199,9 +199,9 @@ func TestSYNForgetsFlow(t *testing.T) {
 		forgets bool
 	}{
 		{"from_container SYN", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN),
-			[]string{"from_container/pass_syn_fin_rst", "from_container/syn_flow_forgotten"}, true},
+			[]string{"from_container/syn_unjudged", "from_container/syn_flow_forgotten"}, true},
 		{"from_underlay SYN", func(c *fastPath) *ebpf.Program { return c.objs.FromUnderlay }, ingressTCP(tctest.IPOpts{}, tctest.SYN),
-			[]string{"from_underlay/pass_syn_fin_rst", "from_underlay/syn_flow_forgotten"}, true},
+			[]string{"from_underlay/syn_unjudged", "from_underlay/syn_flow_forgotten"}, true},
 		{"from_container SYN-ACK", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK),
 			[]string{"from_container/pass_syn_fin_rst"}, false},
 		// A SYN in VXLAN from another host than the one this host sends
@@ -301,7 +301,7 @@ func TestFromContainerClearsForgedMarks(t *testing.T) {
 		off     int  // of the IPv4 header after
 	}{
 		{"miss", false, egressTCP(forged, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/miss_filter"}, 0x20 | markMiss, 14},
-		{"SYN", false, egressTCP(forged, tctest.SYN), []string{"from_container/forged_marks_cleared", "from_container/pass_syn_fin_rst"}, 0x20, 14},
+		{"SYN", false, egressTCP(forged, tctest.SYN), []string{"from_container/forged_marks_cleared", "from_container/syn_unjudged"}, 0x20, 14},
 		{"fragment", false, egressTCP(tctest.IPOpts{TOS: forged.TOS, Frag: 0x2000}, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/pass_unsupported"}, 0x20, 14},
 		{"hit", true, egressTCP(forged, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/hit"}, 0x20, 64},
 		{"outside the cluster", false, outside, []string{"from_container/pass_not_remote"}, forged.TOS, 14},
@@ -656,7 +656,7 @@ func TestToContainer(t *testing.T) {
 // TestFullCaches: LRU maps never refuse an insert; learning at capacity
 // evicts old entries instead of failing, and traffic keeps flowing.
 func TestFullCaches(t *testing.T) {
-	c := newTestCache(t, Capacity{EgressIPs: 4, EgressHosts: 2, Ingress: 2, Filter: 4})
+	c := newTestCache(t, Capacity{EgressIPs: 4, EgressHosts: 2, Ingress: 2, Filter: 4, Connections: 4})
 	for i := range 20 {
 		in := encapsulatedTCP(tctest.IPOpts{TOS: markMiss | markEst})
 		in[64+19] = byte(i) // a new remote container each time
@@ -692,7 +692,9 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 	if err := c.Sync(eps, hosts); err != nil {
 		t.Fatal(err)
 	}
-	if count(t, c.objs.SkcEgressIp) != 1 || count(t, c.objs.SkcEgressHost) != 1 || count(t, c.objs.SkcIngress) != 1 || count(t, c.objs.SkcFilter) != 1 {
+	// The remote container and h2's VTEP address are known from the
+	// store, before any packet.
+	if count(t, c.objs.SkcEgressIp) != 2 || count(t, c.objs.SkcEgressHost) != 1 || count(t, c.objs.SkcIngress) != 1 || count(t, c.objs.SkcFilter) != 1 {
 		t.Fatal("Sync removed live entries")
 	}
 	// The remote container moves to h3 (host move): everything naming it
@@ -702,8 +704,9 @@ func TestPurgeDeniedAndSync(t *testing.T) {
 	if err := c.Sync(eps, hosts); err != nil {
 		t.Fatal(err)
 	}
-	if count(t, c.objs.SkcEgressIp) != 0 {
-		t.Error("egress entry pointing at the container's old host survived the move")
+	var host [4]byte
+	if err := c.objs.SkcEgressIp.Lookup(be32(ipRemote), &host); err != nil || addr(host) != ulOther {
+		t.Errorf("egress entry of the moved container: %s (%v), want its new host %s", addr(host), err, ulOther)
 	}
 	// The remote endpoint is deleted, then h2 leaves.
 	if err := c.Sync(eps[:1], hosts[:1]); err != nil {
@@ -804,8 +807,8 @@ func TestSyncBusyHost(t *testing.T) {
 	if n := count(t, c.objs.SkcIngress); n != 50 {
 		t.Errorf("%d ingress entries, want 50", n)
 	}
-	if n := count(t, c.objs.SkcEgressIp); n != 63*62 {
-		t.Errorf("%d egress entries, want %d", n, 63*62)
+	if n := count(t, c.objs.SkcEgressIp); n != 63*62+63 { // and each host's VTEP address
+		t.Errorf("%d egress entries, want %d", n, 63*62+63)
 	}
 	if n := count(t, c.objs.SkcEgressHost); n != 63 {
 		t.Errorf("%d egress hosts, want 63", n)

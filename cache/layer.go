@@ -5,8 +5,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"net/netip"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/layer"
+	"github.com/skiffnet/skiff/policy"
 )
 
 // The cache needs every host's endpoints: its egress caches name them all.
@@ -26,12 +30,17 @@ func init() {
 	})
 }
 
-// flags: --cache-capacity.
+// flags: --cache-capacity, --cache-connections.
 func flags(fs *flag.FlagSet) layer.FlagOptions {
 	capacity := DefaultCapacity
 	fs.Func("cache-capacity", fmt.Sprintf("cache layer: sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
 		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
 		_, err := fmt.Sscanf(v, "%d,%d,%d,%d", &capacity.EgressIPs, &capacity.EgressHosts, &capacity.Ingress, &capacity.Filter)
+		return err
+	})
+	fs.Func("cache-connections", fmt.Sprintf("cache layer: TCP connections the fast path carries from their first packet; "+
+		"more take the overlay (default %d)", capacity.Connections), func(v string) error {
+		_, err := fmt.Sscanf(v, "%d", &capacity.Connections)
 		return err
 	})
 	return func(layer.Settings) (any, error) { return capacity, nil }
@@ -48,6 +57,34 @@ type Layer struct {
 	// with it; pause: Sync paused learning, Settle resumes it.
 	pending, pause bool
 	eps            layer.Attached // local containers on the fast path
+	stop           func()         // ends the connection table's expiry
+	// The policy and local containers the first-packet judge was compiled
+	// for: a container added between reconciles is judged from its ADD.
+	judged struct {
+		sync.Mutex
+		rules policy.Set
+		known bool // rules came from a reconcile (before: no verdicts at all)
+		local map[netip.Addr]bool
+	}
+}
+
+// judge compiles the first-packet policy for rules (nil: the last ones)
+// and the local containers after change.
+func (l *Layer) judge(rules *policy.Set, change func(map[netip.Addr]bool)) error {
+	j := &l.judged
+	j.Lock()
+	defer j.Unlock()
+	if rules != nil {
+		j.rules, j.known = *rules, true
+	}
+	if j.local == nil {
+		j.local = map[netip.Addr]bool{}
+	}
+	change(j.local)
+	if !j.known {
+		return nil
+	}
+	return l.c.SyncPolicy(j.rules, slices.SortedFunc(maps.Keys(j.local), netip.Addr.Compare))
 }
 
 // probe checks what the fast path needs beyond the overlay (whose source
@@ -95,6 +132,13 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 		return fmt.Errorf("set up cache: %w", err)
 	}
 	l.c = c
+	expiry, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.expireEvery(expiry, 10*time.Second)
+	}()
+	l.stop = func() { cancel(); <-done }
 	env.Log.Info("cache fast path attached", "pins", env.PinDir)
 	return nil
 }
@@ -114,14 +158,18 @@ func teardownLayer(env layer.Env, _ any) (bool, error) {
 // AddEndpoint attaches the fast path to a container; a failure is the
 // container's (it keeps the overlay), tried again at every Settle.
 func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
-	return l.eps.Add(e, l.c.AddEndpoint)
+	if err := l.eps.Add(e, l.c.AddEndpoint); err != nil {
+		return err
+	}
+	return l.judge(nil, func(local map[netip.Addr]bool) { local[e.IP.Addr()] = true })
 }
 
 // RemoveEndpoint runs before the address is released: nothing may reach a
 // future holder of the address through entries learned for this one.
 func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 	l.eps.Remove(e)
-	return l.c.RemoveEndpoint(e)
+	return errors.Join(l.c.RemoveEndpoint(e),
+		l.judge(nil, func(local map[netip.Addr]bool) { delete(local, e.IP.Addr()) }))
 }
 
 // Endpoint says whether a local container's cross-host flows can take the
@@ -166,6 +214,14 @@ func (l *Layer) settle(v *layer.View) error {
 		return nil
 	}
 	var errs []error
+	// The first packets' judge first: no SYN opens a connection under the
+	// old policy once the purge ran.
+	errs = append(errs, l.judge(&v.Rules, func(local map[netip.Addr]bool) {
+		clear(local)
+		for _, e := range v.Local {
+			local[e.IP.Addr()] = true
+		}
+	}))
 	if v.PolicyChanged {
 		n, err := l.c.PurgeDenied(v.Rules)
 		if n > 0 {
@@ -190,7 +246,8 @@ func (l *Layer) settle(v *layer.View) error {
 // Status reports the programs' counters (program/outcome).
 func (l *Layer) Status([]cluster.Endpoint) layer.Report {
 	stats, _ := l.c.Stats()
-	return report(stats)
+	conns, _ := l.c.Connections()
+	return report(stats, conns, l.c.cfg.Capacity.Connections)
 }
 
 // Inspect adds every cache entry to the status (skiff layer cache).
@@ -203,10 +260,19 @@ func (l *Layer) Inspect() (layer.Report, error) {
 	if err != nil {
 		return layer.Report{}, err
 	}
-	r := report(stats)
+	conns, err := l.c.Connections()
+	if err != nil {
+		return layer.Report{}, err
+	}
+	r := report(stats, conns, l.c.cfg.Capacity.Connections)
 	r.Details = e
 	r.View = append(r.View, e.view()...)
 	return r, nil
 }
 
-func (l *Layer) Close() error { return l.c.Close() }
+func (l *Layer) Close() error {
+	if l.stop != nil {
+		l.stop()
+	}
+	return l.c.Close()
+}

@@ -16,6 +16,7 @@ import (
 type skcControl struct {
 	_      structs.HostLayout
 	Paused uint32
+	Policy uint32
 }
 
 type skcEgressHost struct {
@@ -42,6 +43,15 @@ type skcFlowKey struct {
 	Pad   [3]uint8
 }
 
+type skcFlowState struct {
+	_        structs.HostLayout
+	Seen     uint64
+	State    uint8
+	Fin      uint8
+	Outbound uint8
+	Pad      [5]uint8
+}
+
 type skcIngressEp struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -50,6 +60,7 @@ type skcIngressEp struct {
 	Ready   uint8
 	Shaped  uint8
 	Pad     [2]uint8
+	NetnsId int32
 }
 
 type skcReason uint32
@@ -68,29 +79,57 @@ const (
 	skcReasonEG_ERR_ENCAP        skcReason = 10
 	skcReasonEG_FORGED_MARKS     skcReason = 11
 	skcReasonEG_FLOW_FORGOTTEN   skcReason = 12
-	skcReasonIN_HIT              skcReason = 13
-	skcReasonIN_PASS_NOT_VXLAN   skcReason = 14
-	skcReasonIN_PASS_NOT_MINE    skcReason = 15
-	skcReasonIN_PASS_UNSUPPORTED skcReason = 16
-	skcReasonIN_PASS_CONTROL     skcReason = 17
-	skcReasonIN_PASS_TTL         skcReason = 18
-	skcReasonIN_PASS_REVERSE     skcReason = 19
-	skcReasonIN_MISS_FILTER      skcReason = 20
-	skcReasonIN_MISS_INGRESS     skcReason = 21
-	skcReasonIN_ERR_DECAP        skcReason = 22
-	skcReasonIN_FLOW_FORGOTTEN   skcReason = 23
-	skcReasonIN_HIT_SHAPED       skcReason = 24
-	skcReasonEI_LEARN            skcReason = 25
-	skcReasonEI_PAUSED           skcReason = 26
-	skcReasonEI_CLEARED          skcReason = 27
-	skcReasonEI_PASS             skcReason = 28
-	skcReasonEI_PASS_NOT_OVERLAY skcReason = 29
-	skcReasonII_LEARN            skcReason = 30
-	skcReasonII_PAUSED           skcReason = 31
-	skcReasonII_CLEARED          skcReason = 32
-	skcReasonII_PASS             skcReason = 33
-	skcReasonNR_REASONS          skcReason = 34
+	skcReasonEG_TABLE_HIT        skcReason = 13
+	skcReasonEG_TABLE_OPEN       skcReason = 14
+	skcReasonEG_SYN_DENIED       skcReason = 15
+	skcReasonEG_SYN_UNJUDGED     skcReason = 16
+	skcReasonEG_NO_PATH          skcReason = 17
+	skcReasonEG_TABLE_FULL       skcReason = 18
+	skcReasonIN_HIT              skcReason = 19
+	skcReasonIN_PASS_NOT_VXLAN   skcReason = 20
+	skcReasonIN_PASS_NOT_MINE    skcReason = 21
+	skcReasonIN_PASS_UNSUPPORTED skcReason = 22
+	skcReasonIN_PASS_CONTROL     skcReason = 23
+	skcReasonIN_PASS_TTL         skcReason = 24
+	skcReasonIN_PASS_REVERSE     skcReason = 25
+	skcReasonIN_MISS_FILTER      skcReason = 26
+	skcReasonIN_MISS_INGRESS     skcReason = 27
+	skcReasonIN_ERR_DECAP        skcReason = 28
+	skcReasonIN_FLOW_FORGOTTEN   skcReason = 29
+	skcReasonIN_HIT_SHAPED       skcReason = 30
+	skcReasonIN_TABLE_HIT        skcReason = 31
+	skcReasonIN_TABLE_OPEN       skcReason = 32
+	skcReasonIN_SYN_DENIED       skcReason = 33
+	skcReasonIN_SYN_UNJUDGED     skcReason = 34
+	skcReasonIN_NO_PATH          skcReason = 35
+	skcReasonIN_SYN_NO_LISTENER  skcReason = 36
+	skcReasonIN_TABLE_FULL       skcReason = 37
+	skcReasonEI_LEARN            skcReason = 38
+	skcReasonEI_PAUSED           skcReason = 39
+	skcReasonEI_CLEARED          skcReason = 40
+	skcReasonEI_PASS             skcReason = 41
+	skcReasonEI_PASS_NOT_OVERLAY skcReason = 42
+	skcReasonII_LEARN            skcReason = 43
+	skcReasonII_PAUSED           skcReason = 44
+	skcReasonII_CLEARED          skcReason = 45
+	skcReasonII_PASS             skcReason = 46
+	skcReasonNR_REASONS          skcReason = 47
 )
+
+type skcSkpLpmKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Local     uint32
+	Addr      uint32
+}
+
+type skcSkpVkey struct {
+	_     structs.HostLayout
+	Node  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -100,8 +139,12 @@ const (
 	skcMapSkcEgressHost  = "skc_egress_host"
 	skcMapSkcEgressIp    = "skc_egress_ip"
 	skcMapSkcFilter      = "skc_filter"
+	skcMapSkcFlows       = "skc_flows"
 	skcMapSkcIngress     = "skc_ingress"
 	skcMapSkcStats       = "skc_stats"
+	skcMapSkpEgress      = "skp_egress"
+	skcMapSkpIngress     = "skp_ingress"
+	skcMapSkpVerdicts    = "skp_verdicts"
 	skcProgFromContainer = "from_container"
 	skcProgFromUnderlay  = "from_underlay"
 	skcProgToContainer   = "to_container"
@@ -175,8 +218,12 @@ type skcMapSpecs struct {
 	SkcEgressHost *ebpf.MapSpec `ebpf:"skc_egress_host"`
 	SkcEgressIp   *ebpf.MapSpec `ebpf:"skc_egress_ip"`
 	SkcFilter     *ebpf.MapSpec `ebpf:"skc_filter"`
+	SkcFlows      *ebpf.MapSpec `ebpf:"skc_flows"`
 	SkcIngress    *ebpf.MapSpec `ebpf:"skc_ingress"`
 	SkcStats      *ebpf.MapSpec `ebpf:"skc_stats"`
+	SkpEgress     *ebpf.MapSpec `ebpf:"skp_egress"`
+	SkpIngress    *ebpf.MapSpec `ebpf:"skp_ingress"`
+	SkpVerdicts   *ebpf.MapSpec `ebpf:"skp_verdicts"`
 }
 
 // skcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -220,8 +267,12 @@ type skcMaps struct {
 	SkcEgressHost *ebpf.Map `ebpf:"skc_egress_host"`
 	SkcEgressIp   *ebpf.Map `ebpf:"skc_egress_ip"`
 	SkcFilter     *ebpf.Map `ebpf:"skc_filter"`
+	SkcFlows      *ebpf.Map `ebpf:"skc_flows"`
 	SkcIngress    *ebpf.Map `ebpf:"skc_ingress"`
 	SkcStats      *ebpf.Map `ebpf:"skc_stats"`
+	SkpEgress     *ebpf.Map `ebpf:"skp_egress"`
+	SkpIngress    *ebpf.Map `ebpf:"skp_ingress"`
+	SkpVerdicts   *ebpf.Map `ebpf:"skp_verdicts"`
 }
 
 func (m *skcMaps) Close() error {
@@ -230,8 +281,12 @@ func (m *skcMaps) Close() error {
 		m.SkcEgressHost,
 		m.SkcEgressIp,
 		m.SkcFilter,
+		m.SkcFlows,
 		m.SkcIngress,
 		m.SkcStats,
+		m.SkpEgress,
+		m.SkpIngress,
+		m.SkpVerdicts,
 	)
 }
 

@@ -46,6 +46,12 @@ var reasons = [skcReasonNR_REASONS]Reason{
 	skcReasonEG_ERR_ENCAP:        r("from_container", "error_encap"),
 	skcReasonEG_FORGED_MARKS:     r("from_container", "forged_marks_cleared"),
 	skcReasonEG_FLOW_FORGOTTEN:   r("from_container", "syn_flow_forgotten"),
+	skcReasonEG_TABLE_HIT:        r("from_container", "table_hit"),
+	skcReasonEG_TABLE_OPEN:       r("from_container", "table_open"),
+	skcReasonEG_SYN_DENIED:       r("from_container", "syn_denied"),
+	skcReasonEG_SYN_UNJUDGED:     r("from_container", "syn_unjudged"),
+	skcReasonEG_NO_PATH:          r("from_container", "table_no_path"),
+	skcReasonEG_TABLE_FULL:       r("from_container", "table_full"),
 	skcReasonIN_HIT:              r("from_underlay", "hit"),
 	skcReasonIN_PASS_NOT_VXLAN:   r("from_underlay", "pass_not_vxlan"),
 	skcReasonIN_PASS_NOT_MINE:    r("from_underlay", "pass_not_mine"),
@@ -58,6 +64,13 @@ var reasons = [skcReasonNR_REASONS]Reason{
 	skcReasonIN_ERR_DECAP:        r("from_underlay", "error_decap"),
 	skcReasonIN_FLOW_FORGOTTEN:   r("from_underlay", "syn_flow_forgotten"),
 	skcReasonIN_HIT_SHAPED:       r("from_underlay", "hit_shaped"),
+	skcReasonIN_TABLE_HIT:        r("from_underlay", "table_hit"),
+	skcReasonIN_TABLE_OPEN:       r("from_underlay", "table_open"),
+	skcReasonIN_SYN_DENIED:       r("from_underlay", "syn_denied"),
+	skcReasonIN_SYN_UNJUDGED:     r("from_underlay", "syn_unjudged"),
+	skcReasonIN_NO_PATH:          r("from_underlay", "table_no_path"),
+	skcReasonIN_SYN_NO_LISTENER:  r("from_underlay", "syn_no_listener"),
+	skcReasonIN_TABLE_FULL:       r("from_underlay", "table_full"),
 	skcReasonEI_LEARN:            r("to_underlay", "learn"),
 	skcReasonEI_PAUSED:           r("to_underlay", "paused"),
 	skcReasonEI_CLEARED:          r("to_underlay", "marks_cleared"),
@@ -164,9 +177,13 @@ type Flow struct {
 	Ingress bool   `json:"ingress"`
 }
 
-// report shows the counters in program order, and serves them as
-// skiff_cache_packets_total{program,outcome}.
-func report(stats map[string]uint64) layer.Report {
+// stateNames names the connection table's states (enum flow_st).
+var stateNames = []string{stSynSent: "syn_sent", stSynRecv: "syn_recv", stEstablished: "established", stClosing: "closing"}
+
+// report shows the counters in program order and the connection table's
+// use, and serves them as skiff_cache_packets_total{program,outcome},
+// skiff_cache_connections{state} and skiff_cache_connections_capacity.
+func report(stats map[string]uint64, conns map[uint8]int, capacity uint32) layer.Report {
 	var rows [][]string
 	for _, r := range Reasons {
 		if n := stats[r.Name]; n > 0 {
@@ -179,8 +196,23 @@ func report(stats map[string]uint64) layer.Report {
 	m.Add("packets_total", "Packets handled by the cache programs, by program and outcome.", prometheus.CounterValue,
 		[]string{"program", "outcome"}, len(reasons), func(i int) float64 { return float64(stats[reasons[i].Name]) },
 		func(i int) []string { return []string{reasons[i].Program, reasons[i].Outcome} })
-	return layer.Report{Counters: stats, View: []api.Section{{Title: "cache fast path (packets):", Header: []string{"PROGRAM", "OUTCOME", "PACKETS"}, Rows: rows}},
-		Metrics: m.List()}
+	states := stateNames[stSynSent:]
+	m.Add("connections", "TCP connections in the fast path's table, by state.", prometheus.GaugeValue,
+		[]string{"state"}, len(states), func(i int) float64 { return float64(conns[uint8(i+stSynSent)]) },
+		func(i int) []string { return states[i : i+1] })
+	m.Gauge("connections_capacity", "Size of the fast path's connection table (a full table sends new connections to the overlay).", float64(capacity))
+	total := 0
+	var tableRows [][]string
+	for i, name := range states {
+		n := conns[uint8(i+stSynSent)]
+		total += n
+		tableRows = append(tableRows, []string{name, fmt.Sprint(n)})
+	}
+	tableRows = append(tableRows, []string{"total", fmt.Sprintf("%d of %d", total, capacity)})
+	return layer.Report{Counters: stats, View: []api.Section{
+		{Title: "cache fast path (packets):", Header: []string{"PROGRAM", "OUTCOME", "PACKETS"}, Rows: rows},
+		{Title: "cache connection table:", Header: []string{"STATE", "CONNECTIONS"}, Rows: tableRows},
+	}, Metrics: m.List()}
 }
 
 // view shows the entries, a table for each map.

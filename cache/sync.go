@@ -3,6 +3,7 @@ package cache
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -64,25 +65,30 @@ func deniedBy(set policy.Set, k skcFlowKey) bool {
 		!set.Allowed(policy.Flow{Src: r, Dst: l, Proto: proto, Port: lport})
 }
 
-// PurgeDenied deletes the cached flows set denies, so their next packets
-// go to the overlay, where the policy chain judges them.
+// PurgeDenied deletes the cached flows and the table's connections set
+// denies, so their next packets go to the overlay, where the policy chain
+// judges them.
 func (c *fastPath) PurgeDenied(set policy.Set) (int, error) {
-	return c.purgeFlows(func(k skcFlowKey) bool { return deniedBy(set, k) })
+	n, err1 := c.purgeFlows(func(k skcFlowKey) bool { return deniedBy(set, k) })
+	m, err2 := c.purgeConnections(func(k skcFlowKey, s skcFlowState) bool { return openedAgainst(set, k, s) })
+	return n + m, errors.Join(err1, err2)
 }
 
-// Sync makes the caches agree with the cluster: egress entries must name a
-// live remote endpoint (or host VTEP) on the host that owns it now, egress
-// headers a live remote host, ingress entries a local endpoint, and flows
-// addresses that still exist. This covers endpoint deletion, host removal
-// and host moves (delete-and-reinitialize, paper §3.4) on every host.
+// Sync makes the caches agree with the cluster: egress entries name every
+// live remote endpoint (and host VTEP) with the host that owns it now,
+// egress headers every live remote host, ingress entries local endpoints
+// only, and flows addresses that still exist. This covers endpoint
+// deletion, host removal and host moves (delete-and-reinitialize, paper
+// §3.4) on every host, and it is what lets a connection's first SYN take
+// the fast path: its destination is known before any packet was sent.
 func (c *fastPath) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) error {
 	underlay := map[string]netip.Addr{}
-	liveHost := map[netip.Addr]bool{}
+	var remote []cluster.Host
 	owner := map[netip.Addr]netip.Addr{} // overlay address → host underlay address
 	for _, h := range hosts {
 		underlay[h.Name] = h.UnderlayIP
 		if h.Name != c.cfg.Host.Name {
-			liveHost[h.UnderlayIP] = true
+			remote = append(remote, h)
 		}
 		if h.Subnet.IsValid() {
 			owner[h.Subnet.Masked().Addr()] = h.UnderlayIP // its VTEP address
@@ -97,25 +103,58 @@ func (c *fastPath) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) erro
 			local[e.IP.Addr()] = true
 		}
 	}
+	liveHost := map[netip.Addr]bool{}
+	for _, h := range remote {
+		liveHost[h.UnderlayIP] = true
+	}
 	var errs []error
-	// Egress level 1: remote container → host.
-	_, err := purge(c.objs.SkcEgressIp, func(ip, host [4]byte) bool {
-		h, ok := owner[addr(ip)]
-		return !ok || h != addr(host)
-	})
-	errs = append(errs, err)
+	// Egress level 1: remote container → host, every one of them.
+	errs = append(errs, c.syncEgressIPs(owner, liveHost))
 	// Egress level 2: host → headers.
-	_, err = purge(c.objs.SkcEgressHost, func(host [4]byte, _ skcEgressHost) bool { return !liveHost[addr(host)] })
+	_, err := purge(c.objs.SkcEgressHost, func(host [4]byte, _ skcEgressHost) bool { return !liveHost[addr(host)] })
 	errs = append(errs, err)
+	c.putHeaders(remote)
 	// Ingress: local containers only.
 	_, err = purge(c.objs.SkcIngress, func(ip [4]byte, _ skcIngressEp) bool { return !local[addr(ip)] })
 	errs = append(errs, err)
-	// Flows between addresses that no longer both exist.
-	_, err = c.purgeFlows(func(k skcFlowKey) bool {
+	// Flows and connections between addresses that no longer both exist.
+	gone := func(k skcFlowKey) bool {
 		_, r := owner[addr32(k.Raddr)]
 		return !local[addr32(k.Laddr)] || !r
-	})
+	}
+	_, err = c.purgeFlows(gone)
 	errs = append(errs, err)
+	_, err = c.purgeConnections(func(k skcFlowKey, _ skcFlowState) bool { return gone(k) })
+	errs = append(errs, err)
+	return errors.Join(errs...)
+}
+
+// syncEgressIPs makes skc_egress_ip name every remote address of owner
+// with its host, writing only what differs.
+func (c *fastPath) syncEgressIPs(owner map[netip.Addr]netip.Addr, remote map[netip.Addr]bool) error {
+	have, err := bpfmap.Entries[[4]byte, [4]byte](c.objs.SkcEgressIp)
+	if err != nil {
+		return err
+	}
+	var doomed [][4]byte
+	for ip, host := range have {
+		if h, ok := owner[addr(ip)]; !ok || h != addr(host) {
+			doomed = append(doomed, ip)
+		}
+	}
+	_, err = bpfmap.Delete(c.objs.SkcEgressIp, doomed)
+	errs := []error{err}
+	for ip, host := range owner {
+		if !remote[host] {
+			continue
+		}
+		if h, ok := have[ip.As4()]; ok && addr(h) == host {
+			continue
+		}
+		if err := c.objs.SkcEgressIp.Put(ip.As4(), host.As4()); err != nil {
+			errs = append(errs, fmt.Errorf("egress entry %s: %w", ip, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -464,8 +464,9 @@ func TestCacheNotPoisoned(t *testing.T) {
 	}
 	for _, from := range []string{"h1/c1", "h1"} {
 		forge(from)
-		if got := egressOf(); got.IsValid() {
-			t.Errorf("after a forged frame from %s: the victim's flows go to %s", from, got)
+		// The store names the victim's host before any traffic.
+		if got := egressOf(); got != h2.UnderlayIP {
+			t.Errorf("after a forged frame from %s: the victim's flows go to %v, want %s", from, got, h2.UnderlayIP)
 		}
 	}
 	// Real traffic teaches the right host; forged frames do not move it.

@@ -1,0 +1,137 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/bpfmap"
+	"github.com/skiffnet/skiff/policy"
+)
+
+// The connection table (flows.h): TCP connections the fast path carries
+// from their first SYN. This file keeps it coherent with the policy and
+// ends connections idle past the timeouts conntrack would give them.
+
+// Connection states, as enum flow_st in flows.h.
+const (
+	stSynSent     = 1
+	stSynRecv     = 2
+	stEstablished = 3
+	stClosing     = 4
+)
+
+// SyncPolicy compiles set for the local containers into the maps that judge
+// a connection's SYN, and lets SYNs open connections only once the maps
+// hold it: a policy that does not fit leaves every new connection to the
+// overlay, which judges it by the same rules.
+func (c *fastPath) SyncPolicy(set policy.Set, local []netip.Addr) error {
+	if err := c.policy.Sync(set, local); err != nil {
+		return errors.Join(fmt.Errorf("compile the policy for the fast path (new connections take the overlay): %w", err),
+			c.setPolicy(false))
+	}
+	return c.setPolicy(true)
+}
+
+// purgeConnections deletes the table's connections match selects.
+func (c *fastPath) purgeConnections(match func(skcFlowKey, skcFlowState) bool) (int, error) {
+	return purge(c.objs.SkcFlows, match)
+}
+
+// openedAgainst reports whether set denies a table connection the way it
+// was opened: the overlay's conntrack would have let its replies through
+// whatever the rules say of their direction, and so does the table.
+func openedAgainst(set policy.Set, k skcFlowKey, s skcFlowState) bool {
+	l, r := addr32(k.Laddr), addr32(k.Raddr)
+	if s.Outbound != 0 {
+		return !set.Allowed(policy.Flow{Src: l, Dst: r, Proto: policy.TCP, Port: ntohs(k.Rport)})
+	}
+	return !set.Allowed(policy.Flow{Src: r, Dst: l, Proto: policy.TCP, Port: ntohs(k.Lport)})
+}
+
+// timeouts are conntrack's TCP timeouts of this host, by table state.
+func timeouts() map[uint8]time.Duration {
+	read := func(name string, def time.Duration) time.Duration {
+		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_" + name)
+		if err != nil {
+			return def
+		}
+		s, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || s <= 0 {
+			return def
+		}
+		return time.Duration(s) * time.Second
+	}
+	return map[uint8]time.Duration{
+		stSynSent:     read("syn_sent", 120*time.Second),
+		stSynRecv:     read("syn_recv", 60*time.Second),
+		stEstablished: read("established", 5*24*time.Hour),
+		stClosing:     read("fin_wait", 120*time.Second),
+	}
+}
+
+// monotonicCoarse is bpf_ktime_get_coarse_ns()'s clock.
+func monotonicCoarse() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+		return 0, fmt.Errorf("read the monotonic clock: %w", err)
+	}
+	return uint64(ts.Nano()), nil
+}
+
+// expire ends the table's connections idle past their state's timeout (a
+// peer that vanished, a SYN never answered). The programs refresh a
+// connection's time once a second, so the margin covers it.
+func (c *fastPath) expire() (int, error) {
+	now, err := monotonicCoarse()
+	if err != nil {
+		return 0, err
+	}
+	limits := timeouts()
+	return c.purgeConnections(func(_ skcFlowKey, s skcFlowState) bool {
+		limit, ok := limits[s.State]
+		if !ok {
+			return true // not a state the programs write
+		}
+		return s.Seen < now && time.Duration(now-s.Seen) > limit+2*time.Second
+	})
+}
+
+// expireEvery runs expire until ctx ends.
+func (c *fastPath) expireEvery(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n, err := c.expire()
+			if err != nil {
+				c.log.Warn("expire idle fast-path connections", "err", err)
+			} else if n > 0 {
+				c.log.Debug("expired idle fast-path connections", "connections", n)
+			}
+		}
+	}
+}
+
+// Connections counts the table's connections by state.
+func (c *fastPath) Connections() (map[uint8]int, error) {
+	all, err := bpfmap.Entries[skcFlowKey, skcFlowState](c.objs.SkcFlows)
+	if err != nil {
+		return nil, fmt.Errorf("walk the connection table: %w", err)
+	}
+	n := map[uint8]int{}
+	for _, s := range all {
+		n[s.State]++
+	}
+	return n, nil
+}

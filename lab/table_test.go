@@ -1,0 +1,264 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/policy"
+)
+
+// conntrackOf counts the conntrack entries of a host's namespace for TCP
+// flows between a and b.
+func conntrackOf(t *testing.T, l *Lab, host string, a, b netip.Addr) int {
+	t.Helper()
+	n := 0
+	err := l.Do(host, func() error {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			return err
+		}
+		for _, f := range flows {
+			src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
+			dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+			if f.Forward.Protocol == unix.IPPROTO_TCP && (src == a && dst == b || src == b && dst == a) {
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCacheFirstPacket: in cache mode, with no preload and no profile, a
+// connection takes the fast path from its first SYN on both hosts (the
+// connection table): thousands of sequential connections, none failed,
+// none seen by either host's conntrack; a deny rule judges the first SYN
+// the same way the overlay does.
+func TestCacheFirstPacket(t *testing.T) {
+	l := newLab(t, Config{Name: "tfirst", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	echoServer(t, l, "h2/c1", echoPort)
+	src, _ := l.IP("h1/c1")
+	dst, _ := l.IP("h2/c1")
+	to := netip.AddrPortFrom(dst, echoPort)
+	// The first connection may find the underlay's next hop unresolved
+	// (its headers are learned from the overlay then); after it, every
+	// path is known.
+	if err := exchange(l, "h1/c1", "tcp4", to); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.FlushConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	before1, before2 := cacheStats(t, l, "h1"), cacheStats(t, l, "h2")
+	const conns = 2000
+	failed := 0
+	err := l.Do("h1/c1", func() error {
+		buf := make([]byte, 16)
+		for i := range conns {
+			c, err := net.DialTimeout("tcp4", to.String(), 2*time.Second)
+			if err != nil {
+				failed++
+				continue
+			}
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			msg := fmt.Sprint(i)
+			if _, err := c.Write([]byte(msg)); err != nil {
+				failed++
+			} else if n, err := c.Read(buf); err != nil || string(buf[:n]) != msg {
+				failed++
+			}
+			c.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d connections failed", failed, conns)
+	}
+	after1, after2 := cacheStats(t, l, "h1"), cacheStats(t, l, "h2")
+	opened1 := after1["from_container/table_open"] - before1["from_container/table_open"]
+	opened2 := after2["from_underlay/table_open"] - before2["from_underlay/table_open"]
+	t.Logf("connections opened in the table: %d on h1 (outbound), %d on h2 (inbound)", opened1, opened2)
+	if opened1 < conns || opened2 < conns {
+		t.Errorf("table opened %d (h1) and %d (h2) of %d connections; h1 %v; h2 %v", opened1, opened2, conns,
+			diff(before1, after1), diff(before2, after2))
+	}
+	for _, h := range []string{"h1", "h2"} {
+		if n := conntrackOf(t, l, h, src, dst); n > 0 {
+			t.Errorf("%s's conntrack holds %d entries of fast-pathed connections", h, n)
+		}
+	}
+
+	// A deny rule: the first SYN is judged denied and left to the overlay,
+	// which rejects it.
+	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Src: netip.PrefixFrom(src, 32),
+		Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: echoPort}
+	if err := l.PutPolicy(context.Background(), rule); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eventually(converges, func() error {
+		if _, err := dial(l, "h1/c1", "tcp4", to, 300*time.Millisecond); err == nil {
+			return errors.New("connection still allowed")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Once the rule reached the fast path (the overlay may enforce it a
+	// moment earlier), the fast path judges the SYN itself.
+	if _, err := eventually(converges, func() error {
+		if _, err := dial(l, "h1/c1", "tcp4", to, 300*time.Millisecond); err == nil {
+			t.Fatal("a denied connection was let through")
+		}
+		if cacheStats(t, l, "h1")["from_container/syn_denied"] == 0 {
+			return errors.New("no SYN judged denied on h1")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
+// diff is the counters that moved.
+func diff(before, after map[string]uint64) map[string]uint64 {
+	d := map[string]uint64{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+// TestCacheHeadersFromStore: the outer headers the agent builds for a
+// remote host from the store, its routes and neighbours are the ones the
+// overlay's VXLAN device puts on that host's packets (those learned from
+// them), but for the fields the fast path writes per packet.
+func TestCacheHeadersFromStore(t *testing.T) {
+	l := newLab(t, Config{Name: "thdr", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	h2, _ := l.Host("h2")
+	m, err := ebpf.LoadPinnedMap(filepath.Join(l.bpfDir("h1"), "cache", "skc_egress_host"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	header := func() ([]byte, error) {
+		v := make([]byte, m.ValueSize())
+		if err := m.Lookup(h2.UnderlayIP.As4(), &v); err != nil {
+			return nil, err
+		}
+		// Lengths, IP ID and checksum, UDP source port: per packet.
+		for _, f := range [][2]int{{16, 18}, {18, 20}, {24, 26}, {34, 36}, {38, 40}} {
+			clear(v[f[0]:f[1]])
+		}
+		return v, nil
+	}
+	// The next hop resolved (here by a ping of h2's underlay address),
+	// the next reconcile (here a rule that changes nothing) builds them.
+	if err := l.Do("h1", func() error { return exec.Command("ping", "-c", "1", "-W", "1", h2.UnderlayIP.String()).Run() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PutPolicy(context.Background(), policy.Rule{ID: "noop", Action: policy.Allow, Priority: 5, Proto: policy.UDP, Port: 9}); err != nil {
+		t.Fatal(err)
+	}
+	var built []byte
+	if _, err := eventually(converges, func() (err error) { built, err = header(); return err }); err != nil {
+		t.Fatalf("no headers for h2 built: %v", err)
+	}
+	if err := m.Delete(h2.UnderlayIP.As4()); err != nil {
+		t.Fatal(err)
+	}
+	// Overlay traffic established in both directions teaches them again.
+	dst, _ := l.IP("h2/c1")
+	cmd, _ := l.Command(context.Background(), "h1/c1", "ping", "-c", "5", "-i", "0.01", dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	learned, err := header()
+	if err != nil {
+		t.Fatalf("no headers learned: %v", err)
+	}
+	if !bytes.Equal(built, learned) {
+		t.Errorf("headers built from the store differ from the overlay's:\nbuilt   %x\nlearned %x", built, learned)
+	}
+}
+
+// TestCacheRestartDuringConnections: short connections run on while both
+// agents restart: the table is pinned, connections opened before carry on,
+// SYNs that find no policy compiled yet take the overlay, and none fails.
+func TestCacheRestartDuringConnections(t *testing.T) {
+	l := newLab(t, Config{Name: "tcrr", Hosts: 2, ContainersPerHost: 1, Mode: "cache"})
+	ctx := context.Background()
+	echoServer(t, l, "h2/c1", echoPort)
+	dst, _ := l.IP("h2/c1")
+	to := netip.AddrPortFrom(dst, echoPort)
+	stop := make(chan struct{})
+	type result struct{ ok, failed int }
+	done := make(chan result)
+	go func() {
+		var r result
+		l.Do("h1/c1", func() error {
+			buf := make([]byte, 16)
+			for {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				c, err := net.DialTimeout("tcp4", to.String(), 2*time.Second)
+				if err != nil {
+					r.failed++
+					continue
+				}
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.Write([]byte("x")); err != nil {
+					r.failed++
+				} else if n, err := c.Read(buf); err != nil || n != 1 {
+					r.failed++
+				} else {
+					r.ok++
+				}
+				c.Close()
+			}
+		})
+		done <- r
+	}()
+	time.Sleep(300 * time.Millisecond)
+	for _, h := range []string{"h2", "h1"} {
+		if err := l.StopAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if err := l.StartAgent(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	r := <-done
+	t.Logf("%d connections, %d failed", r.ok+r.failed, r.failed)
+	if r.failed > 0 || r.ok == 0 {
+		t.Errorf("%d of %d connections failed across the restarts", r.failed, r.ok+r.failed)
+	}
+	st := cacheStats(t, l, "h1")
+	if st["from_container/table_open"] == 0 {
+		t.Error("no connection opened in the table")
+	}
+}
