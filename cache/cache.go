@@ -16,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -55,6 +56,10 @@ type fastPath struct {
 	log      *slog.Logger
 	ctl      skcControl     // what skc_control holds
 	policy   policymap.Maps // the policy the table's SYNs are judged by
+	remote   struct {       // the remote hosts, for refreshHeaders
+		sync.Mutex
+		hosts []cluster.Host
+	}
 }
 
 // load loads the programs with this host's configuration. Maps pinned in

@@ -57,8 +57,26 @@ func vxlanHeader(p headerParams) [64]byte {
 
 // putHeaders writes the headers of every remote host whose next hop this
 // host has resolved and that the underlay device reaches; the others are
-// learned from the overlay's first packet to them, as before.
+// learned from the overlay's first packet to them, as before. Called at
+// every cluster change with the remote hosts (kept for refreshHeaders).
 func (c *fastPath) putHeaders(remote []cluster.Host) {
+	c.remote.Lock()
+	c.remote.hosts = remote
+	c.remote.Unlock()
+	c.writeHeaders(remote)
+}
+
+// refreshHeaders writes the last remote hosts' headers again: a next hop
+// resolved since, or one whose MAC changed (connections in the table send
+// nothing through the overlay to learn it from).
+func (c *fastPath) refreshHeaders() {
+	c.remote.Lock()
+	remote := c.remote.hosts
+	c.remote.Unlock()
+	c.writeHeaders(remote)
+}
+
+func (c *fastPath) writeHeaders(remote []cluster.Host) {
 	ttl := defaultTTL()
 	for _, h := range remote {
 		mac, err := net.ParseMAC(h.VTEPMAC)

@@ -136,7 +136,7 @@ func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.expireEvery(expiry, 10*time.Second)
+		c.maintain(expiry, 10*time.Second)
 	}()
 	l.stop = func() { cancel(); <-done }
 	env.Log.Info("cache fast path attached", "pins", env.PinDir)

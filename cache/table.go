@@ -104,8 +104,9 @@ func (c *fastPath) expire() (int, error) {
 	})
 }
 
-// expireEvery runs expire until ctx ends.
-func (c *fastPath) expireEvery(ctx context.Context, every time.Duration) {
+// maintain runs expire and refreshes the remote hosts' headers until
+// ctx ends.
+func (c *fastPath) maintain(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -113,6 +114,7 @@ func (c *fastPath) expireEvery(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			c.refreshHeaders()
 			n, err := c.expire()
 			if err != nil {
 				c.log.Warn("expire idle fast-path connections", "err", err)
