@@ -408,6 +408,8 @@ static __always_inline struct egress_host *egress_syn(struct flow_key *k)
 	return eh;
 }
 
+#include "local.h"
+
 SEC("tc")
 int from_container(struct __sk_buff *skb)
 {
@@ -427,9 +429,15 @@ int from_container(struct __sk_buff *skb)
 		count(EG_PASS_UNSUPPORTED);
 		return TC_ACT_UNSPEC;
 	}
-	// Same-host, container-to-host and traffic leaving the cluster are the
-	// overlay's. Only traffic to containers on other hosts is cached.
-	if (!in_cluster(key.raddr) || is_local(key.raddr)) {
+	// Container-to-host traffic and traffic leaving the cluster are the
+	// overlay's; TCP between containers of this host goes by the table.
+	if (!in_cluster(key.raddr)) {
+		count(EG_PASS_NOT_REMOTE);
+		return TC_ACT_UNSPEC;
+	}
+	if (is_local(key.raddr)) {
+		if (key.proto == IPPROTO_TCP)
+			return local_tcp(skb, &key, p, fl);
 		count(EG_PASS_NOT_REMOTE);
 		return TC_ACT_UNSPEC;
 	}

@@ -81,6 +81,15 @@ enum reason {
 	EG_SYN_UNJUDGED,   // a SYN with no verdict (policy not compiled or being changed)
 	EG_NO_PATH,        // an allowed SYN or a table connection's segment whose path (either way) is unknown
 	EG_TABLE_FULL,     // a SYN allowed, but the table is full
+	LO_TABLE_HIT, // a segment between two containers of this host, by the table
+	LO_TABLE_OPEN, // besides the hit: a SYN opened a connection
+	LO_SYN_DENIED,
+	LO_SYN_UNJUDGED,
+	LO_NO_PATH,
+	LO_SYN_NO_LISTENER,
+	LO_TABLE_FULL,
+	LO_PASS,      // TCP to this host's subnet the table does not carry: the bridge's
+	LO_ERR,
 	IN_HIT,
 	IN_PASS_NOT_VXLAN,
 	IN_PASS_NOT_MINE,

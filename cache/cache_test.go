@@ -162,7 +162,7 @@ func TestFromContainerPassesUntouched(t *testing.T) {
 		{"later fragment", "from_container/pass_unsupported", egressTCP(tctest.IPOpts{Frag: 0x0010}, tctest.ACK)},
 		{"SCTP", "from_container/pass_unsupported", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, 132, ipLocal, ipRemote, payload))},
 		{"ICMP unreachable", "from_container/pass_unsupported", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoICMP, ipLocal, ipRemote, tctest.ICMP(3, payload)))},
-		{"same host", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ipLocal2, tctest.TCP(40000, 80, tctest.ACK, payload)))},
+		{"same host, not in the table", "from_container/local_pass", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ipLocal2, tctest.TCP(40000, 80, tctest.ACK, payload)))},
 		{"to the host's underlay", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ulPeer, tctest.TCP(40000, 80, tctest.ACK, payload)))},
 		{"outside the cluster", "from_container/pass_not_remote", tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoUDP, ipLocal, netip.MustParseAddr("192.0.2.1"), tctest.UDP(5000, 53, payload)))},
 		{"SYN-ACK", "from_container/pass_syn_fin_rst", egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK)},

@@ -24,7 +24,7 @@ enum flow_st {
 };
 
 #define SEC_NS 1000000000ULL
-// TCP flags, the 14th byte of the header.
+// TCP flags, in the header's 14th byte.
 #define TCPF_FIN 0x01
 #define TCPF_SYN 0x02
 #define TCPF_RST 0x04
@@ -63,9 +63,9 @@ static __always_inline bool open_flow(struct flow_key *k, bool outbound, enum re
 	return true;
 }
 
-// track follows a table connection's segment (tcp_flags of struct tcphdr's
-// 13th byte; fin_bit: 1 from the local container, 2 to it) and says
-// whether the entry stays. A RST ends it; so does the first segment after
+// track follows a table connection's segment (tcp_flags: the header's
+// flags byte; fin_bit: 1 from the local container, 2 to it). A RST ends
+// the entry; so does the first segment after
 // a FIN in each direction (the last ACK), so that closed connections never
 // fill the table. A retransmitted FIN after that takes the overlay, whose
 // conntrack judges it as the start of a flow (it may reject it; the peer's

@@ -57,7 +57,7 @@ type Layer struct {
 	// with it; pause: Sync paused learning, Settle resumes it.
 	pending, pause bool
 	eps            layer.Attached // local containers on the fast path
-	stop           func()         // ends the connection table's expiry
+	stop           func()         // ends maintain (expiry, header refresh)
 	// The policy and local containers the first-packet judge was compiled
 	// for: a container added between reconciles is judged from its ADD.
 	judged struct {

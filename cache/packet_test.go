@@ -11,12 +11,13 @@ import (
 // TCP/UDP/ICMP and VXLAN to write the cases down readably.
 
 var (
-	macContainer = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0c}
-	macBridge    = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0b}
-	macUnderlay  = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01} // this host's underlay
-	macPeer      = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02} // remote host's underlay
-	macVTEP      = net.HardwareAddr{0x0e, 0x5f, 10, 99, 0, 1}
-	macPeerVTEP  = net.HardwareAddr{0x0e, 0x5f, 10, 99, 0, 2}
+	macContainer  = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0c}
+	macContainer2 = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0d}
+	macBridge     = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0b}
+	macUnderlay   = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01} // this host's underlay
+	macPeer       = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02} // remote host's underlay
+	macVTEP       = net.HardwareAddr{0x0e, 0x5f, 10, 99, 0, 1}
+	macPeerVTEP   = net.HardwareAddr{0x0e, 0x5f, 10, 99, 0, 2}
 
 	ipLocal  = netip.MustParseAddr("10.244.1.5") // container on this host
 	ipLocal2 = netip.MustParseAddr("10.244.1.6")

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"errors"
+	"net"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -375,5 +376,109 @@ func TestExpire(t *testing.T) {
 		if err := c.objs.SkcFlows.Lookup(k, &s); err != nil {
 			t.Errorf("connection %d went: %v", p, err)
 		}
+	}
+}
+
+// localTCP is a segment from the local container to another container of
+// this host (ipLocal2), or back (reply).
+func localTCP(reply bool, flags byte) []byte {
+	if reply {
+		return tctest.Eth(macContainer, macContainer2, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal2, ipLocal, tctest.TCP(80, 40000, flags, payload)))
+	}
+	return tctest.Eth(macContainer2, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, ipLocal2, tctest.TCP(40000, 80, flags, payload)))
+}
+
+// twoLocal gives both local containers complete ingress entries, the
+// second one's namespace nsid.
+func twoLocal(t *testing.T, c *fastPath, nsid int32) {
+	t.Helper()
+	for i, a := range []netip.Addr{ipLocal, ipLocal2} {
+		ep := skcIngressEp{Ifindex: uint32(9 + i), Ready: 1, NetnsId: -1}
+		copy(ep.MacDst[:], []net.HardwareAddr{macContainer, macContainer2}[i])
+		copy(ep.MacSrc[:], macBridge)
+		if i == 1 {
+			ep.NetnsId = nsid
+		}
+		if err := c.objs.SkcIngress.Put(be32(a), ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLocalConnections: TCP between two containers of this host goes by
+// the table from its SYN — judged by the sender's egress and the
+// receiver's ingress verdicts, to a socket of the receiver's namespace —
+// straight into the receiver's namespace, both ways, until it closes.
+func TestLocalConnections(t *testing.T) {
+	nsid, closeNS := listenerNetns(t, 80)
+	defer closeNS()
+	denyIn, err := policy.NewSet([]policy.Rule{{ID: "in", Action: policy.Deny, Dst: netip.PrefixFrom(ipLocal2, 32), Proto: policy.TCP, Port: 80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	denyOut, err := policy.NewSet([]policy.Rule{{ID: "out", Action: policy.Deny, Src: netip.PrefixFrom(ipLocal, 32), Proto: policy.TCP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		set     policy.Set
+		nsid    int32
+		pkt     []byte
+		reasons []string
+		opened  bool
+	}{
+		{name: "allowed", nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_table_open", "from_container/local_table_hit"}, opened: true},
+		{name: "receiver's ingress denies", set: denyIn, nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_syn_denied"}},
+		{name: "sender's egress denies", set: denyOut, nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_syn_denied"}},
+		{name: "no socket in the receiver", nsid: -1, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_syn_no_listener"}},
+		{name: "not in the table", nsid: nsid, pkt: localTCP(false, tctest.ACK), reasons: []string{"from_container/local_pass"}},
+		{name: "to the gateway", nsid: nsid, pkt: tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, netip.MustParseAddr("10.244.1.1"), tctest.TCP(40000, 80, tctest.SYN, payload))), reasons: []string{"from_container/local_pass"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			twoLocal(t, c, tc.nsid)
+			if err := c.SyncPolicy(tc.set, []netip.Addr{ipLocal, ipLocal2}); err != nil {
+				t.Fatal(err)
+			}
+			var ret uint32
+			var out []byte
+			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, tc.pkt) })
+			expectCount(t, d, tc.reasons...)
+			key := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipLocal2), Lport: ntohs(40000), Rport: ntohs(80), Proto: tctest.ProtoTCP}
+			var s skcFlowState
+			opened := c.objs.SkcFlows.Lookup(key, &s) == nil
+			if opened != tc.opened {
+				t.Fatalf("connection opened: %v, want %v", opened, tc.opened)
+			}
+			if !tc.opened {
+				if ret != tcNext || !bytes.Equal(out, tc.pkt) {
+					t.Errorf("ret %d: want the segment on to the bridge untouched", ret)
+				}
+				return
+			}
+			if ret != tcActRedir || !bytes.Equal(out, tc.pkt) {
+				t.Fatalf("ret %d, frame changed %v: want it redirected as it is", ret, !bytes.Equal(out, tc.pkt))
+			}
+			if s.State != stSynSent || s.Outbound != 1 {
+				t.Errorf("entry %+v, want SYN_SENT, opened by the sender", s)
+			}
+			for _, st := range []struct {
+				reply bool
+				flags byte
+				gone  bool
+			}{
+				{true, tctest.SYN | tctest.ACK, false}, {false, tctest.ACK, false}, {true, tctest.ACK | tctest.PSH, false},
+				{false, tctest.FIN | tctest.ACK, false}, {true, tctest.FIN | tctest.ACK, false}, {false, tctest.ACK, true},
+			} {
+				ret, _ := tctest.Run(t, c.objs.FromContainer, localTCP(st.reply, st.flags))
+				if ret != tcActRedir {
+					t.Fatalf("segment %+v: ret %d, want the table", st, ret)
+				}
+				if gone := c.objs.SkcFlows.Lookup(key, &s) != nil; gone != st.gone {
+					t.Fatalf("after segment %+v: entry gone %v, want %v", st, gone, st.gone)
+				}
+			}
+		})
 	}
 }
