@@ -569,14 +569,14 @@ static __always_inline int deliver(struct __sk_buff *skb, struct ingress_ep *ep)
 }
 
 // ingress_path returns a local container's complete ingress entry when
-// the reply to key's packet can take the fast path too; NULL otherwise.
-static __always_inline struct ingress_ep *ingress_path(struct flow_key *k)
+// the reply to key's packet can take the fast path too (from: the host
+// the sender lives on, checked already); NULL otherwise.
+static __always_inline struct ingress_ep *ingress_path(struct flow_key *k, __be32 *from)
 {
-	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &k->laddr);
-	if (!ep || !ep->ready)
+	if (!from)
 		return NULL;
-	enum reason miss;
-	if (!egress_path(k, &miss))
+	struct ingress_ep *ep = bpf_map_lookup_elem(&skc_ingress, &k->laddr);
+	if (!ep || !ep->ready || !bpf_map_lookup_elem(&skc_egress_host, from))
 		return NULL;
 	return ep;
 }
@@ -584,7 +584,7 @@ static __always_inline struct ingress_ep *ingress_path(struct flow_key *k)
 // ingress_syn judges a remote container's SYN to a local one (its source
 // checked already) and opens its connection in the table; NULL sends the
 // SYN to the overlay.
-static __always_inline struct ingress_ep *ingress_syn(struct __sk_buff *skb, struct flow_key *k)
+static __always_inline struct ingress_ep *ingress_syn(struct __sk_buff *skb, struct flow_key *k, __be32 *from)
 {
 	if (!first_packet()) {
 		count(IN_SYN_UNJUDGED);
@@ -595,7 +595,7 @@ static __always_inline struct ingress_ep *ingress_syn(struct __sk_buff *skb, str
 		count(v == SKP_DENY ? IN_SYN_DENIED : IN_SYN_UNJUDGED);
 		return NULL;
 	}
-	struct ingress_ep *ep = ingress_path(k);
+	struct ingress_ep *ep = ingress_path(k, from);
 	if (!ep) {
 		count(IN_NO_PATH);
 		return NULL;
@@ -654,7 +654,7 @@ int from_underlay(struct __sk_buff *skb)
 	struct ingress_ep *ep;
 	if (key.proto == IPPROTO_TCP && checked) {
 		if (p == PARSE_START) {
-			ep = ingress_syn(skb, &key);
+			ep = ingress_syn(skb, &key, from);
 			if (!ep)
 				return TC_ACT_UNSPEC;
 			count(IN_HIT);
@@ -663,7 +663,7 @@ int from_underlay(struct __sk_buff *skb)
 		}
 		struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
 		if (s) {
-			ep = ingress_path(&key);
+			ep = ingress_path(&key, from);
 			if (!ep) {
 				count(IN_NO_PATH);
 				return TC_ACT_UNSPEC;
