@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -58,33 +57,42 @@ type Layer struct {
 	pending, pause bool
 	eps            layer.Attached // local containers on the fast path
 	stop           func()         // ends maintain (expiry, header refresh)
-	// The policy and local containers the first-packet judge was compiled
-	// for: a container added between reconciles is judged from its ADD.
+	// The policy the first-packet judge was compiled for: a container
+	// added between reconciles is judged from its ADD.
 	judged struct {
 		sync.Mutex
 		rules policy.Set
 		known bool // rules came from a reconcile (before: no verdicts at all)
-		local map[netip.Addr]bool
 	}
 }
 
-// judge compiles the first-packet policy for rules (nil: the last ones)
-// and the local containers after change.
-func (l *Layer) judge(rules *policy.Set, change func(map[netip.Addr]bool)) error {
+// judge compiles the first-packet policy for a reconcile's rules and
+// local containers.
+func (l *Layer) judge(rules policy.Set, local []cluster.Endpoint) error {
 	j := &l.judged
 	j.Lock()
 	defer j.Unlock()
-	if rules != nil {
-		j.rules, j.known = *rules, true
+	j.rules, j.known = rules, true
+	addrs := make([]netip.Addr, 0, len(local))
+	for _, e := range local {
+		addrs = append(addrs, e.IP.Addr())
 	}
-	if j.local == nil {
-		j.local = map[netip.Addr]bool{}
-	}
-	change(j.local)
+	return l.c.SyncPolicy(rules, addrs)
+}
+
+// judgeAlso compiles the last reconcile's rules for a container added
+// since (its share only), or forgets a removed one's.
+func (l *Layer) judgeAlso(a netip.Addr, added bool) error {
+	j := &l.judged
+	j.Lock()
+	defer j.Unlock()
 	if !j.known {
-		return nil
+		return nil // no rules yet: the first reconcile compiles for every container
 	}
-	return l.c.SyncPolicy(j.rules, slices.SortedFunc(maps.Keys(j.local), netip.Addr.Compare))
+	if !added {
+		return l.c.policy.Remove(a)
+	}
+	return l.c.AddPolicy(j.rules, a)
 }
 
 // probe checks what the fast path needs beyond the overlay (whose source
@@ -161,7 +169,7 @@ func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
 	if err := l.eps.Add(e, l.c.AddEndpoint); err != nil {
 		return err
 	}
-	return l.judge(nil, func(local map[netip.Addr]bool) { local[e.IP.Addr()] = true })
+	return l.judgeAlso(e.IP.Addr(), true)
 }
 
 // RemoveEndpoint runs before the address is released: nothing may reach a
@@ -169,7 +177,7 @@ func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
 func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 	l.eps.Remove(e)
 	return errors.Join(l.c.RemoveEndpoint(e),
-		l.judge(nil, func(local map[netip.Addr]bool) { delete(local, e.IP.Addr()) }))
+		l.judgeAlso(e.IP.Addr(), false))
 }
 
 // Endpoint says whether a local container's cross-host flows can take the
@@ -216,12 +224,7 @@ func (l *Layer) settle(v *layer.View) error {
 	var errs []error
 	// The first packets' judge first: no SYN opens a connection under the
 	// old policy once the purge ran.
-	errs = append(errs, l.judge(&v.Rules, func(local map[netip.Addr]bool) {
-		clear(local)
-		for _, e := range v.Local {
-			local[e.IP.Addr()] = true
-		}
-	}))
+	errs = append(errs, l.judge(v.Rules, v.Local))
 	if v.PolicyChanged {
 		n, err := l.c.PurgeDenied(v.Rules)
 		if n > 0 {

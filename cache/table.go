@@ -40,6 +40,20 @@ func (c *fastPath) SyncPolicy(set policy.Set, local []netip.Addr) error {
 	return c.setPolicy(true)
 }
 
+// AddPolicy compiles set (the last synced) for one more local container.
+// With no valid policy compiled, nothing is: the next reconcile's sync
+// compiles for every container.
+func (c *fastPath) AddPolicy(set policy.Set, a netip.Addr) error {
+	if c.ctl.Policy == 0 {
+		return nil
+	}
+	if err := c.policy.Add(set, a); err != nil {
+		return errors.Join(fmt.Errorf("compile the policy for %s (new connections take the overlay): %w", a, err),
+			c.setPolicy(false))
+	}
+	return nil
+}
+
 // purgeConnections deletes the table's connections match selects.
 func (c *fastPath) purgeConnections(match func(skcFlowKey, skcFlowState) bool) (int, error) {
 	return purge(c.objs.SkcFlows, match)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -222,4 +223,93 @@ func BenchmarkCompile(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(e.Egress)+len(e.Ingress)), "prefixes")
 	b.ReportMetric(float64(len(e.Verdicts)), "verdicts")
+}
+
+// BenchmarkCompileOne: one container's share of BenchmarkCompile's rules,
+// what a container's ADD costs.
+func BenchmarkCompileOne(b *testing.B) {
+	t := &testing.T{}
+	set := randomSet(t, rand.New(rand.NewPCG(5, 6)), 10000)
+	local := []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, 2})}
+	for b.Loop() {
+		Compile(set, local, map[string]uint32{})
+	}
+}
+
+// TestAddRemove: a container added to synced maps (its share of the rules
+// only) is judged as a full sync would judge it, the others as before;
+// removed, it is not judged at all; a full sync afterwards keeps every
+// verdict right (the ids Add gave stay unique).
+func TestAddRemove(t *testing.T) {
+	var objs skpTestObjects
+	if err := loadSkpTestObjects(&objs, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer objs.Close()
+	m := &Maps{Egress: objs.SkpEgress, Ingress: objs.SkpIngress, Verdicts: objs.SkpVerdicts}
+	a, b := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.1.3")
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	judged := func(src, dst netip.Addr, proto uint8, port uint16, dir Direction) uint32 {
+		var l4 []byte
+		switch proto {
+		case 6:
+			l4 = tctest.TCP(40000, port, 0x02, nil)
+		case 17:
+			l4 = tctest.UDP(40000, port, []byte("x"))
+		case 1:
+			l4 = tctest.ICMP(8, []byte("ping"))
+		default:
+			l4 = []byte("gre payload.")
+		}
+		prog := objs.SkpTestEgress
+		if dir == Ingress {
+			prog = objs.SkpTestIngress
+		}
+		got, _ := tctest.Run(t, prog, tctest.Eth(mac, mac, 0x0800, tctest.IPv4(tctest.IPOpts{}, proto, src, dst, l4)))
+		return got
+	}
+	// check compares every flow of the matrix with local containers on
+	// either end against the rules (or Unknown for containers not in on).
+	check := func(step string, set policy.Set, on ...netip.Addr) {
+		t.Helper()
+		bad := 0
+		flows(func(x, y netip.Addr, proto uint8, port uint16) bool {
+			for dir, l := range map[Direction]netip.Addr{Egress: x, Ingress: y} {
+				if l != a && l != b {
+					continue
+				}
+				w := uint32(Unknown)
+				if slices.Contains(on, l) {
+					w = uint32(want(set, x, y, proto, port))
+				}
+				if got := judged(x, y, proto, port, dir); got != w {
+					bad++
+					t.Errorf("%s: dir %d, %s→%s %d/%d: %d, want %d", step, dir, x, y, proto, port, got, w)
+				}
+			}
+			return bad < 5
+		})
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for round := range 3 {
+		set := randomSet(t, rng, 25)
+		if err := m.Sync(set, []netip.Addr{a}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Add(set, b); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("round %d, added", round), set, a, b)
+		if err := m.Remove(b); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("round %d, removed", round), set, a)
+		if err := m.Add(set, b); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Sync(set, []netip.Addr{a, b}); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("round %d, synced", round), set, a, b)
+	}
 }
