@@ -372,8 +372,14 @@ func (b *Supervisor) spawn(id string, s *brokerSpec, args ...string) error {
 	s.ctl = agentEnd
 	s.unsent = append(s.unsent[:0], s.notify...)
 	b.sendUnsent(s)
-	if err := os.WriteFile(b.pidFile(id), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+	// Written aside and renamed: a reader (Running, a status request, an
+	// agent starting up) never sees the file empty or half written.
+	tmp := b.pidFile(id) + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		return fmt.Errorf("broker pid file: %w", err) // it runs; the supervisor will start another
+	}
+	if err := os.Rename(tmp, b.pidFile(id)); err != nil {
+		return fmt.Errorf("broker pid file: %w", err)
 	}
 	b.log.Info("socket broker started", "id", id, "pid", cmd.Process.Pid)
 	return nil
