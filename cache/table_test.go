@@ -85,18 +85,8 @@ func TestOutboundSYN(t *testing.T) {
 				fillTable(t, c)
 			}
 			in := egressTCP(tctest.IPOpts{}, tctest.SYN)
-			var ret uint32
-			var out []byte
-			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, in) })
-			expectCount(t, d, tc.reasons...)
-			s, ok := connState(t, c)
-			if ok != tc.opened {
-				t.Fatalf("connection opened: %v, want %v", ok, tc.opened)
-			}
+			ret, out, s := synOutcome(t, c, c.objs.FromContainer, in, tc.reasons, tc.opened)
 			if !tc.opened {
-				if ret != tcNext || !bytes.Equal(out, in) {
-					t.Errorf("ret %d, packet changed %v: want it on to the overlay untouched", ret, !bytes.Equal(out, in))
-				}
 				return
 			}
 			if ret != tcActRedir || len(out) != len(in)+ENCAP {
@@ -107,6 +97,25 @@ func TestOutboundSYN(t *testing.T) {
 			}
 		})
 	}
+}
+
+// synOutcome runs a SYN through prog and checks the counters that moved
+// and whether it opened connKey's entry; a SYN that opened nothing must go
+// on to the overlay untouched. It returns what the program returned.
+func synOutcome(t *testing.T, c *fastPath, prog *ebpf.Program, in []byte, reasons []string, opened bool) (uint32, []byte, skcFlowState) {
+	t.Helper()
+	var ret uint32
+	var out []byte
+	d := delta(t, c, func() { ret, out = tctest.Run(t, prog, in) })
+	expectCount(t, d, reasons...)
+	s, ok := connState(t, c)
+	if ok != opened {
+		t.Fatalf("connection opened: %v, want %v", ok, opened)
+	}
+	if !opened && (ret != tcNext || !bytes.Equal(out, in)) {
+		t.Errorf("ret %d, packet changed %v: want it on to the overlay untouched", ret, !bytes.Equal(out, in))
+	}
+	return ret, out, s
 }
 
 // ENCAP is what encapsulation adds.
@@ -195,7 +204,6 @@ func TestConnectionLifetime(t *testing.T) {
 func TestInboundSYN(t *testing.T) {
 	nsid, closeNS := listenerNetns(t, 40000)
 	defer closeNS()
-	syn := func() []byte { return ingressTCP(tctest.IPOpts{}, tctest.SYN) }
 	for _, tc := range []struct {
 		name    string
 		set     policy.Set
@@ -224,19 +232,9 @@ func TestInboundSYN(t *testing.T) {
 				t.Fatal(err)
 			}
 			judging(t, c, tc.set)
-			in := syn()
-			var ret uint32
-			var out []byte
-			d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromUnderlay, in) })
-			expectCount(t, d, tc.reasons...)
-			s, ok := connState(t, c)
-			if ok != tc.opened {
-				t.Fatalf("connection opened: %v, want %v", ok, tc.opened)
-			}
+			in := ingressTCP(tctest.IPOpts{}, tctest.SYN)
+			ret, out, s := synOutcome(t, c, c.objs.FromUnderlay, in, tc.reasons, tc.opened)
 			if !tc.opened {
-				if ret != tcNext || !bytes.Equal(out, in) {
-					t.Errorf("ret %d: want the SYN on to the overlay untouched", ret)
-				}
 				return
 			}
 			if ret != tcActRedir || len(out) != len(in)-ENCAP {
@@ -246,7 +244,7 @@ func TestInboundSYN(t *testing.T) {
 				t.Errorf("entry %+v, want SYN_RECV inbound", s)
 			}
 			// The local container's SYN-ACK goes by the entry.
-			d = delta(t, c, func() {
+			d := delta(t, c, func() {
 				ret, _ = tctest.Run(t, c.objs.FromContainer, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK))
 			})
 			if ret != tcActRedir {

@@ -133,6 +133,25 @@ func TestCompile(t *testing.T) {
 // packet of the flow matrix the rule set's verdict, from both ends, after
 // the maps are synced and again after the rule set changes; malformed
 // packets are not judged.
+var testMAC = net.HardwareAddr{2, 0, 0, 0, 0, 1}
+
+// packet is a flow's first packet: a SYN, a datagram, an echo request or
+// a GRE packet.
+func packet(src, dst netip.Addr, proto uint8, port uint16) []byte {
+	var l4 []byte
+	switch proto {
+	case 6:
+		l4 = tctest.TCP(40000, port, 0x02, nil)
+	case 17:
+		l4 = tctest.UDP(40000, port, []byte("x"))
+	case 1:
+		l4 = tctest.ICMP(8, []byte("ping"))
+	default:
+		l4 = []byte("gre payload.")
+	}
+	return tctest.Eth(testMAC, testMAC, 0x0800, tctest.IPv4(tctest.IPOpts{}, proto, src, dst, l4))
+}
+
 func TestVerdictProgram(t *testing.T) {
 	var objs skpTestObjects
 	if err := loadSkpTestObjects(&objs, nil); err != nil {
@@ -141,21 +160,6 @@ func TestVerdictProgram(t *testing.T) {
 	defer objs.Close()
 	m := &Maps{Egress: objs.SkpEgress, Ingress: objs.SkpIngress, Verdicts: objs.SkpVerdicts}
 	local := []netip.Addr{netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.1.3")}
-	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
-	packet := func(src, dst netip.Addr, proto uint8, port uint16) []byte {
-		var l4 []byte
-		switch proto {
-		case 6:
-			l4 = tctest.TCP(40000, port, 0x02, nil)
-		case 17:
-			l4 = tctest.UDP(40000, port, []byte("x"))
-		case 1:
-			l4 = tctest.ICMP(8, []byte("ping"))
-		default:
-			l4 = []byte("gre payload.")
-		}
-		return tctest.Eth(mac, mac, 0x0800, tctest.IPv4(tctest.IPOpts{}, proto, src, dst, l4))
-	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 3 {
 		set := randomSet(t, rng, 25)
@@ -184,7 +188,7 @@ func TestVerdictProgram(t *testing.T) {
 	// A UDP header cut short, and not IPv4: not judged.
 	short := packet(local[0], local[1], 17, 80)
 	short = short[:len(short)-5]
-	for name, p := range map[string][]byte{"short UDP": short, "IPv6": tctest.Eth(mac, mac, 0x86dd, make([]byte, 40))} {
+	for name, p := range map[string][]byte{"short UDP": short, "IPv6": tctest.Eth(testMAC, testMAC, 0x86dd, make([]byte, 40))} {
 		if got, _ := tctest.Run(t, objs.SkpTestEgress, p); got != 99 {
 			t.Errorf("%s: %d, want 99 (not judged)", name, got)
 		}
@@ -248,24 +252,12 @@ func TestAddRemove(t *testing.T) {
 	defer objs.Close()
 	m := &Maps{Egress: objs.SkpEgress, Ingress: objs.SkpIngress, Verdicts: objs.SkpVerdicts}
 	a, b := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.1.3")
-	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
 	judged := func(src, dst netip.Addr, proto uint8, port uint16, dir Direction) uint32 {
-		var l4 []byte
-		switch proto {
-		case 6:
-			l4 = tctest.TCP(40000, port, 0x02, nil)
-		case 17:
-			l4 = tctest.UDP(40000, port, []byte("x"))
-		case 1:
-			l4 = tctest.ICMP(8, []byte("ping"))
-		default:
-			l4 = []byte("gre payload.")
-		}
 		prog := objs.SkpTestEgress
 		if dir == Ingress {
 			prog = objs.SkpTestIngress
 		}
-		got, _ := tctest.Run(t, prog, tctest.Eth(mac, mac, 0x0800, tctest.IPv4(tctest.IPOpts{}, proto, src, dst, l4)))
+		got, _ := tctest.Run(t, prog, packet(src, dst, proto, port))
 		return got
 	}
 	// check compares every flow of the matrix with local containers on
