@@ -86,6 +86,9 @@ func agentMetrics(st api.Status) []prometheus.Metric {
 			prometheus.CounterValue, []string{"reason"}, len(reasons), func(i int) float64 { return float64(st.SourceDrops[reasons[i]]) },
 			func(i int) []string { return reasons[i : i+1] })
 	}
+	if len(st.PolicyDenies) > 0 {
+		m.Counters("policy_denied_packets_total", "Packets the policy denied on this host, by rule (new flows and broadcast copies; zeroed when the rules change).", "rule", st.PolicyDenies)
+	}
 	if len(st.QoS) > 0 {
 		m.Counters("qos_packets_total", "Underlay packets of QoS-classed containers marked, and of normal ones (docs/limits.md).", "outcome", st.QoS)
 	}

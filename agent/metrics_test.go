@@ -10,7 +10,7 @@ import (
 
 func TestAgentMetrics(t *testing.T) {
 	st := api.Status{Ready: true, Endpoints: 2, Layers: []api.Layer{{Name: "cache", Reason: "no connection tracking"}, {Name: "sockets", On: true}},
-		QoS: map[string]uint64{"marked": 9, "unclassed": 1}}
+		QoS: map[string]uint64{"marked": 9, "unclassed": 1}, PolicyDenies: map[string]uint64{"no-web": 3}}
 	text := layertest.Text(t, agentMetrics(st))
 	for _, c := range []struct {
 		name   string
@@ -22,6 +22,7 @@ func TestAgentMetrics(t *testing.T) {
 		{"skiff_layer_on", map[string]string{"layer": "sockets"}, 1},
 		{"skiff_layer_on", map[string]string{"layer": "cache"}, 0},
 		{"skiff_qos_packets_total", map[string]string{"outcome": "marked"}, 9},
+		{"skiff_policy_denied_packets_total", map[string]string{"rule": "no-web"}, 3},
 	} {
 		if got := layertest.Value(t, text, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)

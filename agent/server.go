@@ -199,6 +199,7 @@ func (a *Agent) status(ctx context.Context) (api.Status, []layer.Report) {
 	}
 	if a.overlay != nil {
 		s.SourceDrops, _ = a.overlay.SourceDrops()
+		s.PolicyDenies, _ = overlay.PolicyDenies()
 		s.QoS, _ = a.overlay.QoSCounters()
 	}
 	s.Layers = slices.Clone(a.choices)

@@ -83,6 +83,10 @@ type Status struct {
 	// SourceDrops counts, by reason, the packets containers sent that the
 	// source check on their veths dropped (every mode).
 	SourceDrops map[string]uint64 `json:"sourceDrops,omitempty"`
+	// PolicyDenies counts, by rule id, the packets this host's policy
+	// denied (new flows, broadcast copies) since the agent started or the
+	// rules last changed.
+	PolicyDenies map[string]uint64 `json:"policyDenies,omitempty"`
 	// QoS counts the underlay packets of QoS-classed containers marked
 	// (marked) and the overlay packets of normal ones (unclassed).
 	QoS map[string]uint64 `json:"qos,omitempty"`

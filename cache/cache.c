@@ -143,8 +143,6 @@ static __always_inline bool learning(void)
 	return c && !c->paused;
 }
 
-#include "flows.h"
-
 static __always_inline bool in_cluster(__be32 a)
 {
 	return (a & cfg_cluster_mask) == cfg_cluster_net;
@@ -172,9 +170,11 @@ enum parse {
 };
 
 // parse_ip reads the IPv4 header at off and its ports into key, oriented
-// with the source as the local side. The caller has made off+20 linear.
+// with the source as the local side (an ICMP echo's identifier stands for
+// both ports, as in conntrack's tuple), and into fl TCP's flags byte or
+// ICMP's type. The caller has made off+20 linear.
 static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, struct flow_key *key, __u8 *tos, __u8 *ttl,
-					    __u8 *tcp_flags)
+					    __u8 *fl)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -204,7 +204,7 @@ static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, str
 			return PARSE_UNSUPPORTED;
 		key->lport = th->source;
 		key->rport = th->dest;
-		*tcp_flags = ((__u8 *)th)[13];
+		*fl = ((__u8 *)th)[13];
 		if (th->syn && !th->ack)
 			return PARSE_START;
 		if (th->syn || th->fin || th->rst)
@@ -234,6 +234,9 @@ static __always_inline enum parse parse_ip(struct __sk_buff *skb, __u32 off, str
 		// Errors are RELATED traffic conntrack must see; only echo is cached.
 		if (ih->type != ICMP_ECHO && ih->type != ICMP_ECHOREPLY)
 			return PARSE_UNSUPPORTED;
+		key->lport = ih->id;
+		key->rport = ih->id;
+		*fl = ih->type;
 		return PARSE_OK;
 	}
 	}
@@ -249,6 +252,8 @@ static __always_inline void swap_key(struct flow_key *k)
 	k->lport = k->rport;
 	k->rport = p;
 }
+
+#include "flows.h"
 
 // set_tos rewrites the TOS byte of the IPv4 header at off, fixing its checksum.
 static __always_inline int set_tos(struct __sk_buff *skb, __u32 off, __u8 old, __u8 new)
@@ -383,17 +388,18 @@ static __always_inline int encapsulate(struct __sk_buff *skb, struct egress_host
 	return bpf_redirect(ifindex, 0);
 }
 
-// egress_syn judges a local container's SYN to a remote one and opens its
-// connection in the table; NULL sends the SYN to the overlay.
-static __always_inline struct egress_host *egress_syn(struct flow_key *k)
+// egress_open judges the first packet of a local container's flow to a
+// remote one (a SYN, a datagram, an echo request) and opens the flow in
+// the table; NULL sends the packet to the overlay.
+static __always_inline struct egress_host *egress_open(struct flow_key *k)
 {
 	if (!first_packet()) {
-		count(EG_SYN_UNJUDGED);
+		count(EG_NEW_UNJUDGED);
 		return NULL;
 	}
-	int v = skp_verdict(&skp_egress, k->laddr, k->raddr, IPPROTO_TCP, bpf_ntohs(k->rport));
+	int v = skp_verdict(&skp_egress, k->laddr, k->raddr, k->proto, dport(k, k->rport));
 	if (v != SKP_ALLOW) {
-		count(v == SKP_DENY ? EG_SYN_DENIED : EG_SYN_UNJUDGED);
+		count(v == SKP_DENY ? EG_NEW_DENIED : EG_NEW_UNJUDGED);
 		return NULL;
 	}
 	enum reason miss;
@@ -430,46 +436,44 @@ int from_container(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	// Container-to-host traffic and traffic leaving the cluster are the
-	// overlay's; TCP between containers of this host goes by the table.
+	// overlay's; flows between containers of this host go by the table.
 	if (!in_cluster(key.raddr)) {
 		count(EG_PASS_NOT_REMOTE);
 		return TC_ACT_UNSPEC;
 	}
-	if (is_local(key.raddr)) {
-		if (key.proto == IPPROTO_TCP)
-			return local_tcp(skb, &key, p, fl);
-		count(EG_PASS_NOT_REMOTE);
-		return TC_ACT_UNSPEC;
-	}
+	if (is_local(key.raddr))
+		return local_flow(skb, &key, p, fl);
 	if (p == PARSE_START)
 		forget_flow(&key, EG_FLOW_FORGOTTEN);
 	if (ttl <= 1) {
 		count(EG_PASS_TTL);
 		return TC_ACT_UNSPEC;
 	}
+	// The connection table first: a flow it holds goes by its entry, a
+	// packet that may open one is judged.
 	enum reason miss;
 	struct egress_host *eh;
-	if (key.proto == IPPROTO_TCP) {
-		if (p == PARSE_START) {
-			eh = egress_syn(&key);
-			if (!eh)
-				return TC_ACT_UNSPEC;
+	struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
+	if (s && rides(s, key.proto, fl, true)) {
+		eh = egress_path(&key, &miss);
+		if (!eh) {
+			count(EG_NO_PATH);
+			return TC_ACT_UNSPEC;
+		}
+		track(&key, s, fl, 1);
+		count(EG_HIT);
+		count(EG_TABLE_HIT);
+		return encapsulate(skb, eh);
+	}
+	if (!s && opens(key.proto, p == PARSE_START, fl)) {
+		eh = egress_open(&key);
+		if (eh) {
 			count(EG_HIT);
 			count(EG_TABLE_HIT);
 			return encapsulate(skb, eh);
 		}
-		struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
-		if (s) {
-			eh = egress_path(&key, &miss);
-			if (!eh) {
-				count(EG_NO_PATH);
-				return TC_ACT_UNSPEC;
-			}
-			track(&key, s, fl, 1);
-			count(EG_HIT);
-			count(EG_TABLE_HIT);
-			return encapsulate(skb, eh);
-		}
+		if (p == PARSE_START)
+			return TC_ACT_UNSPEC; // the overlay's conntrack must see it
 	}
 	if (p != PARSE_OK) {
 		count(EG_PASS_CONTROL);
@@ -581,18 +585,18 @@ static __always_inline struct ingress_ep *ingress_path(struct flow_key *k, __be3
 	return ep;
 }
 
-// ingress_syn judges a remote container's SYN to a local one (its source
-// checked already) and opens its connection in the table; NULL sends the
-// SYN to the overlay.
-static __always_inline struct ingress_ep *ingress_syn(struct __sk_buff *skb, struct flow_key *k, __be32 *from)
+// ingress_open judges the first packet of a remote container's flow to a
+// local one (its source checked already) and opens the flow in the table;
+// NULL sends the packet to the overlay.
+static __always_inline struct ingress_ep *ingress_open(struct __sk_buff *skb, struct flow_key *k, __be32 *from)
 {
 	if (!first_packet()) {
-		count(IN_SYN_UNJUDGED);
+		count(IN_NEW_UNJUDGED);
 		return NULL;
 	}
-	int v = skp_verdict(&skp_ingress, k->laddr, k->raddr, IPPROTO_TCP, bpf_ntohs(k->lport));
+	int v = skp_verdict(&skp_ingress, k->laddr, k->raddr, k->proto, dport(k, k->lport));
 	if (v != SKP_ALLOW) {
-		count(v == SKP_DENY ? IN_SYN_DENIED : IN_SYN_UNJUDGED);
+		count(v == SKP_DENY ? IN_NEW_DENIED : IN_NEW_UNJUDGED);
 		return NULL;
 	}
 	struct ingress_ep *ep = ingress_path(k, from);
@@ -601,7 +605,7 @@ static __always_inline struct ingress_ep *ingress_syn(struct __sk_buff *skb, str
 		return NULL;
 	}
 	if (!has_listener(skb, k, ep->netns_id)) {
-		count(IN_SYN_NO_LISTENER);
+		count(IN_NEW_NO_LISTENER);
 		return NULL;
 	}
 	if (!open_flow(k, false, IN_TABLE_FULL))
@@ -652,17 +656,9 @@ int from_underlay(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	struct ingress_ep *ep;
-	if (key.proto == IPPROTO_TCP && checked) {
-		if (p == PARSE_START) {
-			ep = ingress_syn(skb, &key, from);
-			if (!ep)
-				return TC_ACT_UNSPEC;
-			count(IN_HIT);
-			count(IN_TABLE_HIT);
-			return deliver(skb, ep);
-		}
+	if (checked) {
 		struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
-		if (s) {
+		if (s && rides(s, key.proto, fl, false)) {
 			ep = ingress_path(&key, from);
 			if (!ep) {
 				count(IN_NO_PATH);
@@ -672,6 +668,16 @@ int from_underlay(struct __sk_buff *skb)
 			count(IN_HIT);
 			count(IN_TABLE_HIT);
 			return deliver(skb, ep);
+		}
+		if (!s && opens(key.proto, p == PARSE_START, fl)) {
+			ep = ingress_open(skb, &key, from);
+			if (ep) {
+				count(IN_HIT);
+				count(IN_TABLE_HIT);
+				return deliver(skb, ep);
+			}
+			if (p == PARSE_START)
+				return TC_ACT_UNSPEC;
 		}
 	}
 	if (p != PARSE_OK) {

@@ -77,16 +77,16 @@ enum reason {
 	EG_FLOW_FORGOTTEN, // besides the outcome: a SYN's flow had a filter entry, dropped
 	EG_TABLE_HIT,      // besides the hit: it went by the connection table
 	EG_TABLE_OPEN,     // besides the hit: a SYN opened a connection
-	EG_SYN_DENIED,     // a SYN the policy denies: the overlay rejects it
-	EG_SYN_UNJUDGED,   // a SYN with no verdict (policy not compiled or being changed)
+	EG_NEW_DENIED,     // a SYN the policy denies: the overlay rejects it
+	EG_NEW_UNJUDGED,   // a SYN with no verdict (policy not compiled or being changed)
 	EG_NO_PATH,        // an allowed SYN or a table connection's segment whose path (either way) is unknown
 	EG_TABLE_FULL,     // a SYN allowed, but the table is full
 	LO_TABLE_HIT, // a segment between two containers of this host, by the table
 	LO_TABLE_OPEN, // besides the hit: a SYN opened a connection
-	LO_SYN_DENIED,
-	LO_SYN_UNJUDGED,
+	LO_NEW_DENIED,
+	LO_NEW_UNJUDGED,
 	LO_NO_PATH,
-	LO_SYN_NO_LISTENER,
+	LO_NEW_NO_LISTENER,
 	LO_TABLE_FULL,
 	LO_PASS,      // TCP to this host's subnet the table does not carry: the bridge's
 	LO_ERR,
@@ -104,10 +104,10 @@ enum reason {
 	IN_HIT_SHAPED, // besides the hit: delivered through the host veth's qdisc (rate limit)
 	IN_TABLE_HIT,      // besides the hit: it went by the connection table
 	IN_TABLE_OPEN,
-	IN_SYN_DENIED,
-	IN_SYN_UNJUDGED,
+	IN_NEW_DENIED,
+	IN_NEW_UNJUDGED,
 	IN_NO_PATH,
-	IN_SYN_NO_LISTENER, // an allowed SYN to no socket of the container's namespace
+	IN_NEW_NO_LISTENER, // an allowed SYN to no socket of the container's namespace
 	IN_TABLE_FULL,
 	EI_LEARN,
 	EI_PAUSED,

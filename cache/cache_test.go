@@ -199,9 +199,9 @@ func TestSYNForgetsFlow(t *testing.T) {
 		forgets bool
 	}{
 		{"from_container SYN", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN),
-			[]string{"from_container/syn_unjudged", "from_container/syn_flow_forgotten"}, true},
+			[]string{"from_container/new_unjudged", "from_container/syn_flow_forgotten"}, true},
 		{"from_underlay SYN", func(c *fastPath) *ebpf.Program { return c.objs.FromUnderlay }, ingressTCP(tctest.IPOpts{}, tctest.SYN),
-			[]string{"from_underlay/syn_unjudged", "from_underlay/syn_flow_forgotten"}, true},
+			[]string{"from_underlay/new_unjudged", "from_underlay/syn_flow_forgotten"}, true},
 		{"from_container SYN-ACK", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressTCP(tctest.IPOpts{}, tctest.SYN|tctest.ACK),
 			[]string{"from_container/pass_syn_fin_rst"}, false},
 		// A SYN in VXLAN from another host than the one this host sends
@@ -301,7 +301,7 @@ func TestFromContainerClearsForgedMarks(t *testing.T) {
 		off     int  // of the IPv4 header after
 	}{
 		{"miss", false, egressTCP(forged, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/miss_filter"}, 0x20 | markMiss, 14},
-		{"SYN", false, egressTCP(forged, tctest.SYN), []string{"from_container/forged_marks_cleared", "from_container/syn_unjudged"}, 0x20, 14},
+		{"SYN", false, egressTCP(forged, tctest.SYN), []string{"from_container/forged_marks_cleared", "from_container/new_unjudged"}, 0x20, 14},
 		{"fragment", false, egressTCP(tctest.IPOpts{TOS: forged.TOS, Frag: 0x2000}, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/pass_unsupported"}, 0x20, 14},
 		{"hit", true, egressTCP(forged, tctest.ACK), []string{"from_container/forged_marks_cleared", "from_container/hit"}, 0x20, 64},
 		{"outside the cluster", false, outside, []string{"from_container/pass_not_remote"}, forged.TOS, 14},
@@ -376,7 +376,7 @@ func TestFromContainerHit(t *testing.T) {
 func TestFromContainerICMPEchoHit(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	fill(t, c, false, true, true, true)
-	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Proto: tctest.ProtoICMP}
+	k := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(1), Rport: ntohs(1), Proto: tctest.ProtoICMP} // the echo identifier stands for both ports
 	if err := c.objs.SkcFilter.Put(k, skcFilterVal{Egress: 1, Ingress: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,25 +1,29 @@
 // Part of cache.c (one bpf2go unit): the connection table, which carries a
-// TCP connection between a local and a remote container on the fast path
-// from its first SYN, past the overlay's conntrack and netfilter.
+// flow between two containers on the fast path from its first packet,
+// past the overlay's conntrack and netfilter: a TCP connection from its
+// SYN, and conntrack's pseudo-connections — UDP from any datagram, ICMP
+// echo from a request.
 //
-// A SYN is judged here by the policy compiled into policymap.h's maps, on
-// the host it leaves (egress verdict) and on the host it reaches (ingress
-// verdict), as the overlay's SKIFF-POLICY chain judges it on both. Only an
-// allowed SYN whose every path is known opens a table entry — the reply's
-// path included, so no packet of a table flow ever needs the overlay — and
-// every later segment of the connection, both ways, goes by the entry:
-// the overlay's conntrack never sees the flow at all. Everything else (a
-// SYN denied or not yet judgeable, a full table, a missing entry) takes
-// the overlay, which judges as before.
+// A flow's first packet is judged here by the policy compiled into
+// policymap.h's maps, on the host it leaves (egress verdict) and on the
+// host it reaches (ingress verdict), as the overlay's SKIFF-POLICY chain
+// judges it on both. Only an allowed packet whose every path is known
+// opens a table entry — the reply's path included, so no packet of a
+// table flow ever needs the overlay — and every later packet of the flow,
+// both ways, goes by the entry: the overlay's conntrack never sees the
+// flow at all. Everything else (a first packet denied or not yet
+// judgeable, a full table, a missing entry) takes the overlay, which
+// judges as before.
 #pragma once
 
 #include "../policymap/policymap.h"
 
-// Connection states (struct flow_state.state).
+// Connection states (struct flow_state.state). UDP and ICMP use the first
+// three: opened (by the local container or the other end), then replied.
 enum flow_st {
 	FS_SYN_SENT = 1, // the local container's SYN went out
 	FS_SYN_RECV,     // a remote SYN went in
-	FS_ESTABLISHED,  // a segment other than a SYN crossed
+	FS_ESTABLISHED,  // TCP: a segment other than a SYN crossed; UDP, ICMP: a reply
 	FS_CLOSING,      // a FIN crossed
 };
 
@@ -47,8 +51,38 @@ static __always_inline bool first_packet(void)
 	return c && !c->paused && c->policy;
 }
 
-// open_flow records a connection the policy allowed: its SYN crossed from
-// the local container (outbound) or to it. A full table is the overlay's.
+// opens says whether a packet of a flow the table does not hold may open
+// it: a TCP SYN (start), any UDP datagram, an ICMP echo request (fl: the
+// type) — what starts a connection in conntrack.
+static __always_inline bool opens(__u8 proto, bool start, __u8 fl)
+{
+	if (proto == IPPROTO_TCP)
+		return start;
+	return proto == IPPROTO_UDP || fl == ICMP_ECHO;
+}
+
+// rides says whether a packet of a flow the table holds goes by its entry
+// (from_l: it comes from the key's local side): every TCP segment and UDP
+// datagram does; of ICMP, the opener's echo requests and the other side's
+// replies, as conntrack matches them.
+static __always_inline bool rides(struct flow_state *s, __u8 proto, __u8 fl, bool from_l)
+{
+	if (proto != IPPROTO_ICMP)
+		return true;
+	bool from_opener = from_l == (s->outbound != 0);
+	return fl == (from_opener ? ICMP_ECHO : ICMP_ECHOREPLY);
+}
+
+// dport is the port a rule's port matches in a flow's packet (host
+// order): TCP's and UDP's destination port, none for ICMP.
+static __always_inline __u16 dport(struct flow_key *k, __be16 port)
+{
+	return k->proto == IPPROTO_ICMP ? 0 : bpf_ntohs(port);
+}
+
+// open_flow records a flow the policy allowed: its first packet crossed
+// from the local container (outbound) or to it. A full table is the
+// overlay's.
 static __always_inline bool open_flow(struct flow_key *k, bool outbound, enum reason full)
 {
 	struct flow_state s = {
@@ -63,29 +97,28 @@ static __always_inline bool open_flow(struct flow_key *k, bool outbound, enum re
 	return true;
 }
 
-// track follows a table connection's segment (tcp_flags: the header's
-// flags byte; fin_bit: 1 from the local container, 2 to it). A RST ends
-// the entry; so does the first segment after
-// a FIN in each direction (the last ACK), so that closed connections never
-// fill the table. A retransmitted FIN after that takes the overlay, whose
-// conntrack judges it as the start of a flow (it may reject it; the peer's
-// TIME_WAIT ends anyway).
-static __always_inline void track(struct flow_key *k, struct flow_state *s, __u8 tcp_flags, __u8 fin_bit)
+// track follows a table flow's packet (fl: TCP's flags byte; fin_bit: 1
+// from the key's local side, 2 to it). A UDP datagram or ICMP echo from
+// the side that did not open the flow marks it replied. Of TCP, a RST
+// ends the entry; so does the first segment after a FIN in each direction
+// (the last ACK), so that closed connections never fill the table. A
+// retransmitted FIN after that takes the overlay, whose conntrack judges
+// it as the start of a flow (it may reject it; the peer's TIME_WAIT ends
+// anyway).
+static __always_inline void track(struct flow_key *k, struct flow_state *s, __u8 fl, __u8 fin_bit)
 {
-	if (tcp_flags & TCPF_RST) {
+	if (k->proto != IPPROTO_TCP) {
+		if (s->state < FS_ESTABLISHED && (fin_bit == 1) != (s->outbound != 0))
+			s->state = FS_ESTABLISHED;
+	} else if ((fl & TCPF_RST) || (s->fin == 3 && !(fl & TCPF_FIN))) {
 		bpf_map_delete_elem(&skc_flows, k);
 		return;
-	}
-	if (s->fin == 3 && !(tcp_flags & TCPF_FIN)) {
-		bpf_map_delete_elem(&skc_flows, k);
-		return;
-	}
-	if (tcp_flags & TCPF_FIN) {
+	} else if (fl & TCPF_FIN) {
 		if (!(s->fin & fin_bit))
 			s->fin |= fin_bit;
 		if (s->state != FS_CLOSING)
 			s->state = FS_CLOSING;
-	} else if (s->state < FS_ESTABLISHED && !(tcp_flags & TCPF_SYN)) {
+	} else if (s->state < FS_ESTABLISHED && !(fl & TCPF_SYN)) {
 		s->state = FS_ESTABLISHED;
 	}
 	// The agent ends entries idle past conntrack's timeouts; a write per
@@ -95,17 +128,24 @@ static __always_inline void track(struct flow_key *k, struct flow_state *s, __u8
 		s->seen = now;
 }
 
-// has_listener says whether the local container of an inbound SYN has a
-// socket for it in its own namespace (netns_id: the namespace's id in the
-// host's). Without one the SYN takes the overlay: another layer may serve
-// the address from the host stack (the sockets layer's replaced listeners),
-// and a SYN to a closed port is answered there as before.
+// has_listener says whether the local container of an inbound flow's first
+// packet has a socket for it in its own namespace (netns_id: the
+// namespace's id in the host's); an echo request needs none. Without one
+// the packet takes the overlay: another layer may serve the address from
+// the host stack (the sockets layer's replaced listeners), and a SYN or a
+// datagram to a closed port is answered there as before.
 static __always_inline bool has_listener(struct __sk_buff *skb, struct flow_key *k, __s32 netns_id)
 {
+	if (k->proto == IPPROTO_ICMP)
+		return true;
 	if (netns_id < 0)
 		return false;
 	struct bpf_sock_tuple t = {.ipv4 = {.saddr = k->raddr, .daddr = k->laddr, .sport = k->rport, .dport = k->lport}};
-	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), (__u32)netns_id, 0);
+	struct bpf_sock *sk;
+	if (k->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), (__u32)netns_id, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), (__u32)netns_id, 0);
 	if (!sk)
 		return false;
 	bpf_sk_release(sk);

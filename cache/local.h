@@ -1,15 +1,17 @@
-// Part of cache.c (one bpf2go unit): TCP between two containers of this
+// Part of cache.c (one bpf2go unit): flows between two containers of this
 // host through the connection table, past the bridge, br_netfilter and
 // conntrack.
 //
-// The SYN is judged on the sender's veth by both verdicts the overlay's
-// chain would apply on this host (the sender's egress, the receiver's
-// ingress), opens one entry keyed by the side that opened it, and goes
-// straight into the receiver's namespace; every later segment, either
-// way, goes by that entry. The receiver must have a socket for the SYN in
-// its own namespace, as for a remote one (flows.h, has_listener). What the
-// table does not take crosses the bridge as before, where the overlay's
-// FORWARD chain judges it (bridge-nf-call-iptables, which skiffd sets).
+// A flow's first packet (a SYN, a datagram, an echo request) is judged on
+// the sender's veth by both verdicts the overlay's chain would apply on
+// this host (the sender's egress, the receiver's ingress), opens one entry
+// keyed by the side that opened it, and goes straight into the receiver's
+// namespace; every later packet, either way, goes by that entry. The
+// receiver must have a socket for it in its own namespace, as for a remote
+// one (flows.h, has_listener). What the table does not take — a denied or
+// unjudged flow, broadcast and multicast — crosses the bridge as before,
+// where the overlay's FORWARD chain judges it (bridge-nf-call-iptables,
+// which skiffd sets).
 #pragma once
 
 // deliver_local hands a container's frame to another container of this
@@ -30,20 +32,21 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct ingress_e
 	return bpf_redirect_peer(ifindex, 0);
 }
 
-// local_syn judges a SYN from the local container of k to the local
-// container to and opens its connection; false leaves it to the bridge.
-static __always_inline bool local_syn(struct __sk_buff *skb, struct flow_key *k, struct ingress_ep *to)
+// local_open judges the first packet of a flow from the local container of
+// k to the local container to and opens the flow; false leaves it to the
+// bridge.
+static __always_inline bool local_open(struct __sk_buff *skb, struct flow_key *k, struct ingress_ep *to)
 {
 	if (!first_packet()) {
-		count(LO_SYN_UNJUDGED);
+		count(LO_NEW_UNJUDGED);
 		return false;
 	}
-	__u16 port = bpf_ntohs(k->rport);
-	int v = skp_verdict(&skp_egress, k->laddr, k->raddr, IPPROTO_TCP, port);
+	__u16 port = dport(k, k->rport);
+	int v = skp_verdict(&skp_egress, k->laddr, k->raddr, k->proto, port);
 	if (v == SKP_ALLOW)
-		v = skp_verdict(&skp_ingress, k->raddr, k->laddr, IPPROTO_TCP, port);
+		v = skp_verdict(&skp_ingress, k->raddr, k->laddr, k->proto, port);
 	if (v != SKP_ALLOW) {
-		count(v == SKP_DENY ? LO_SYN_DENIED : LO_SYN_UNJUDGED);
+		count(v == SKP_DENY ? LO_NEW_DENIED : LO_NEW_UNJUDGED);
 		return false;
 	}
 	// The reply goes by the sender's entry.
@@ -55,7 +58,7 @@ static __always_inline bool local_syn(struct __sk_buff *skb, struct flow_key *k,
 	struct flow_key at = *k; // the receiver's view: it is the local side
 	swap_key(&at);
 	if (!has_listener(skb, &at, to->netns_id)) {
-		count(LO_SYN_NO_LISTENER);
+		count(LO_NEW_NO_LISTENER);
 		return false;
 	}
 	if (!open_flow(k, true, LO_TABLE_FULL))
@@ -64,13 +67,13 @@ static __always_inline bool local_syn(struct __sk_buff *skb, struct flow_key *k,
 	return true;
 }
 
-// local_tcp carries a TCP segment between two containers of this host by
-// the connection table, or leaves it to the bridge.
-static __always_inline int local_tcp(struct __sk_buff *skb, struct flow_key *k, enum parse p, __u8 fl)
+// local_flow carries a packet between two containers of this host by the
+// connection table, or leaves it to the bridge.
+static __always_inline int local_flow(struct __sk_buff *skb, struct flow_key *k, enum parse p, __u8 fl)
 {
 	struct ingress_ep *to = bpf_map_lookup_elem(&skc_ingress, &k->raddr);
 	if (!to || !to->ready) {
-		count(LO_PASS); // the gateway, or no container of this host
+		count(LO_PASS); // the gateway, a broadcast, or no container of this host
 		return TC_ACT_UNSPEC;
 	}
 	struct flow_key rev = *k;
@@ -81,10 +84,6 @@ static __always_inline int local_tcp(struct __sk_buff *skb, struct flow_key *k, 
 			bpf_map_delete_elem(&skc_flows, k);
 		if (bpf_map_lookup_elem(&skc_flows, &rev))
 			bpf_map_delete_elem(&skc_flows, &rev);
-		if (!local_syn(skb, k, to))
-			return TC_ACT_UNSPEC;
-		count(LO_TABLE_HIT);
-		return deliver_local(skb, to);
 	}
 	// Keyed by the side that opened it: this one (FIN bit 1) or the other.
 	struct flow_key *key = k;
@@ -95,11 +94,18 @@ static __always_inline int local_tcp(struct __sk_buff *skb, struct flow_key *k, 
 		fin_bit = 2;
 		s = bpf_map_lookup_elem(&skc_flows, &rev);
 	}
-	if (!s) {
+	if (s) {
+		if (!rides(s, k->proto, fl, fin_bit == 1)) {
+			count(LO_PASS);
+			return TC_ACT_UNSPEC;
+		}
+		track(key, s, fl, fin_bit);
+	} else if (!opens(k->proto, p == PARSE_START, fl)) {
 		count(LO_PASS);
 		return TC_ACT_UNSPEC;
+	} else if (!local_open(skb, k, to)) {
+		return TC_ACT_UNSPEC;
 	}
-	track(key, s, fl, fin_bit);
 	count(LO_TABLE_HIT);
 	return deliver_local(skb, to);
 }

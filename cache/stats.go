@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/layer"
@@ -48,16 +49,16 @@ var reasons = [skcReasonNR_REASONS]Reason{
 	skcReasonEG_FLOW_FORGOTTEN:   r("from_container", "syn_flow_forgotten"),
 	skcReasonEG_TABLE_HIT:        r("from_container", "table_hit"),
 	skcReasonEG_TABLE_OPEN:       r("from_container", "table_open"),
-	skcReasonEG_SYN_DENIED:       r("from_container", "syn_denied"),
-	skcReasonEG_SYN_UNJUDGED:     r("from_container", "syn_unjudged"),
+	skcReasonEG_NEW_DENIED:       r("from_container", "new_denied"),
+	skcReasonEG_NEW_UNJUDGED:     r("from_container", "new_unjudged"),
 	skcReasonEG_NO_PATH:          r("from_container", "table_no_path"),
 	skcReasonEG_TABLE_FULL:       r("from_container", "table_full"),
 	skcReasonLO_TABLE_HIT:        r("from_container", "local_table_hit"),
 	skcReasonLO_TABLE_OPEN:       r("from_container", "local_table_open"),
-	skcReasonLO_SYN_DENIED:       r("from_container", "local_syn_denied"),
-	skcReasonLO_SYN_UNJUDGED:     r("from_container", "local_syn_unjudged"),
+	skcReasonLO_NEW_DENIED:       r("from_container", "local_new_denied"),
+	skcReasonLO_NEW_UNJUDGED:     r("from_container", "local_new_unjudged"),
 	skcReasonLO_NO_PATH:          r("from_container", "local_no_path"),
-	skcReasonLO_SYN_NO_LISTENER:  r("from_container", "local_syn_no_listener"),
+	skcReasonLO_NEW_NO_LISTENER:  r("from_container", "local_new_no_listener"),
 	skcReasonLO_TABLE_FULL:       r("from_container", "local_table_full"),
 	skcReasonLO_PASS:             r("from_container", "local_pass"),
 	skcReasonLO_ERR:              r("from_container", "local_error"),
@@ -75,10 +76,10 @@ var reasons = [skcReasonNR_REASONS]Reason{
 	skcReasonIN_HIT_SHAPED:       r("from_underlay", "hit_shaped"),
 	skcReasonIN_TABLE_HIT:        r("from_underlay", "table_hit"),
 	skcReasonIN_TABLE_OPEN:       r("from_underlay", "table_open"),
-	skcReasonIN_SYN_DENIED:       r("from_underlay", "syn_denied"),
-	skcReasonIN_SYN_UNJUDGED:     r("from_underlay", "syn_unjudged"),
+	skcReasonIN_NEW_DENIED:       r("from_underlay", "new_denied"),
+	skcReasonIN_NEW_UNJUDGED:     r("from_underlay", "new_unjudged"),
 	skcReasonIN_NO_PATH:          r("from_underlay", "table_no_path"),
-	skcReasonIN_SYN_NO_LISTENER:  r("from_underlay", "syn_no_listener"),
+	skcReasonIN_NEW_NO_LISTENER:  r("from_underlay", "new_no_listener"),
 	skcReasonIN_TABLE_FULL:       r("from_underlay", "table_full"),
 	skcReasonEI_LEARN:            r("to_underlay", "learn"),
 	skcReasonEI_PAUSED:           r("to_underlay", "paused"),
@@ -186,13 +187,28 @@ type Flow struct {
 	Ingress bool   `json:"ingress"`
 }
 
-// stateNames names the connection table's states (enum flow_st).
-var stateNames = []string{stSynSent: "syn_sent", stSynRecv: "syn_recv", stEstablished: "established", stClosing: "closing"}
+// classes are the table's flow classes, named as its metric's labels:
+// TCP's states, and UDP's and ICMP's opened and replied.
+var classes = []struct {
+	class
+	proto, state string
+}{
+	{class{unix.IPPROTO_TCP, stSynSent}, "tcp", "syn_sent"},
+	{class{unix.IPPROTO_TCP, stSynRecv}, "tcp", "syn_recv"},
+	{class{unix.IPPROTO_TCP, stEstablished}, "tcp", "established"},
+	{class{unix.IPPROTO_TCP, stClosing}, "tcp", "closing"},
+	{class{unix.IPPROTO_UDP, stSynSent}, "udp", "opened_out"},
+	{class{unix.IPPROTO_UDP, stSynRecv}, "udp", "opened_in"},
+	{class{unix.IPPROTO_UDP, stEstablished}, "udp", "replied"},
+	{class{unix.IPPROTO_ICMP, stSynSent}, "icmp", "opened_out"},
+	{class{unix.IPPROTO_ICMP, stSynRecv}, "icmp", "opened_in"},
+	{class{unix.IPPROTO_ICMP, stEstablished}, "icmp", "replied"},
+}
 
 // report shows the counters in program order and the connection table's
 // use, and serves them as skiff_cache_packets_total{program,outcome},
-// skiff_cache_connections{state} and skiff_cache_connections_capacity.
-func report(stats map[string]uint64, conns map[uint8]int, capacity uint32) layer.Report {
+// skiff_cache_connections{proto,state} and skiff_cache_connections_capacity.
+func report(stats map[string]uint64, conns map[class]int, capacity uint32) layer.Report {
 	var rows [][]string
 	for _, r := range Reasons {
 		if n := stats[r.Name]; n > 0 {
@@ -205,22 +221,23 @@ func report(stats map[string]uint64, conns map[uint8]int, capacity uint32) layer
 	m.Add("packets_total", "Packets handled by the cache programs, by program and outcome.", prometheus.CounterValue,
 		[]string{"program", "outcome"}, len(reasons), func(i int) float64 { return float64(stats[reasons[i].Name]) },
 		func(i int) []string { return []string{reasons[i].Program, reasons[i].Outcome} })
-	states := stateNames[stSynSent:]
-	m.Add("connections", "TCP connections in the fast path's table, by state.", prometheus.GaugeValue,
-		[]string{"state"}, len(states), func(i int) float64 { return float64(conns[uint8(i+stSynSent)]) },
-		func(i int) []string { return states[i : i+1] })
-	m.Gauge("connections_capacity", "Size of the fast path's connection table (a full table sends new connections to the overlay).", float64(capacity))
+	m.Add("connections", "Flows in the fast path's connection table, by protocol and state.", prometheus.GaugeValue,
+		[]string{"proto", "state"}, len(classes), func(i int) float64 { return float64(conns[classes[i].class]) },
+		func(i int) []string { return []string{classes[i].proto, classes[i].state} })
+	m.Gauge("connections_capacity", "Size of the fast path's connection table (a full table sends new flows to the overlay).", float64(capacity))
 	total := 0
 	var tableRows [][]string
-	for i, name := range states {
-		n := conns[uint8(i+stSynSent)]
+	for _, c := range classes {
+		n := conns[c.class]
 		total += n
-		tableRows = append(tableRows, []string{name, fmt.Sprint(n)})
+		if n > 0 || c.proto == "tcp" {
+			tableRows = append(tableRows, []string{c.proto, c.state, fmt.Sprint(n)})
+		}
 	}
-	tableRows = append(tableRows, []string{"total", fmt.Sprintf("%d of %d", total, capacity)})
+	tableRows = append(tableRows, []string{"total", "", fmt.Sprintf("%d of %d", total, capacity)})
 	return layer.Report{Counters: stats, View: []api.Section{
 		{Title: "cache fast path (packets):", Header: []string{"PROGRAM", "OUTCOME", "PACKETS"}, Rows: rows},
-		{Title: "cache connection table:", Header: []string{"STATE", "CONNECTIONS"}, Rows: tableRows},
+		{Title: "cache connection table:", Header: []string{"PROTO", "STATE", "FLOWS"}, Rows: tableRows},
 	}, Metrics: m.List()}
 }
 

@@ -16,11 +16,14 @@ import (
 	"github.com/skiffnet/skiff/policy"
 )
 
-// The connection table (flows.h): TCP connections the fast path carries
-// from their first SYN. This file keeps it coherent with the policy and
-// ends connections idle past the timeouts conntrack would give them.
+// The connection table (flows.h): flows the fast path carries from their
+// first packet — TCP connections, UDP and ICMP echo pseudo-connections.
+// This file keeps it coherent with the policy and ends flows idle past the
+// timeouts conntrack would give them.
 
-// Connection states, as enum flow_st in flows.h.
+// Connection states, as enum flow_st in flows.h. UDP and ICMP flows are
+// opened (stSynSent: by the local container; stSynRecv: by the other end),
+// then replied (stEstablished).
 const (
 	stSynSent     = 1
 	stSynRecv     = 2
@@ -59,21 +62,30 @@ func (c *fastPath) purgeConnections(match func(skcFlowKey, skcFlowState) bool) (
 	return purge(c.objs.SkcFlows, match)
 }
 
-// openedAgainst reports whether set denies a table connection the way it
-// was opened: the overlay's conntrack would have let its replies through
+// openedAgainst reports whether set denies a table flow the way it was
+// opened: the overlay's conntrack would have let its replies through
 // whatever the rules say of their direction, and so does the table.
 func openedAgainst(set policy.Set, k skcFlowKey, s skcFlowState) bool {
-	l, r := addr32(k.Laddr), addr32(k.Raddr)
-	if s.Outbound != 0 {
-		return !set.Allowed(policy.Flow{Src: l, Dst: r, Proto: policy.TCP, Port: ntohs(k.Rport)})
+	f := policy.Flow{Src: addr32(k.Laddr), Dst: addr32(k.Raddr), Proto: protoNames[k.Proto], Port: ntohs(k.Rport)}
+	if s.Outbound == 0 {
+		f = policy.Flow{Src: addr32(k.Raddr), Dst: addr32(k.Laddr), Proto: f.Proto, Port: ntohs(k.Lport)}
 	}
-	return !set.Allowed(policy.Flow{Src: r, Dst: l, Proto: policy.TCP, Port: ntohs(k.Lport)})
+	if k.Proto == unix.IPPROTO_ICMP {
+		f.Port = 0 // the echo's identifier
+	}
+	return !set.Allowed(f)
 }
 
-// timeouts are conntrack's TCP timeouts of this host, by table state.
-func timeouts() map[uint8]time.Duration {
+// class is a table flow's protocol and state.
+type class struct {
+	proto, state uint8
+}
+
+// timeouts are conntrack's timeouts of this host, by protocol and table
+// state: TCP's by state, UDP's unreplied and replied ("stream"), ICMP's.
+func timeouts() map[class]time.Duration {
 	read := func(name string, def time.Duration) time.Duration {
-		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_" + name)
+		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_" + name)
 		if err != nil {
 			return def
 		}
@@ -83,11 +95,18 @@ func timeouts() map[uint8]time.Duration {
 		}
 		return time.Duration(s) * time.Second
 	}
-	return map[uint8]time.Duration{
-		stSynSent:     read("syn_sent", 120*time.Second),
-		stSynRecv:     read("syn_recv", 60*time.Second),
-		stEstablished: read("established", 5*24*time.Hour),
-		stClosing:     read("fin_wait", 120*time.Second),
+	udp, stream, icmp := read("udp_timeout", 30*time.Second), read("udp_timeout_stream", 120*time.Second), read("icmp_timeout", 30*time.Second)
+	return map[class]time.Duration{
+		{unix.IPPROTO_TCP, stSynSent}:      read("tcp_timeout_syn_sent", 120*time.Second),
+		{unix.IPPROTO_TCP, stSynRecv}:      read("tcp_timeout_syn_recv", 60*time.Second),
+		{unix.IPPROTO_TCP, stEstablished}:  read("tcp_timeout_established", 5*24*time.Hour),
+		{unix.IPPROTO_TCP, stClosing}:      read("tcp_timeout_fin_wait", 120*time.Second),
+		{unix.IPPROTO_UDP, stSynSent}:      udp,
+		{unix.IPPROTO_UDP, stSynRecv}:      udp,
+		{unix.IPPROTO_UDP, stEstablished}:  stream,
+		{unix.IPPROTO_ICMP, stSynSent}:     icmp,
+		{unix.IPPROTO_ICMP, stSynRecv}:     icmp,
+		{unix.IPPROTO_ICMP, stEstablished}: icmp,
 	}
 }
 
@@ -100,17 +119,17 @@ func monotonicCoarse() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-// expire ends the table's connections idle past their state's timeout (a
-// peer that vanished, a SYN never answered). The programs refresh a
-// connection's time once a second, so the margin covers it.
+// expire ends the table's flows idle past their timeout (a peer that
+// vanished, a SYN never answered, a UDP flow gone quiet). The programs
+// refresh a flow's time once a second, so the margin covers it.
 func (c *fastPath) expire() (int, error) {
 	now, err := monotonicCoarse()
 	if err != nil {
 		return 0, err
 	}
 	limits := timeouts()
-	return c.purgeConnections(func(_ skcFlowKey, s skcFlowState) bool {
-		limit, ok := limits[s.State]
+	return c.purgeConnections(func(k skcFlowKey, s skcFlowState) bool {
+		limit, ok := limits[class{k.Proto, s.State}]
 		if !ok {
 			return true // not a state the programs write
 		}
@@ -139,15 +158,15 @@ func (c *fastPath) maintain(ctx context.Context, every time.Duration) {
 	}
 }
 
-// Connections counts the table's connections by state.
-func (c *fastPath) Connections() (map[uint8]int, error) {
+// Connections counts the table's flows by protocol and state.
+func (c *fastPath) Connections() (map[class]int, error) {
 	all, err := bpfmap.Entries[skcFlowKey, skcFlowState](c.objs.SkcFlows)
 	if err != nil {
 		return nil, fmt.Errorf("walk the connection table: %w", err)
 	}
-	n := map[uint8]int{}
-	for _, s := range all {
-		n[s.State]++
+	n := map[class]int{}
+	for k, s := range all {
+		n[class{k.Proto, s.State}]++
 	}
 	return n, nil
 }

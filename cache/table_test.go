@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -64,9 +65,9 @@ func TestOutboundSYN(t *testing.T) {
 		opened   bool
 	}{
 		{name: "allowed", judge: true, paths: true, reasons: []string{"from_container/table_open", "from_container/table_hit", "from_container/hit"}, opened: true},
-		{name: "denied", judge: true, set: deny80(t), paths: true, reasons: []string{"from_container/syn_denied"}},
-		{name: "policy not compiled", paths: true, reasons: []string{"from_container/syn_unjudged"}},
-		{name: "policy being changed", judge: true, paused: true, paths: true, reasons: []string{"from_container/syn_unjudged"}},
+		{name: "denied", judge: true, set: deny80(t), paths: true, reasons: []string{"from_container/new_denied"}},
+		{name: "policy not compiled", paths: true, reasons: []string{"from_container/new_unjudged"}},
+		{name: "policy being changed", judge: true, paused: true, paths: true, reasons: []string{"from_container/new_unjudged"}},
 		{name: "no path", judge: true, reasons: []string{"from_container/table_no_path"}},
 		{name: "table full", judge: true, paths: true, capacity: 1, reasons: []string{"from_container/table_full"}},
 	} {
@@ -202,7 +203,7 @@ func TestConnectionLifetime(t *testing.T) {
 // of the container's own namespace (another layer may serve its address
 // from the host stack).
 func TestInboundSYN(t *testing.T) {
-	nsid, closeNS := listenerNetns(t, 40000)
+	nsid, closeNS := listenerNetns(t, unix.SOCK_STREAM, 40000)
 	defer closeNS()
 	for _, tc := range []struct {
 		name    string
@@ -213,8 +214,8 @@ func TestInboundSYN(t *testing.T) {
 		opened  bool
 	}{
 		{name: "allowed, listener", source: ulPeer, nsid: nsid, reasons: []string{"from_underlay/table_open", "from_underlay/table_hit", "from_underlay/hit"}, opened: true},
-		{name: "no socket in the container", source: ulPeer, nsid: -1, reasons: []string{"from_underlay/syn_no_listener"}},
-		{name: "denied", set: denyFrom(t), source: ulPeer, nsid: nsid, reasons: []string{"from_underlay/syn_denied"}},
+		{name: "no socket in the container", source: ulPeer, nsid: -1, reasons: []string{"from_underlay/new_no_listener"}},
+		{name: "denied", set: denyFrom(t), source: ulPeer, nsid: nsid, reasons: []string{"from_underlay/new_denied"}},
 		{name: "forged source", source: ulOther, nsid: nsid, reasons: []string{"from_underlay/pass_syn_fin_rst"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -264,9 +265,10 @@ func denyFrom(t *testing.T) policy.Set {
 	return set
 }
 
-// listenerNetns makes a network namespace with a TCP listener on port and
-// returns its id in the test's namespace.
-func listenerNetns(t *testing.T, port int) (int32, func()) {
+// listenerNetns makes a network namespace with a socket of type typ (a
+// listening TCP socket, or a bound UDP one) on port and returns its id in
+// this namespace.
+func listenerNetns(t *testing.T, typ, port int) (int32, func()) {
 	t.Helper()
 	type result struct {
 		ns, sock int
@@ -284,10 +286,10 @@ func listenerNetns(t *testing.T, port int) (int32, func()) {
 		if r.ns, r.err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); r.err != nil {
 			return
 		}
-		if r.sock, r.err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); r.err != nil {
+		if r.sock, r.err = unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0); r.err != nil {
 			return
 		}
-		if r.err = unix.Bind(r.sock, &unix.SockaddrInet4{Port: port}); r.err != nil {
+		if r.err = unix.Bind(r.sock, &unix.SockaddrInet4{Port: port}); r.err != nil || typ != unix.SOCK_STREAM {
 			return
 		}
 		r.err = unix.Listen(r.sock, 1)
@@ -340,39 +342,83 @@ func TestPurgeConnections(t *testing.T) {
 	}
 }
 
-// TestExpire: connections idle past their state's conntrack timeout end;
-// others stay.
+// TestOpenedAgainstDatagrams: UDP flows are judged by their port, ICMP
+// echoes by protocol only (their identifier is no port).
+func TestOpenedAgainstDatagrams(t *testing.T) {
+	set, err := policy.NewSet([]policy.Rule{
+		{ID: "dns", Action: policy.Deny, Dst: netip.PrefixFrom(ipRemote, 32), Proto: policy.UDP, Port: 53},
+		{ID: "ping", Action: policy.Deny, Src: netip.PrefixFrom(ipRemote, 32), Proto: policy.ICMP},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := func(proto uint8, lport, rport uint16) skcFlowKey {
+		return skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(lport), Rport: ntohs(rport), Proto: proto}
+	}
+	for _, tc := range []struct {
+		name     string
+		k        skcFlowKey
+		outbound uint8
+		denied   bool
+	}{
+		{"query to 53", flow(unix.IPPROTO_UDP, 40000, 53), 1, true},
+		{"query to 54", flow(unix.IPPROTO_UDP, 40000, 54), 1, false},
+		{"query from the remote's 53", flow(unix.IPPROTO_UDP, 40000, 53), 0, false},
+		{"ping out", flow(unix.IPPROTO_ICMP, 7, 7), 1, false},
+		{"ping in", flow(unix.IPPROTO_ICMP, 7, 7), 0, true},
+	} {
+		if got := openedAgainst(set, tc.k, skcFlowState{State: stEstablished, Outbound: tc.outbound}); got != tc.denied {
+			t.Errorf("%s: denied %v, want %v", tc.name, got, tc.denied)
+		}
+	}
+}
+
+// TestExpire: flows idle past their protocol's and state's conntrack
+// timeout end; others stay.
 func TestExpire(t *testing.T) {
 	c := newTestCache(t, Capacity{})
 	now, err := monotonicCoarse()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ago := func(s uint64) uint64 { return now - s*1_000_000_000 }
+	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	lim := timeouts()
-	synSent := uint64(lim[stSynSent].Seconds())
-	keys := map[uint16]skcFlowState{
-		1: {State: stSynSent, Seen: ago(synSent + 10)},     // never answered: ends
-		2: {State: stSynSent, Seen: ago(1)},                // just sent: stays
-		3: {State: stEstablished, Seen: ago(synSent + 10)}, // idle, but established: stays
-		4: {State: 9, Seen: now},                           // no state the programs write: ends
+	synSent := lim[class{unix.IPPROTO_TCP, stSynSent}]
+	udp := lim[class{unix.IPPROTO_UDP, stSynSent}]
+	icmp := lim[class{unix.IPPROTO_ICMP, stEstablished}]
+	type flow struct {
+		proto uint8
+		s     skcFlowState
+		stays bool
 	}
-	for p, s := range keys {
+	flows := map[uint16]flow{
+		1: {unix.IPPROTO_TCP, skcFlowState{State: stSynSent, Seen: ago(synSent + 10*time.Second)}, false},    // never answered
+		2: {unix.IPPROTO_TCP, skcFlowState{State: stSynSent, Seen: ago(time.Second)}, true},                  // just sent
+		3: {unix.IPPROTO_TCP, skcFlowState{State: stEstablished, Seen: ago(synSent + 10*time.Second)}, true}, // idle, but established
+		4: {unix.IPPROTO_TCP, skcFlowState{State: 9, Seen: now}, false},                                      // no state the programs write
+		5: {unix.IPPROTO_UDP, skcFlowState{State: stSynSent, Seen: ago(udp + 10*time.Second)}, false},        // never replied
+		6: {unix.IPPROTO_UDP, skcFlowState{State: stEstablished, Seen: ago(udp + 10*time.Second)}, true},     // a replied stream lasts longer
+		7: {unix.IPPROTO_ICMP, skcFlowState{State: stEstablished, Seen: ago(icmp + 10*time.Second)}, false},  // an old echo
+		8: {unix.IPPROTO_ICMP, skcFlowState{State: stSynRecv, Seen: ago(time.Second)}, true},                 // a fresh one
+	}
+	key := func(p uint16, proto uint8) skcFlowKey {
 		k := connKey
-		k.Lport = p
-		if err := c.objs.SkcFlows.Put(k, s); err != nil {
+		k.Lport, k.Proto = p, proto
+		return k
+	}
+	for p, f := range flows {
+		if err := c.objs.SkcFlows.Put(key(p, f.proto), f.s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n, err := c.expire(); err != nil || n != 2 {
-		t.Fatalf("expired %d (%v), want 2", n, err)
+	if n, err := c.expire(); err != nil || n != 4 {
+		t.Fatalf("expired %d (%v), want 4", n, err)
 	}
-	for _, p := range []uint16{2, 3} {
-		k := connKey
-		k.Lport = p
+	for p, f := range flows {
 		var s skcFlowState
-		if err := c.objs.SkcFlows.Lookup(k, &s); err != nil {
-			t.Errorf("connection %d went: %v", p, err)
+		err := c.objs.SkcFlows.Lookup(key(p, f.proto), &s)
+		if stays := err == nil; stays != f.stays {
+			t.Errorf("flow %d (protocol %d, state %d) stayed: %v, want %v", p, f.proto, f.s.State, stays, f.stays)
 		}
 	}
 }
@@ -408,7 +454,7 @@ func twoLocal(t *testing.T, c *fastPath, nsid int32) {
 // receiver's ingress verdicts, to a socket of the receiver's namespace —
 // straight into the receiver's namespace, both ways, until it closes.
 func TestLocalConnections(t *testing.T) {
-	nsid, closeNS := listenerNetns(t, 80)
+	nsid, closeNS := listenerNetns(t, unix.SOCK_STREAM, 80)
 	defer closeNS()
 	denyIn, err := policy.NewSet([]policy.Rule{{ID: "in", Action: policy.Deny, Dst: netip.PrefixFrom(ipLocal2, 32), Proto: policy.TCP, Port: 80}})
 	if err != nil {
@@ -427,9 +473,9 @@ func TestLocalConnections(t *testing.T) {
 		opened  bool
 	}{
 		{name: "allowed", nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_table_open", "from_container/local_table_hit"}, opened: true},
-		{name: "receiver's ingress denies", set: denyIn, nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_syn_denied"}},
-		{name: "sender's egress denies", set: denyOut, nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_syn_denied"}},
-		{name: "no socket in the receiver", nsid: -1, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_syn_no_listener"}},
+		{name: "receiver's ingress denies", set: denyIn, nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_new_denied"}},
+		{name: "sender's egress denies", set: denyOut, nsid: nsid, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_new_denied"}},
+		{name: "no socket in the receiver", nsid: -1, pkt: localTCP(false, tctest.SYN), reasons: []string{"from_container/local_new_no_listener"}},
 		{name: "not in the table", nsid: nsid, pkt: localTCP(false, tctest.ACK), reasons: []string{"from_container/local_pass"}},
 		{name: "to the gateway", nsid: nsid, pkt: tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoTCP, ipLocal, netip.MustParseAddr("10.244.1.1"), tctest.TCP(40000, 80, tctest.SYN, payload))), reasons: []string{"from_container/local_pass"}},
 	} {
@@ -476,6 +522,143 @@ func TestLocalConnections(t *testing.T) {
 				if gone := c.objs.SkcFlows.Lookup(key, &s) != nil; gone != st.gone {
 					t.Fatalf("after segment %+v: entry gone %v, want %v", st, gone, st.gone)
 				}
+			}
+		})
+	}
+}
+
+// Datagrams and echoes of a UDP flow and an ICMP echo flow between the
+// local container and the remote one, as from_container and
+// from_underlay see them.
+func egressL4(proto byte, l4 []byte) []byte {
+	return tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, proto, ipLocal, ipRemote, l4))
+}
+
+func ingressL4(proto byte, l4 []byte) []byte {
+	inner := tctest.Eth(macVTEP, macPeerVTEP, 0x0800, tctest.IPv4(tctest.IPOpts{}, proto, ipRemote, ipLocal, l4))
+	return tctest.VXLAN(tctest.IPOpts{}, macPeer, macUnderlay, ulPeer, ulLocal, testVNI, 4789, inner)
+}
+
+// TestPseudoConnections: UDP and ICMP echo flows open a table entry with
+// their first packet, judged by the policy (and, inbound, by a socket of
+// the container for UDP); replies go by the entry. Of ICMP, only the
+// opener's requests and the other side's replies do.
+func TestPseudoConnections(t *testing.T) {
+	udpNS, closeNS := listenerNetns(t, unix.SOCK_DGRAM, 40000)
+	defer closeNS()
+	udpKey := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(53), Proto: tctest.ProtoUDP}
+	icmpKey := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(1), Rport: ntohs(1), Proto: tctest.ProtoICMP} // tctest.ICMP's identifier
+	denyDNS, err := policy.NewSet([]policy.Rule{{ID: "dns", Action: policy.Deny, Dst: netip.PrefixFrom(ipRemote, 32), Proto: policy.UDP, Port: 53}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }
+	in := func(c *fastPath) *ebpf.Program { return c.objs.FromUnderlay }
+	type step struct {
+		prog  func(*fastPath) *ebpf.Program
+		pkt   []byte
+		fast  bool  // redirected by the table
+		state uint8 // the entry's state after it (0: none)
+	}
+	udpOut, udpIn := egressL4(tctest.ProtoUDP, tctest.UDP(40000, 53, payload)), ingressL4(tctest.ProtoUDP, tctest.UDP(53, 40000, payload))
+	for _, tc := range []struct {
+		name  string
+		set   policy.Set
+		nsid  int32
+		key   skcFlowKey
+		steps []step
+	}{
+		{name: "UDP out, replied", nsid: -1, key: udpKey, steps: []step{{out, udpOut, true, stSynSent}, {in, udpIn, true, stEstablished}, {out, udpOut, true, stEstablished}}},
+		{name: "UDP out, denied", set: denyDNS, nsid: -1, key: udpKey, steps: []step{{out, udpOut, false, 0}}},
+		{name: "UDP in, to a socket", nsid: udpNS, key: udpKey, steps: []step{{in, udpIn, true, stSynRecv}, {out, udpOut, true, stEstablished}}},
+		{name: "UDP in, no socket", nsid: -1, key: udpKey, steps: []step{{in, udpIn, false, 0}}},
+		{name: "echo out, replied", nsid: -1, key: icmpKey, steps: []step{
+			{out, egressL4(tctest.ProtoICMP, tctest.ICMP(8, payload)), true, stSynSent},
+			{in, ingressL4(tctest.ProtoICMP, tctest.ICMP(0, payload)), true, stEstablished},
+			// The other side's request is not the flow's: the overlay judges it.
+			{in, ingressL4(tctest.ProtoICMP, tctest.ICMP(8, payload)), false, stEstablished},
+			{out, egressL4(tctest.ProtoICMP, tctest.ICMP(0, payload)), false, stEstablished},
+		}},
+		{name: "echo reply opens nothing", nsid: -1, key: icmpKey, steps: []step{{out, egressL4(tctest.ProtoICMP, tctest.ICMP(0, payload)), false, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			fill(t, c, false, true, true, true)
+			var ep skcIngressEp
+			if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil {
+				t.Fatal(err)
+			}
+			ep.NetnsId = tc.nsid
+			if err := c.objs.SkcIngress.Put(be32(ipLocal), ep); err != nil {
+				t.Fatal(err)
+			}
+			judging(t, c, tc.set)
+			for i, st := range tc.steps {
+				var ret uint32
+				d := delta(t, c, func() { ret, _ = tctest.Run(t, st.prog(c), st.pkt) })
+				if fast := ret == tcActRedir; fast != st.fast {
+					t.Fatalf("step %d: ret %d (counters %v), want the table's path: %v", i, ret, d, st.fast)
+				}
+				var s skcFlowState
+				err := c.objs.SkcFlows.Lookup(tc.key, &s)
+				switch {
+				case st.state == 0 && err == nil:
+					t.Fatalf("step %d: entry %+v, want none", i, s)
+				case st.state != 0 && (err != nil || s.State != st.state):
+					t.Fatalf("step %d: entry %+v (%v), want state %d", i, s, err, st.state)
+				}
+			}
+		})
+	}
+}
+
+// TestLocalDatagrams: UDP between two containers of this host goes by the
+// table from its first datagram, judged as TCP is; a broadcast stays the
+// bridge's.
+func TestLocalDatagrams(t *testing.T) {
+	nsid, closeNS := listenerNetns(t, unix.SOCK_DGRAM, 53)
+	defer closeNS()
+	deny, err := policy.NewSet([]policy.Rule{{ID: "dns", Action: policy.Deny, Dst: netip.PrefixFrom(ipLocal2, 32), Proto: policy.UDP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	datagram := func(src, dst netip.Addr, sport, dport uint16) []byte {
+		return tctest.Eth(macContainer2, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{}, tctest.ProtoUDP, src, dst, tctest.UDP(sport, dport, payload)))
+	}
+	query, answer := datagram(ipLocal, ipLocal2, 40000, 53), datagram(ipLocal2, ipLocal, 53, 40000)
+	for _, tc := range []struct {
+		name    string
+		set     policy.Set
+		pkt     []byte
+		reasons []string
+		opened  bool
+	}{
+		{name: "allowed", pkt: query, reasons: []string{"from_container/local_table_open", "from_container/local_table_hit"}, opened: true},
+		{name: "denied", set: deny, pkt: query, reasons: []string{"from_container/local_new_denied"}},
+		{name: "broadcast", pkt: datagram(ipLocal, netip.MustParseAddr("10.244.1.255"), 40000, 53), reasons: []string{"from_container/local_pass"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, Capacity{})
+			twoLocal(t, c, nsid)
+			if err := c.SyncPolicy(tc.set, []netip.Addr{ipLocal, ipLocal2}); err != nil {
+				t.Fatal(err)
+			}
+			var ret uint32
+			d := delta(t, c, func() { ret, _ = tctest.Run(t, c.objs.FromContainer, tc.pkt) })
+			expectCount(t, d, tc.reasons...)
+			key := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipLocal2), Lport: ntohs(40000), Rport: ntohs(53), Proto: tctest.ProtoUDP}
+			var s skcFlowState
+			if opened := c.objs.SkcFlows.Lookup(key, &s) == nil; opened != tc.opened || (ret == tcActRedir) != tc.opened {
+				t.Fatalf("ret %d, opened %v, want %v", ret, opened, tc.opened)
+			}
+			if !tc.opened {
+				return
+			}
+			if ret, _ := tctest.Run(t, c.objs.FromContainer, answer); ret != tcActRedir {
+				t.Fatalf("the answer: ret %d, want the table", ret)
+			}
+			if err := c.objs.SkcFlows.Lookup(key, &s); err != nil || s.State != stEstablished {
+				t.Errorf("entry %+v (%v), want replied", s, err)
 			}
 		})
 	}

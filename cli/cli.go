@@ -10,7 +10,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -286,6 +288,14 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		}
 		fmt.Fprintln(w, "source check (dropped packets):")
 		table(w, "  REASON\tPACKETS", rows)
+	}
+	if len(st.PolicyDenies) > 0 {
+		var rows [][]string
+		for _, id := range slices.Sorted(maps.Keys(st.PolicyDenies)) {
+			rows = append(rows, []string{"  " + id, fmt.Sprint(st.PolicyDenies[id])})
+		}
+		fmt.Fprintln(w, "policy (denied packets, by rule):")
+		table(w, "  RULE\tPACKETS", rows)
 	}
 	for _, l := range st.Layers {
 		if l.On {

@@ -169,3 +169,39 @@ func removal(save, prefix string) (string, []string) {
 	}
 	return del.String(), chains
 }
+
+// Counted is a rule of a chain, as iptables -S shows it, and the packets
+// it matched.
+type Counted struct {
+	Rule    string
+	Packets uint64
+}
+
+// Counters lists table's chain's rules with their packet counters.
+func Counters(table, chain string) ([]Counted, error) {
+	out, err := exec.Command("iptables", "-w", "5", "-t", table, "-S", chain, "-v").Output()
+	if err != nil {
+		return nil, fmt.Errorf("iptables -S %s: %w", chain, err)
+	}
+	return counted(string(out)), nil
+}
+
+// counted parses iptables -S -v output: each rule carries "-c packets
+// bytes", which it takes out.
+func counted(out string) []Counted {
+	var rules []Counted
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "-A ") {
+			continue
+		}
+		f := strings.Fields(line)
+		c := Counted{}
+		if i := slices.Index(f, "-c"); i >= 0 && i+2 < len(f) {
+			fmt.Sscan(f[i+1], &c.Packets)
+			line = strings.Join(slices.Delete(f, i, i+3), " ")
+		}
+		c.Rule = line
+		rules = append(rules, c)
+	}
+	return rules
+}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -139,4 +140,27 @@ COMMIT
 	if got, chains := removal("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n", "SKIFF-"); got != "" || chains != nil {
 		t.Errorf("nothing of skiff: %q %v", got, chains)
 	}
+}
+
+// TestCounters: a rule's packet counter, read back with the rule.
+func TestCounters(t *testing.T) {
+	got := counted("-N SKIFF-X\n" +
+		`-A SKIFF-X -s 10.0.0.0/8 -m comment --comment "skiff policy web" -c 12 720 -j SKIFF-DENY` + "\n" +
+		"-A SKIFF-X -c 0 0 -j ACCEPT\n")
+	want := []Counted{{`-A SKIFF-X -s 10.0.0.0/8 -m comment --comment "skiff policy web" -j SKIFF-DENY`, 12}, {"-A SKIFF-X -j ACCEPT", 0}}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	inNewNetns(t, func() {
+		if err := NewChain("filter", "SKIFF-X"); err != nil {
+			t.Fatal(err)
+		}
+		if err := Append("filter", "SKIFF-X", "-j", "ACCEPT"); err != nil {
+			t.Fatal(err)
+		}
+		rules, err := Counters("filter", "SKIFF-X")
+		if err != nil || len(rules) != 1 || rules[0].Rule != "-A SKIFF-X -j ACCEPT" || rules[0].Packets != 0 {
+			t.Errorf("rules %+v (%v)", rules, err)
+		}
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,8 +20,8 @@ import (
 	"github.com/skiffnet/skiff/policy"
 )
 
-// conntrackOf counts the conntrack entries of a host's namespace for TCP
-// flows between a and b.
+// conntrackOf counts the conntrack entries of a host's namespace for
+// flows between a and b (TCP, UDP and ICMP).
 func conntrackOf(t *testing.T, l *Lab, host string, a, b netip.Addr) int {
 	t.Helper()
 	n := 0
@@ -32,7 +33,7 @@ func conntrackOf(t *testing.T, l *Lab, host string, a, b netip.Addr) int {
 		for _, f := range flows {
 			src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
 			dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
-			if f.Forward.Protocol == unix.IPPROTO_TCP && (src == a && dst == b || src == b && dst == a) {
+			if src == a && dst == b || src == b && dst == a {
 				n++
 			}
 		}
@@ -78,9 +79,10 @@ func TestCacheFirstPacket(t *testing.T) {
 		t.Errorf("table opened %d (h1) and %d (h2) of %d connections; h1 %v; h2 %v", opened1, opened2, conns,
 			diff(before1, after1), diff(before2, after2))
 	}
+	datagramsAndPings(t, l, "h1/c1", to, "from_container/table_open")
 	for _, h := range []string{"h1", "h2"} {
 		if n := conntrackOf(t, l, h, src, dst); n > 0 {
-			t.Errorf("%s's conntrack holds %d entries of fast-pathed connections", h, n)
+			t.Errorf("%s's conntrack holds %d entries of fast-pathed flows", h, n)
 		}
 	}
 
@@ -105,8 +107,34 @@ func TestCacheFirstPacket(t *testing.T) {
 		if _, err := dial(l, "h1/c1", "tcp4", to, 300*time.Millisecond); err == nil {
 			t.Fatal("a denied connection was let through")
 		}
-		if cacheStats(t, l, "h1")["from_container/syn_denied"] == 0 {
+		if cacheStats(t, l, "h1")["from_container/new_denied"] == 0 {
 			return errors.New("no SYN judged denied on h1")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	// The overlay rejected them, and counts them by rule; a reconcile that
+	// leaves the rules as they are keeps the count.
+	denies := func() (uint64, uint64) {
+		st, err := agentOf(t, l, "h1").Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.PolicyDenies[rule.ID], st.Reconciles
+	}
+	n, reconciles := denies()
+	if n == 0 {
+		t.Fatal("h1 counts no packet denied by the rule")
+	}
+	if err := l.PutPolicy(context.Background(), rule); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eventually(converges, func() error {
+		if m, r := denies(); r == reconciles {
+			return errors.New("no reconcile")
+		} else if m < n {
+			t.Fatalf("a reconcile zeroed the rule's count: %d, was %d", m, n)
 		}
 		return nil
 	}); err != nil {
@@ -262,8 +290,9 @@ func TestCacheLocalConnections(t *testing.T) {
 	if opened := after["from_container/local_table_open"] - before["from_container/local_table_open"]; opened < conns {
 		t.Errorf("table opened %d of %d connections: %v", opened, conns, diff(before, after))
 	}
+	datagramsAndPings(t, l, "h1/c1", to, "from_container/local_table_open")
 	if n := conntrackOf(t, l, "h1", src, dst); n > 0 {
-		t.Errorf("conntrack holds %d entries of table connections", n)
+		t.Errorf("conntrack holds %d entries of table flows", n)
 	}
 	rule := policy.Rule{ID: "no-echo", Priority: 10, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: echoPort}
 	if err := l.PutPolicy(context.Background(), rule); err != nil {
@@ -273,12 +302,38 @@ func TestCacheLocalConnections(t *testing.T) {
 		if _, err := dial(l, "h1/c1", "tcp4", to, 300*time.Millisecond); err == nil {
 			return errors.New("connection still allowed")
 		}
-		if cacheStats(t, l, "h1")["from_container/local_syn_denied"] == 0 {
+		if cacheStats(t, l, "h1")["from_container/local_new_denied"] == 0 {
 			return errors.New("no SYN judged denied")
 		}
 		return nil
 	}); err != nil {
 		t.Error(err)
+	}
+}
+
+// datagramsAndPings sends UDP queries from src to to, each from a new
+// socket (a new flow), and pings to's address, and checks that every one
+// was answered and that each query and the first ping opened a flow in the
+// table (the counter opened, on src's host; a later ping may reuse an
+// identifier, and so the first one's flow).
+func datagramsAndPings(t *testing.T, l *Lab, src string, to netip.AddrPort, opened string) {
+	t.Helper()
+	host, _, _ := strings.Cut(src, "/")
+	before := cacheStats(t, l, host)
+	const queries, pings = 200, 3
+	for i := range queries {
+		if err := exchange(l, src, "udp4", to); err != nil {
+			t.Fatalf("UDP query %d: %v", i, err)
+		}
+	}
+	for range pings {
+		if err := ping(context.Background(), l, src, to.Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := cacheStats(t, l, host)
+	if n := after[opened] - before[opened]; n < queries+1 {
+		t.Errorf("%d UDP and ICMP flows opened in the table, want %d at least: %v", n, queries+1, diff(before, after))
 	}
 }
 

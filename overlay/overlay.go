@@ -55,8 +55,9 @@ type Overlay struct {
 	underlay netlink.Link
 	mtu      int
 	log      *slog.Logger
-	applied  *policy.Set // the rule set last enforced, nil before the first
-	guard    string      // the guard chains last written
+	applied  *policy.Set       // the rule set last enforced, nil before the first
+	guard    string            // the guard chains last written
+	written  map[string]string // the policy chains last written (writeChains)
 	src      *sourceCheck
 	qos      *limits.QoS
 	police   *limits.Police

@@ -3,7 +3,9 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -162,15 +164,7 @@ func BroadcastRules(set policy.Set, local []cluster.Endpoint) []string {
 // SKIFF-BCAST judges broadcast and multicast between the local containers
 // as if each copy were addressed to the container receiving it.
 func (o *Overlay) SyncPolicy(set policy.Set, local []cluster.Endpoint) error {
-	rules := "*filter\n:" + chainPolicy + " - [0:0]\n"
-	for _, r := range PolicyRules(set) {
-		rules += r + "\n"
-	}
-	rules += ":" + chainBcast + " - [0:0]\n"
-	for _, r := range BroadcastRules(set, local) {
-		rules += r + "\n"
-	}
-	if err := iptables.Restore(rules + "COMMIT\n"); err != nil {
+	if err := o.writeChains(map[string][]string{chainPolicy: PolicyRules(set), chainBcast: BroadcastRules(set, local)}); err != nil {
 		return err
 	}
 	if !o.PolicyChanged(set) {
@@ -187,6 +181,63 @@ func (o *Overlay) SyncPolicy(set policy.Set, local []cluster.Endpoint) error {
 	o.applied = &applied
 	return nil
 }
+
+// writeChains replaces each filter chain with its rules (iptables-restore
+// lines) in one step, but for the chains that hold them already: writing
+// a chain zeroes its counters, which count what the policy denied.
+// "Already" is what this agent last wrote, while the chain has as many
+// rules still (one flushed or edited since is written again).
+func (o *Overlay) writeChains(chains map[string][]string) error {
+	if o.written == nil {
+		o.written = map[string]string{}
+	}
+	var b strings.Builder
+	write := map[string]string{}
+	for name, rules := range chains {
+		text := strings.Join(rules, "\n")
+		if o.written[name] == text {
+			if live, err := iptables.Counters("filter", name); err == nil && len(live) == len(rules) {
+				continue
+			}
+		}
+		write[name] = text
+		b.WriteString(":" + name + " - [0:0]\n")
+		for _, r := range rules {
+			b.WriteString(r + "\n")
+		}
+	}
+	if len(write) == 0 {
+		return nil
+	}
+	if err := iptables.Restore("*filter\n" + b.String() + "COMMIT\n"); err != nil {
+		return err
+	}
+	maps.Copy(o.written, write)
+	return nil
+}
+
+// PolicyDenies counts, by rule, the packets this host's policy chains
+// denied — new flows in SKIFF-POLICY (every layer sends the flows it does
+// not judge allowed there), broadcast and multicast copies in SKIFF-BCAST —
+// since the agent started or the rules last changed.
+func PolicyDenies() (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, c := range []struct{ chain, target string }{{chainPolicy, chainDeny}, {chainBcast, "DROP"}} {
+		rules, err := iptables.Counters("filter", c.chain)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rules {
+			if m := deniedBy.FindStringSubmatch(r.Rule); m != nil && strings.HasSuffix(r.Rule, " -j "+c.target) {
+				out[m[1]] += r.Packets
+			}
+		}
+	}
+	return out, nil
+}
+
+// deniedBy finds a policy rule's id in its comment (ruleLine).
+var deniedBy = regexp.MustCompile(`--comment "skiff policy ([^"]+)"`)
 
 // PolicyChanged reports whether set differs from the rule set last enforced.
 func (o *Overlay) PolicyChanged(set policy.Set) bool {
