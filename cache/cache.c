@@ -391,7 +391,7 @@ static __always_inline int encapsulate(struct __sk_buff *skb, struct egress_host
 // egress_open judges the first packet of a local container's flow to a
 // remote one (a SYN, a datagram, an echo request) and opens the flow in
 // the table; NULL sends the packet to the overlay.
-static __always_inline struct egress_host *egress_open(struct flow_key *k)
+static __always_inline struct egress_host *egress_open(struct __sk_buff *skb, struct flow_key *k)
 {
 	if (!first_packet()) {
 		count(EG_NEW_UNJUDGED);
@@ -406,6 +406,10 @@ static __always_inline struct egress_host *egress_open(struct flow_key *k)
 	struct egress_host *eh = egress_path(k, &miss);
 	if (!eh) {
 		count(EG_NO_PATH);
+		return NULL;
+	}
+	if (tracked(skb, k, true)) {
+		count(EG_NEW_TRACKED);
 		return NULL;
 	}
 	if (!open_flow(k, true, EG_TABLE_FULL))
@@ -466,7 +470,7 @@ int from_container(struct __sk_buff *skb)
 		return encapsulate(skb, eh);
 	}
 	if (!s && opens(key.proto, p == PARSE_START, fl)) {
-		eh = egress_open(&key);
+		eh = egress_open(skb, &key);
 		if (eh) {
 			count(EG_HIT);
 			count(EG_TABLE_HIT);
@@ -606,6 +610,10 @@ static __always_inline struct ingress_ep *ingress_open(struct __sk_buff *skb, st
 	}
 	if (!has_listener(skb, k, ep->netns_id)) {
 		count(IN_NEW_NO_LISTENER);
+		return NULL;
+	}
+	if (tracked(skb, k, false)) {
+		count(IN_NEW_TRACKED);
 		return NULL;
 	}
 	if (!open_flow(k, false, IN_TABLE_FULL))

@@ -81,6 +81,7 @@ enum reason {
 	EG_NEW_UNJUDGED,   // a SYN with no verdict (policy not compiled or being changed)
 	EG_NO_PATH,        // an allowed SYN or a table connection's segment whose path (either way) is unknown
 	EG_TABLE_FULL,     // a SYN allowed, but the table is full
+	EG_NEW_TRACKED,    // a UDP flow's first packet conntrack already tracks (begun on the overlay, or NAT's)
 	LO_TABLE_HIT, // a segment between two containers of this host, by the table
 	LO_TABLE_OPEN, // besides the hit: a SYN opened a connection
 	LO_NEW_DENIED,
@@ -88,6 +89,7 @@ enum reason {
 	LO_NO_PATH,
 	LO_NEW_NO_LISTENER,
 	LO_TABLE_FULL,
+	LO_NEW_TRACKED,
 	LO_PASS,      // TCP to this host's subnet the table does not carry: the bridge's
 	LO_ERR,
 	IN_HIT,
@@ -109,6 +111,7 @@ enum reason {
 	IN_NO_PATH,
 	IN_NEW_NO_LISTENER, // an allowed SYN to no socket of the container's namespace
 	IN_TABLE_FULL,
+	IN_NEW_TRACKED,
 	EI_LEARN,
 	EI_PAUSED,
 	EI_CLEARED,

@@ -80,6 +80,47 @@ static __always_inline __u16 dport(struct flow_key *k, __be16 port)
 	return k->proto == IPPROTO_ICMP ? 0 : bpf_ntohs(port);
 }
 
+// conntrack's lookup (net/netfilter/nf_conntrack_bpf.c). struct nf_conn is
+// opaque here, but a kfunc's types must match the kernel's in kind.
+struct nf_conn {
+	int opaque;
+};
+struct bpf_ct_opts {
+	__s32 netns_id;
+	__s32 error;
+	__u8 l4proto;
+	__u8 dir;
+	__u16 ct_zone_id;
+	__u8 ct_zone_dir;
+	__u8 reserved[3];
+};
+extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple, __u32 tuple__sz,
+					 struct bpf_ct_opts *opts, __u32 opts__sz) __ksym;
+extern void bpf_ct_release(struct nf_conn *ct) __ksym;
+
+// tracked says whether the host's conntrack holds the UDP flow of a
+// packet that would open one in the table (from_l: it comes from the
+// key's local side): a flow begun on the overlay stays there, and so does
+// one NAT made — a port mapping's reply looks like a new flow from the
+// container, but must leave through the NAT that made it, or the client
+// gets it from the wrong address. TCP opens only with a SYN, which no
+// reply is; ICMP opens only with an echo request (and conntrack's lookup
+// takes TCP and UDP only).
+static __always_inline bool tracked(struct __sk_buff *skb, struct flow_key *k, bool from_l)
+{
+	if (k->proto != IPPROTO_UDP)
+		return false;
+	struct bpf_sock_tuple t = {.ipv4 = {.saddr = k->laddr, .daddr = k->raddr, .sport = k->lport, .dport = k->rport}};
+	if (!from_l)
+		t.ipv4 = (typeof(t.ipv4)){.saddr = k->raddr, .daddr = k->laddr, .sport = k->rport, .dport = k->lport};
+	struct bpf_ct_opts o = {.netns_id = -1, .l4proto = IPPROTO_UDP};
+	struct nf_conn *ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &o, sizeof(o));
+	if (!ct)
+		return false;
+	bpf_ct_release(ct);
+	return true;
+}
+
 // open_flow records a flow the policy allowed: its first packet crossed
 // from the local container (outbound) or to it. A full table is the
 // overlay's.

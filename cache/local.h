@@ -61,6 +61,10 @@ static __always_inline bool local_open(struct __sk_buff *skb, struct flow_key *k
 		count(LO_NEW_NO_LISTENER);
 		return false;
 	}
+	if (tracked(skb, k, true)) {
+		count(LO_NEW_TRACKED);
+		return false;
+	}
 	if (!open_flow(k, true, LO_TABLE_FULL))
 		return false;
 	count(LO_TABLE_OPEN);

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/policy"
@@ -662,4 +663,84 @@ func TestLocalDatagrams(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTrackedDatagram: a datagram of a UDP flow the host's conntrack holds
+// (here, the reply direction of one the remote began: as a NATed flow's
+// reply looks) opens nothing in the table, on either program; it leaves
+// as the overlay sends it.
+func TestTrackedDatagram(t *testing.T) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The thread enters a namespace of its own and is never reused:
+		// the test's conntrack entry and program runs stay there.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			t.Error(err)
+			return
+		}
+		remote := netlink.IPTuple{SrcIP: ipRemote.AsSlice(), DstIP: ipLocal.AsSlice(), SrcPort: 53, DstPort: 40000, Protocol: unix.IPPROTO_UDP}
+		reply := netlink.IPTuple{SrcIP: ipLocal.AsSlice(), DstIP: ipRemote.AsSlice(), SrcPort: 40000, DstPort: 53, Protocol: unix.IPPROTO_UDP}
+		if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, &netlink.ConntrackFlow{FamilyType: unix.AF_INET, Forward: remote, Reverse: reply, TimeOut: 60}); err != nil {
+			t.Errorf("conntrack entry: %v", err)
+			return
+		}
+		udpKey := skcFlowKey{Laddr: be32(ipLocal), Raddr: be32(ipRemote), Lport: ntohs(40000), Rport: ntohs(53), Proto: tctest.ProtoUDP}
+		for _, tc := range []struct {
+			name   string
+			prog   func(*fastPath) *ebpf.Program
+			pkt    []byte
+			reason string
+		}{
+			{"out", func(c *fastPath) *ebpf.Program { return c.objs.FromContainer }, egressL4(tctest.ProtoUDP, tctest.UDP(40000, 53, payload)), "from_container/new_tracked"},
+			{"in", func(c *fastPath) *ebpf.Program { return c.objs.FromUnderlay }, ingressL4(tctest.ProtoUDP, tctest.UDP(53, 40000, payload)), "from_underlay/new_tracked"},
+		} {
+			c := newTestCache(t, Capacity{})
+			fill(t, c, false, true, true, true)
+			var ep skcIngressEp
+			if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil {
+				t.Error(err)
+				return
+			}
+			sock, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer unix.Close(sock)
+			if tc.name == "in" {
+				// The container's socket, in this namespace.
+				if err := unix.Bind(sock, &unix.SockaddrInet4{Port: 40000}); err != nil {
+					t.Error(err)
+					return
+				}
+				ns, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer unix.Close(ns)
+				if ep.NetnsId, err = netnsID(ns); err != nil {
+					t.Error(err)
+					return
+				}
+				if err := c.objs.SkcIngress.Put(be32(ipLocal), ep); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			judging(t, c, nil)
+			var ret uint32
+			d := delta(t, c, func() { ret, _ = tctest.Run(t, tc.prog(c), tc.pkt) })
+			if d[tc.reason] != 1 || ret == tcActRedir {
+				t.Errorf("%s: ret %d, counters %v: want %s and the overlay", tc.name, ret, d, tc.reason)
+			}
+			var s skcFlowState
+			if c.objs.SkcFlows.Lookup(udpKey, &s) == nil {
+				t.Errorf("%s: entry %+v opened for a tracked flow", tc.name, s)
+			}
+		}
+	}()
+	<-done
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -138,18 +140,21 @@ func secondaryNetwork(t *testing.T, l *Lab, cc *libcni.CNIConfig, peer netip.Add
 // container's port on its host's address through the reference portmap
 // plugin, chained after skiff-cni as the lab's (and README's) conflist
 // does; DEL takes it away. The plugin runs in the lab host's namespace.
+// A container of the same host reaches a published UDP port too, and
+// hears the answer from the published address.
 func TestPortMapping(t *testing.T) {
 	if portmapDir() == "" {
 		t.Fatal("the portmap plugin is not installed (make deps installs containernetworking-plugins)")
 	}
-	l := newLab(t, Config{Name: "tportmap", Hosts: 2, ContainersPerHost: 0, Mode: "auto"})
+	l := newLab(t, Config{Name: "tportmap", Hosts: 2, ContainersPerHost: 1, Mode: "auto"})
 	ctx := context.Background()
 	cc, list, err := l.cni("h1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rc, err := runtimeAdd(t, cc, list, l, "pm", "eth0",
-		map[string]any{"portMappings": []map[string]any{{"hostPort": 8080, "containerPort": 7000, "protocol": "tcp"}}}, nil)
+		map[string]any{"portMappings": []map[string]any{{"hostPort": 8080, "containerPort": 7000, "protocol": "tcp"},
+			{"hostPort": 8081, "containerPort": 7001, "protocol": "udp"}}}, nil)
 	if err != nil {
 		t.Fatalf("ADD with a port mapping: %v", err)
 	}
@@ -164,6 +169,50 @@ func TestPortMapping(t *testing.T) {
 	published := netip.AddrPortFrom(h1, 8080)
 	if err := exchange(l, "h2", "tcp4", published); err != nil {
 		t.Fatalf("h2 -> %s (the container's port 7000): %v", published, err)
+	}
+	var pc net.PacketConn
+	if err := inNetns(ns, func() (err error) { pc, err = net.ListenPacket("udp4", ":7001"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+	// An unconnected socket, as resolvers use: it takes an answer from any
+	// address, so the answer's source is what shows the NAT.
+	udpTo := netip.AddrPortFrom(h1, 8081)
+	err = l.Do("h1/c1", func() error {
+		c, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 1500)
+		for i := range 20 {
+			msg := fmt.Sprint("query ", i)
+			if _, err := c.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(udpTo)); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return fmt.Errorf("%s: %w", msg, err)
+			}
+			if got := from.(*net.UDPAddr).AddrPort(); string(buf[:n]) != msg || got.Addr().Unmap() != udpTo.Addr() || got.Port() != udpTo.Port() {
+				return fmt.Errorf("%s: answer %q from %s, want it from %s", msg, buf[:n], got, udpTo)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("h1/c1 to the published UDP port: %v", err)
 	}
 	if err := cc.DelNetworkList(ctx, list, rc); err != nil {
 		t.Fatal(err)
