@@ -243,11 +243,18 @@ type stream struct {
 func startStream(t *testing.T, l *Lab, src, dst string, port int) *stream {
 	t.Helper()
 	dstIP, _ := l.IP(dst)
+	return startStreamVia(t, l, src, dst, port, netip.AddrPortFrom(dstIP, uint16(port)))
+}
+
+// startStreamVia is startStream through the address via (one that NAT on
+// src's host turns into dst's port).
+func startStreamVia(t *testing.T, l *Lab, src, dst string, port int, via netip.AddrPort) *stream {
+	t.Helper()
 	var ln net.Listener
 	if err := l.Do(dst, func() (err error) { ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); return err }); err != nil {
 		t.Fatal(err)
 	}
-	c, err := dial(l, src, "tcp4", netip.AddrPortFrom(dstIP, uint16(port)), 2*time.Second)
+	c, err := dial(l, src, "tcp4", via, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/skiffnet/skiff/cache"
 	"github.com/skiffnet/skiff/policy"
 )
 
@@ -365,4 +367,105 @@ func sequentialConnections(t *testing.T, l *Lab, src string, to netip.AddrPort, 
 		t.Fatal(err)
 	}
 	return failed
+}
+
+// TestCacheServiceDNAT: a UDP flow to a virtual address that the client's
+// host DNATs to a container on another host (what kube-proxy makes of a
+// ClusterIP Service) answers from the virtual address, in cache and auto
+// mode: the backend's answer looks like a new flow between two
+// containers, and the connection table must leave it to the NAT that made
+// it. TCP through the same address works too (its SYN is the client's, to
+// the virtual address: the overlay's). A deny rule ends a connection that
+// runs through such an address: the policy judges where it went after the
+// NAT, as the policy chain did.
+func TestCacheServiceDNAT(t *testing.T) {
+	for _, mode := range []string{"cache", "auto"} {
+		t.Run(mode, func(t *testing.T) {
+			l := newLab(t, Config{Name: "tsvc" + mode[:1], Hosts: 2, ContainersPerHost: 2, Mode: mode})
+			echoServer(t, l, "h2/c1", echoPort)
+			dnat := func(proto string, vip netip.AddrPort, to string, port int) {
+				t.Helper()
+				backend, _ := l.IP(to)
+				cmd, err := l.Command(context.Background(), "h1", "iptables", "-t", "nat", "-A", "PREROUTING", "-d", vip.Addr().String(),
+					"-p", proto, "--dport", fmt.Sprint(vip.Port()), "-j", "DNAT", "--to-destination", netip.AddrPortFrom(backend, uint16(port)).String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("DNAT rule: %v: %s", err, out)
+				}
+			}
+			vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.0.10"), 53)
+			dnat("udp", vip, "h2/c1", echoPort)
+			dnat("tcp", vip, "h2/c1", echoPort)
+			// Until h1 knows the backend's host and its headers, its
+			// table could not take the answer anyway.
+			backend, _ := l.IP("h2/c1")
+			if _, err := eventually(converges, func() error {
+				if err := exchange(l, "h1/c1", "tcp4", netip.AddrPortFrom(backend, echoPort)); err != nil {
+					return err
+				}
+				e := cacheEntries(t, l, "h1")
+				if !slices.ContainsFunc(e.EgressIPs, func(x cache.EgressIP) bool { return x.Container == backend }) || len(e.EgressHosts) == 0 {
+					return fmt.Errorf("h1's cache has no path to %s yet: %+v", backend, e)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			// Unconnected, as resolvers are: it takes an answer from any
+			// address, so the answer's source shows whether the NAT saw it.
+			err := l.Do("h1/c1", func() error {
+				c, err := net.ListenPacket("udp4", ":0")
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				buf := make([]byte, 1500)
+				for i := range 50 {
+					msg := fmt.Sprint("query ", i)
+					if _, err := c.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(vip)); err != nil {
+						return err
+					}
+					c.SetReadDeadline(time.Now().Add(2 * time.Second))
+					n, from, err := c.ReadFrom(buf)
+					if err != nil {
+						return fmt.Errorf("%s: %w", msg, err)
+					}
+					got := from.(*net.UDPAddr).AddrPort()
+					if got = netip.AddrPortFrom(got.Addr().Unmap(), got.Port()); string(buf[:n]) != msg || got != vip {
+						return fmt.Errorf("%s: answer %q from %s, want it from %s", msg, buf[:n], got, vip)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Errorf("UDP through the virtual address: %v", err)
+			}
+
+			for i := range 20 {
+				if err := exchange(l, "h1/c1", "tcp4", vip); err != nil {
+					t.Fatalf("TCP connection %d through the virtual address: %v", i, err)
+				}
+			}
+			// A connection to a backend on the client's own host, all in
+			// that host's conntrack: the deny rule must end it there.
+			web := netip.AddrPortFrom(netip.MustParseAddr("10.96.0.11"), 80)
+			dnat("tcp", web, "h1/c2", 7201)
+			s := startStreamVia(t, l, "h1/c1", "h1/c2", 7201, web)
+			defer s.finish()
+			if err := s.progresses(time.Second); err != nil {
+				t.Fatal(err)
+			}
+			c2, _ := l.IP("h1/c2")
+			rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(c2, 32), Proto: policy.TCP, Port: 7201}
+			if err := l.PutPolicy(context.Background(), rule); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
+			if err := s.progresses(time.Second); err == nil {
+				t.Error("the connection through the virtual address still moves 1 s after the deny rule")
+			}
+		})
+	}
 }

@@ -3,6 +3,7 @@ package overlay
 import (
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/bpffs/bpffstest"
 	"github.com/skiffnet/skiff/cluster"
@@ -255,5 +257,43 @@ func TestBroadcastRules(t *testing.T) {
 	}
 	if got := BroadcastRules(set, local); !slices.Equal(got, want) {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestDeniedFlowsAfterDNAT: a policy change ends a conntrack flow by where
+// its first packet went after DNAT (a Service's backend), as the policy
+// chain judged it, not by the address the client dialled.
+func TestDeniedFlowsAfterDNAT(t *testing.T) {
+	client, vip, backend := net.ParseIP("10.244.1.5"), net.ParseIP("10.96.0.10"), net.ParseIP("10.244.2.7")
+	natted := &netlink.ConntrackFlow{
+		Forward: netlink.IPTuple{SrcIP: client, DstIP: vip, SrcPort: 40000, DstPort: 53, Protocol: unix.IPPROTO_UDP},
+		Reverse: netlink.IPTuple{SrcIP: backend, DstIP: client, SrcPort: 5353, DstPort: 40000, Protocol: unix.IPPROTO_UDP},
+	}
+	plain := &netlink.ConntrackFlow{
+		Forward: netlink.IPTuple{SrcIP: client, DstIP: backend, SrcPort: 40001, DstPort: 5353, Protocol: unix.IPPROTO_UDP},
+		Reverse: netlink.IPTuple{SrcIP: backend, DstIP: client, SrcPort: 5353, DstPort: 40001, Protocol: unix.IPPROTO_UDP},
+	}
+	rule := func(dst string, port uint16) policy.Set {
+		set, err := policy.NewSet([]policy.Rule{{ID: "r", Action: policy.Deny, Dst: netip.MustParsePrefix(dst), Proto: policy.UDP, Port: port}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	cidr := netip.MustParsePrefix("10.244.0.0/16")
+	for _, tc := range []struct {
+		name string
+		set  policy.Set
+		flow *netlink.ConntrackFlow
+		want bool
+	}{
+		{"backend denied, through the VIP", rule("10.244.2.7/32", 5353), natted, true},
+		{"backend denied, directly", rule("10.244.2.7/32", 5353), plain, true},
+		{"the VIP's port named: never judged", rule("10.96.0.10/32", 53), natted, false},
+		{"another backend port", rule("10.244.2.7/32", 53), natted, false},
+	} {
+		if got := (deniedFlows{tc.set, cidr}).MatchConntrackFlow(tc.flow); got != tc.want {
+			t.Errorf("%s: matched %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -252,15 +252,18 @@ type deniedFlows struct {
 
 var protoNames = map[uint8]string{unix.IPPROTO_TCP: policy.TCP, unix.IPPROTO_UDP: policy.UDP, unix.IPPROTO_ICMP: policy.ICMP}
 
+// MatchConntrackFlow judges a flow as the policy chain judged its first
+// packet: from its source to where it went after any DNAT (a Service's
+// backend, a published port's container), which is the reply's source.
 func (d deniedFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 	src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
-	dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+	dst, _ := netip.AddrFromSlice(f.Reverse.SrcIP.To4())
 	if !d.cidr.Contains(src) && !d.cidr.Contains(dst) {
 		return false
 	}
 	flow := policy.Flow{Src: src, Dst: dst, Proto: protoNames[f.Forward.Protocol]}
 	if flow.Proto == policy.TCP || flow.Proto == policy.UDP {
-		flow.Port = f.Forward.DstPort
+		flow.Port = f.Reverse.SrcPort
 	}
 	return !d.set.Allowed(flow)
 }
