@@ -343,7 +343,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	}
 	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
-		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit}
+		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit, Pod: req.Pod}
 	if req.IP.IsValid() {
 		want.IP = netip.PrefixFrom(req.IP, 32)
 	}
@@ -355,8 +355,9 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	// The same container and interface in a new namespace means the runtime
 	// recreated the sandbox; the endpoint follows it.
 	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
-		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit
+		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit || !e.Pod.Equal(req.Pod)
 	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden, e.Limit = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden, req.Limit
+	e.Pod = req.Pod
 	// This request's way into the namespace (the record keeps the
 	// runtime's path), with the limit in force (a re-ADD keeps one set
 	// with skiff limit).

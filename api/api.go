@@ -44,6 +44,8 @@ type AddRequest struct {
 	// secondary network): it reaches the overlay by a route for the
 	// cluster CIDR.
 	ClusterRoute bool `json:"clusterRoute,omitempty"`
+	// Pod is the Kubernetes pod the kubelet names (CNI_ARGS K8S_POD_*).
+	Pod *cluster.Pod `json:"pod,omitempty"`
 }
 
 // Attachment is what the agent built for a container: the data a CNI result

@@ -6,6 +6,7 @@ package cluster
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"time"
 )
@@ -85,6 +86,40 @@ type Endpoint struct {
 	// cluster CIDR, not its default route (a secondary network, CNI
 	// "defaultRoute": false).
 	ClusterRoute bool `json:"clusterRoute,omitempty"`
+	// Pod is the Kubernetes pod the container belongs to, as the kubelet
+	// names it (CNI_ARGS K8S_POD_*); nil outside Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
+}
+
+// Pod names a Kubernetes pod.
+type Pod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid,omitempty"`
+}
+
+var (
+	podNamespace = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)                   // a DNS-1123 label
+	podName      = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)                 // a DNS-1123 subdomain
+	podUID       = regexp.MustCompile(`^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$`) // a UUID
+)
+
+// Equal says whether p and o name the same pod (or both none).
+func (p *Pod) Equal(o *Pod) bool {
+	return p == nil && o == nil || p != nil && o != nil && *p == *o
+}
+
+// Validate reports the first thing wrong with p, as Kubernetes would.
+func (p Pod) Validate() error {
+	switch {
+	case !podNamespace.MatchString(p.Namespace):
+		return fmt.Errorf("pod namespace %q is not a DNS-1123 label", p.Namespace)
+	case !podName.MatchString(p.Name):
+		return fmt.Errorf("pod name %q is not a DNS-1123 subdomain", p.Name)
+	case p.UID != "" && !podUID.MatchString(p.UID):
+		return fmt.Errorf("pod UID %q is not a UUID", p.UID)
+	}
+	return nil
 }
 
 // LimitOverride is a rate limit set with skiff limit for one endpoint: it

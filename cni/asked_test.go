@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/skiffnet/skiff/cluster"
 )
 
 // TestAsked: the address and MAC a runtime asks for, through the ips and
@@ -73,5 +75,34 @@ func TestAskedClass(t *testing.T) {
 	}
 	if _, err := ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"skiff-cni","qos":"gold"}`)); err == nil || !strings.Contains(err.Error(), "want high, normal or low") {
 		t.Errorf(`"qos":"gold": %v`, err)
+	}
+}
+
+// TestAskedPod: the kubelet's K8S_POD_* CNI_ARGS name the container's pod;
+// a malformed one is an error, and one without the other names none.
+func TestAskedPod(t *testing.T) {
+	const uid = "3c0f4c4e-8a49-4f3a-9e0e-2a1b7c2d9f10"
+	for _, tc := range []struct {
+		args string
+		want *cluster.Pod
+		err  string
+	}{
+		{"IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web-7d9f8-x2k4q;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=" + uid,
+			&cluster.Pod{Namespace: "prod", Name: "web-7d9f8-x2k4q", UID: uid}, ""},
+		{"K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1.a", &cluster.Pod{Namespace: "kube-system", Name: "coredns-1.a"}, ""},
+		{"K8S_POD_NAME=x", nil, ""},
+		{"", nil, ""},
+		{"K8S_POD_NAMESPACE=Prod;K8S_POD_NAME=web", nil, "DNS-1123 label"},
+		{"K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web/../x", nil, "DNS-1123 subdomain"},
+		{"K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web;K8S_POD_UID=1;", nil, "not a UUID"},
+	} {
+		var c NetConf
+		a, err := c.asked(tc.args)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want an error with %q", tc.args, err, tc.err)
+		case tc.err == "" && (err != nil || !a.Pod.Equal(tc.want)):
+			t.Errorf("%s: pod %+v, %v; want %+v", tc.args, a.Pod, err, tc.want)
+		}
 	}
 }

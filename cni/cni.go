@@ -124,7 +124,8 @@ func ParseConf(data []byte) (*NetConf, error) {
 type Asked struct {
 	IP    netip.Addr
 	MAC   net.HardwareAddr
-	Class string // QoS class: CNI_ARGS SKIFF_QOS=, else the network's
+	Class string       // QoS class: CNI_ARGS SKIFF_QOS=, else the network's
+	Pod   *cluster.Pod // CNI_ARGS K8S_POD_NAMESPACE=, K8S_POD_NAME=, K8S_POD_UID= (the kubelet's)
 }
 
 // asked reads what the runtime asks for. A malformed value, an IPv6
@@ -148,6 +149,7 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 	}
 	mac, _ = c.RuntimeConfig["mac"].(string)
 	class := c.QoS
+	var pod cluster.Pod
 	for _, kv := range strings.Split(cniArgs, ";") {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -157,11 +159,25 @@ func (c *NetConf) asked(cniArgs string) (Asked, error) {
 			mac = cmp.Or(mac, v)
 		case "SKIFF_QOS":
 			class = v
+		case "K8S_POD_NAMESPACE":
+			pod.Namespace = v
+		case "K8S_POD_NAME":
+			pod.Name = v
+		case "K8S_POD_UID":
+			pod.UID = v
 		}
 	}
 	a := Asked{Class: class}
 	if err := cluster.ValidateClass(class); err != nil {
 		return Asked{}, err
+	}
+	// A pod is named by its namespace and name together (the kubelet
+	// passes both); one alone names none.
+	if pod.Namespace != "" && pod.Name != "" {
+		if err := pod.Validate(); err != nil {
+			return Asked{}, fmt.Errorf("CNI_ARGS: %w", err)
+		}
+		a.Pod = &pod
 	}
 	for _, s := range ips {
 		s, _, _ = strings.Cut(s, "/") // the length is the subnet's
@@ -265,6 +281,7 @@ func Add(args *skel.CmdArgs) error {
 		req.Limit = conf.limit.Clamp()
 	}
 	req.Limit.Class = asked.Class
+	req.Pod = asked.Pod
 	if asked.MAC != nil {
 		req.MAC = asked.MAC.String()
 	}

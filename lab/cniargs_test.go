@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/cluster"
 )
 
 // runtimeAdd makes a namespace l.prefix()+name and attaches it through
@@ -96,6 +100,27 @@ func TestAskedAddress(t *testing.T) {
 	eps, err := agentOf(t, l, "h1").Endpoints(ctx, false)
 	if err != nil || len(eps) != 3 {
 		t.Errorf("endpoints after the refused ADDs: %d (%v), want 3", len(eps), err)
+	}
+	// The kubelet's CNI_ARGS name the pod, and its endpoint records it; a
+	// malformed name is refused.
+	pod := cluster.Pod{Namespace: "prod", Name: "web-0", UID: "3c0f4c4e-8a49-4f3a-9e0e-2a1b7c2d9f10"}
+	kubelet := func(name string) [][2]string {
+		return [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", pod.Namespace}, {"K8S_POD_NAME", name},
+			{"K8S_POD_INFRA_CONTAINER_ID", "0123abcd"}, {"K8S_POD_UID", pod.UID}}
+	}
+	_, rc, err := add("ask5", nil, kubelet(pod.Name))
+	if err != nil {
+		t.Fatalf("ADD with the kubelet's CNI_ARGS: %v", err)
+	}
+	eps, err = agentOf(t, l, "h1").Endpoints(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(eps, func(e api.EndpointStatus) bool { return e.ContainerID == rc.ContainerID }); i < 0 || !eps[i].Pod.Equal(&pod) {
+		t.Errorf("the pod's endpoint does not name it (%+v)", eps)
+	}
+	if _, _, err := add("ask6", nil, kubelet("Web_0")); err == nil || !strings.Contains(err.Error(), "DNS-1123") {
+		t.Errorf("ADD naming pod Web_0: %v, want an error", err)
 	}
 	secondaryNetwork(t, l, cc, peer)
 }
