@@ -225,14 +225,7 @@ func TestInboundSYN(t *testing.T) {
 			if err := c.objs.SkcEgressIp.Put(be32(ipRemote), be32(tc.source)); err != nil {
 				t.Fatal(err)
 			}
-			var ep skcIngressEp
-			if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil {
-				t.Fatal(err)
-			}
-			ep.NetnsId = tc.nsid
-			if err := c.objs.SkcIngress.Put(be32(ipLocal), ep); err != nil {
-				t.Fatal(err)
-			}
+			localNetns(t, c, tc.nsid)
 			judging(t, c, tc.set)
 			in := ingressTCP(tctest.IPOpts{}, tctest.SYN)
 			ret, out, s := synOutcome(t, c, c.objs.FromUnderlay, in, tc.reasons, tc.opened)
@@ -253,6 +246,20 @@ func TestInboundSYN(t *testing.T) {
 				t.Errorf("SYN-ACK: ret %d (counters %v), want the fast path", ret, d)
 			}
 		})
+	}
+}
+
+// localNetns gives the local container's ingress entry the namespace id
+// nsid (-1: none).
+func localNetns(t *testing.T, c *fastPath, nsid int32) {
+	t.Helper()
+	var ep skcIngressEp
+	if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil {
+		t.Fatal(err)
+	}
+	ep.NetnsId = nsid
+	if err := c.objs.SkcIngress.Put(be32(ipLocal), ep); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -585,14 +592,7 @@ func TestPseudoConnections(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newTestCache(t, Capacity{})
 			fill(t, c, false, true, true, true)
-			var ep skcIngressEp
-			if err := c.objs.SkcIngress.Lookup(be32(ipLocal), &ep); err != nil {
-				t.Fatal(err)
-			}
-			ep.NetnsId = tc.nsid
-			if err := c.objs.SkcIngress.Put(be32(ipLocal), ep); err != nil {
-				t.Fatal(err)
-			}
+			localNetns(t, c, tc.nsid)
 			judging(t, c, tc.set)
 			for i, st := range tc.steps {
 				var ret uint32

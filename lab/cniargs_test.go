@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -200,43 +198,8 @@ func TestPortMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(buf[:n], from)
-		}
-	}()
-	// An unconnected socket, as resolvers use: it takes an answer from any
-	// address, so the answer's source is what shows the NAT.
-	udpTo := netip.AddrPortFrom(h1, 8081)
-	err = l.Do("h1/c1", func() error {
-		c, err := net.ListenPacket("udp4", ":0")
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		buf := make([]byte, 1500)
-		for i := range 20 {
-			msg := fmt.Sprint("query ", i)
-			if _, err := c.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(udpTo)); err != nil {
-				return err
-			}
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			n, from, err := c.ReadFrom(buf)
-			if err != nil {
-				return fmt.Errorf("%s: %w", msg, err)
-			}
-			if got := from.(*net.UDPAddr).AddrPort(); string(buf[:n]) != msg || got.Addr().Unmap() != udpTo.Addr() || got.Port() != udpTo.Port() {
-				return fmt.Errorf("%s: answer %q from %s, want it from %s", msg, buf[:n], got, udpTo)
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	go echoUDP(pc)
+	if err := queryUnconnected(l, "h1/c1", netip.AddrPortFrom(h1, 8081), 20); err != nil {
 		t.Errorf("h1/c1 to the published UDP port: %v", err)
 	}
 	if err := cc.DelNetworkList(ctx, list, rc); err != nil {

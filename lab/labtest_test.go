@@ -92,16 +92,50 @@ func echoServer(t *testing.T, l *Lab, target string, port int) {
 	}
 	t.Cleanup(func() { tl.Close(); ul.Close() })
 	go echoTCP(tl)
-	go func() {
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := ul.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			ul.WriteTo(buf[:n], from)
+	go echoUDP(ul)
+}
+
+// echoUDP echoes every datagram c reads to its sender, until c is closed.
+func echoUDP(c net.PacketConn) {
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return
 		}
-	}()
+		c.WriteTo(buf[:n], from)
+	}
+}
+
+// queryUnconnected sends n queries from src to to on one unconnected UDP
+// socket, as resolvers use: it takes an answer from any address, so each
+// answer must come back echoed from to itself (a NAT's answer from the
+// address the client asked, not the backend's).
+func queryUnconnected(l *Lab, src string, to netip.AddrPort, n int) error {
+	return l.Do(src, func() error {
+		c, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 1500)
+		for i := range n {
+			msg := fmt.Sprint("query ", i)
+			if _, err := c.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(to)); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			k, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return fmt.Errorf("%s: %w", msg, err)
+			}
+			got := from.(*net.UDPAddr).AddrPort()
+			if got = netip.AddrPortFrom(got.Addr().Unmap(), got.Port()); string(buf[:k]) != msg || got != to {
+				return fmt.Errorf("%s: answer %q from %s, want it from %s", msg, buf[:k], got, to)
+			}
+		}
+		return nil
+	})
 }
 
 // echoTCP echoes on every connection ln accepts, until ln is closed.

@@ -413,33 +413,7 @@ func TestCacheServiceDNAT(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			// Unconnected, as resolvers are: it takes an answer from any
-			// address, so the answer's source shows whether the NAT saw it.
-			err := l.Do("h1/c1", func() error {
-				c, err := net.ListenPacket("udp4", ":0")
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				buf := make([]byte, 1500)
-				for i := range 50 {
-					msg := fmt.Sprint("query ", i)
-					if _, err := c.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(vip)); err != nil {
-						return err
-					}
-					c.SetReadDeadline(time.Now().Add(2 * time.Second))
-					n, from, err := c.ReadFrom(buf)
-					if err != nil {
-						return fmt.Errorf("%s: %w", msg, err)
-					}
-					got := from.(*net.UDPAddr).AddrPort()
-					if got = netip.AddrPortFrom(got.Addr().Unmap(), got.Port()); string(buf[:n]) != msg || got != vip {
-						return fmt.Errorf("%s: answer %q from %s, want it from %s", msg, buf[:n], got, vip)
-					}
-				}
-				return nil
-			})
-			if err != nil {
+			if err := queryUnconnected(l, "h1/c1", vip, 50); err != nil {
 				t.Errorf("UDP through the virtual address: %v", err)
 			}
 
