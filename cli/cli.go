@@ -366,7 +366,7 @@ func cmdHosts(ctx context.Context, env Env, args []string) error {
 	return table(env.Stdout, "NAME\tUNDERLAY\tSUBNET\tVTEP MAC", rows)
 }
 
-const policyUsage = "usage: skiff policy add ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N] | del ID | list"
+const policyUsage = "usage: skiff policy add ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N[-M]] | del ID | list"
 
 func cmdPolicy(ctx context.Context, env Env, args []string) error {
 	fs := flags(env, "policy")

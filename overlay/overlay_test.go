@@ -176,10 +176,12 @@ func TestPolicyRules(t *testing.T) {
 	set, _ := policy.NewSet([]policy.Rule{
 		{ID: "b", Priority: 2, Action: policy.Deny, Src: netip.MustParsePrefix("10.244.1.0/24"), Proto: policy.UDP, Port: 53},
 		{ID: "a", Priority: 1, Action: policy.Allow, Dst: netip.MustParsePrefix("10.244.2.7/32")},
+		{ID: "c", Priority: 3, Action: policy.Allow, Proto: policy.TCP, Port: 30000, PortEnd: 32767},
 	})
 	got := strings.Join(PolicyRules(set), "\n")
 	want := `-A SKIFF-POLICY -d 10.244.2.7/32 -m comment --comment "skiff policy a" -j ACCEPT
--A SKIFF-POLICY -s 10.244.1.0/24 -p udp --dport 53 -m comment --comment "skiff policy b" -j SKIFF-DENY`
+-A SKIFF-POLICY -s 10.244.1.0/24 -p udp --dport 53 -m comment --comment "skiff policy b" -j SKIFF-DENY
+-A SKIFF-POLICY -p tcp --dport 30000:32767 -m comment --comment "skiff policy c" -j ACCEPT`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}

@@ -128,6 +128,9 @@ func ruleLine(head string, r policy.Rule, withDst bool, denyTo string) string {
 	if r.Port != 0 {
 		fmt.Fprintf(&b, " --dport %d", r.Port)
 	}
+	if r.PortEnd != 0 {
+		fmt.Fprintf(&b, ":%d", r.PortEnd)
+	}
 	fmt.Fprintf(&b, " -m comment --comment \"skiff policy %s\"", r.ID)
 	if r.Action == policy.Allow {
 		b.WriteString(" -j ACCEPT")

@@ -39,7 +39,8 @@ type Rule struct {
 	Src      netip.Prefix `json:"src,omitzero"`
 	Dst      netip.Prefix `json:"dst,omitzero"`
 	Proto    string       `json:"proto,omitempty"`
-	Port     uint16       `json:"port,omitempty"` // destination port, tcp/udp only
+	Port     uint16       `json:"port,omitempty"`     // destination port, tcp/udp only
+	PortEnd  uint16       `json:"port_end,omitempty"` // last port of the range Port..PortEnd; 0: Port alone
 }
 
 // Flow is the part of a new flow that rules match on.
@@ -75,7 +76,21 @@ func (r Rule) Validate() error {
 	if r.Port != 0 && r.Proto != TCP && r.Proto != UDP {
 		return fmt.Errorf("rule %s: a port needs protocol tcp or udp", r.ID)
 	}
+	if r.PortEnd != 0 && r.PortEnd <= r.Port {
+		return fmt.Errorf("rule %s: port range %d-%d: the last port must follow the first", r.ID, r.Port, r.PortEnd)
+	}
 	return nil
+}
+
+// LastPort is the last destination port r matches: PortEnd for a range,
+// else Port (0: any port).
+func (r Rule) LastPort() uint16 {
+	return max(r.Port, r.PortEnd)
+}
+
+// MatchesPort reports whether r's destination ports include port.
+func (r Rule) MatchesPort(port uint16) bool {
+	return r.Port == 0 || port >= r.Port && port <= r.LastPort()
 }
 
 // Matches reports whether r applies to f.
@@ -89,7 +104,7 @@ func (r Rule) Matches(f Flow) bool {
 	if r.Proto != "" && r.Proto != f.Proto {
 		return false
 	}
-	return r.Port == 0 || r.Port == f.Port
+	return r.MatchesPort(f.Port)
 }
 
 // String renders r in the CLI's own syntax, so `skiff policy list` output can
@@ -108,6 +123,9 @@ func (r Rule) String() string {
 	}
 	if r.Port != 0 {
 		fmt.Fprintf(&b, " port %d", r.Port)
+	}
+	if r.PortEnd != 0 {
+		fmt.Fprintf(&b, "-%d", r.PortEnd)
 	}
 	return b.String()
 }
@@ -144,12 +162,12 @@ func (s Set) Allowed(f Flow) bool {
 
 // ParseRule reads the CLI syntax:
 //
-//	ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N]
+//	ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N[-M]]
 //
-// A bare address is taken as a /32.
+// A bare address is taken as a /32; port N-M is a range, both ends included.
 func ParseRule(args []string) (Rule, error) {
 	if len(args) < 2 {
-		return Rule{}, errors.New("usage: ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N]")
+		return Rule{}, errors.New("usage: ID allow|deny [priority N] [from PREFIX] [to PREFIX] [proto tcp|udp|icmp] [port N[-M]]")
 	}
 	r := Rule{ID: args[0], Action: Action(args[1]), Priority: 1000}
 	rest := args[2:]
@@ -169,12 +187,10 @@ func ParseRule(args []string) (Rule, error) {
 		case "proto":
 			r.Proto = val
 		case "port":
-			var p uint64
-			p, err = strconv.ParseUint(val, 10, 16)
-			if err == nil && p == 0 {
-				err = errors.New("port 0")
+			first, last, isRange := strings.Cut(val, "-")
+			if r.Port, err = parsePort(first); err == nil && isRange {
+				r.PortEnd, err = parsePort(last)
 			}
-			r.Port = uint16(p)
 		default:
 			err = errors.New("unknown keyword (want priority, from, to, proto or port)")
 		}
@@ -183,6 +199,14 @@ func ParseRule(args []string) (Rule, error) {
 		}
 	}
 	return r, r.Validate()
+}
+
+func parsePort(s string) (uint16, error) {
+	p, err := strconv.ParseUint(s, 10, 16)
+	if err == nil && p == 0 {
+		err = errors.New("port 0")
+	}
+	return uint16(p), err
 }
 
 func parsePrefix(s string) (netip.Prefix, error) {

@@ -11,6 +11,7 @@ func TestAllowedFirstMatchWins(t *testing.T) {
 		{ID: "deny-web", Priority: 20, Action: Deny, Dst: netip.MustParsePrefix("10.244.2.0/24"), Proto: TCP, Port: 80},
 		{ID: "allow-probe", Priority: 10, Action: Allow, Src: netip.MustParsePrefix("10.244.1.7/32")},
 		{ID: "deny-icmp", Priority: 30, Action: Deny, Proto: ICMP},
+		{ID: "deny-range", Priority: 40, Action: Deny, Proto: UDP, Port: 5000, PortEnd: 5010},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -27,6 +28,10 @@ func TestAllowedFirstMatchWins(t *testing.T) {
 		{"earlier allow wins", Flow{a("10.244.1.7"), a("10.244.2.3"), TCP, 80}, true},
 		{"icmp denied", Flow{a("10.244.1.5"), a("10.244.3.3"), ICMP, 0}, false},
 		{"default allow", Flow{a("10.244.1.5"), a("10.244.3.3"), UDP, 53}, true},
+		{"range's first port", Flow{a("10.244.1.5"), a("10.244.3.3"), UDP, 5000}, false},
+		{"range's last port", Flow{a("10.244.1.5"), a("10.244.3.3"), UDP, 5010}, false},
+		{"past the range", Flow{a("10.244.1.5"), a("10.244.3.3"), UDP, 5011}, true},
+		{"before the range", Flow{a("10.244.1.5"), a("10.244.3.3"), UDP, 4999}, true},
 	} {
 		if got := set.Allowed(tc.flow); got != tc.want {
 			t.Errorf("%s: Allowed = %v, want %v", tc.name, got, tc.want)
@@ -51,6 +56,13 @@ func TestParseRule(t *testing.T) {
 	if err != nil || again != r {
 		t.Fatalf("round trip of %q: %+v, %v", r.String(), again, err)
 	}
+	r, err = ParseRule(strings.Fields("nodeports allow proto tcp port 30000-32767"))
+	if err != nil || r.Port != 30000 || r.PortEnd != 32767 || r.LastPort() != 32767 {
+		t.Fatalf("range: %+v, %v", r, err)
+	}
+	if again, err := ParseRule(strings.Fields(r.String())); err != nil || again != r {
+		t.Fatalf("round trip of %q: %+v, %v", r.String(), again, err)
+	}
 }
 
 func TestParseRuleErrors(t *testing.T) {
@@ -63,6 +75,10 @@ func TestParseRuleErrors(t *testing.T) {
 		"x allow proto sctp",
 		"x allow proto tcp port 70000",
 		"x allow proto tcp port 0",
+		"x allow proto tcp port 80-80",
+		"x allow proto tcp port 90-80",
+		"x allow proto tcp port 80-",
+		"x allow proto tcp port 80-70000",
 		"x allow from 10.244.1.1/24",
 		"x allow from fd00::/64",
 		"x allow to",

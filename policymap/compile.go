@@ -95,8 +95,21 @@ func Compile(set policy.Set, local []netip.Addr, ids map[string]uint32) Entries 
 			}
 			nodes, ok := done[which.String()]
 			if !ok {
-				for _, p := range otherPrefixes(rules, dir) {
-					table := nodeTable(rules, dir, p)
+				prefixes := otherPrefixes(rules, dir)
+				tables := make([]map[cell]uint8, 0, len(prefixes))
+				for _, p := range prefixes {
+					if t := nodeTable(rules, dir, p); t != nil {
+						tables = append(tables, t)
+					}
+				}
+				if len(tables) < len(prefixes) {
+					// Port ranges too wide for a table: not compiled, the
+					// overlay judges this container's flows this way.
+					done[which.String()] = nil
+					continue
+				}
+				for i, p := range prefixes {
+					table := tables[i]
 					name := tableName(table)
 					id, ok := ids[name]
 					if !ok {
@@ -153,9 +166,15 @@ func sides(r policy.Rule, dir Direction) (fixed, other netip.Prefix) {
 	return r.Dst, r.Src
 }
 
+// MaxPortCells bounds the (protocol, port) cells of one node's table: a
+// port range is a cell per port, and a container whose rules name more
+// ports than this (wide ranges) is not compiled — the overlay judges it.
+const MaxPortCells = 1024
+
 // nodeTable is the verdict table of the addresses whose longest prefix
 // among the rules' is p: the rules whose other-end prefix covers p match
-// every one of them, and only those.
+// every one of them, and only those. nil: the rules name more than
+// MaxPortCells ports.
 func nodeTable(rules []policy.Rule, dir Direction, p netip.Prefix) map[cell]uint8 {
 	var apply []policy.Rule
 	for _, r := range rules {
@@ -164,9 +183,16 @@ func nodeTable(rules []policy.Rule, dir Direction, p netip.Prefix) map[cell]uint
 		}
 	}
 	cells := []cell{{protocols[policy.TCP], 0}, {protocols[policy.UDP], 0}, {protocols[policy.ICMP], 0}, {0, 0}}
+	seen := map[cell]bool{}
 	for _, r := range apply {
-		if r.Port != 0 && !slices.Contains(cells, cell{protocols[r.Proto], r.Port}) {
-			cells = append(cells, cell{protocols[r.Proto], r.Port})
+		for port := int(r.Port); r.Port != 0 && port <= int(r.LastPort()); port++ {
+			if c := (cell{protocols[r.Proto], uint16(port)}); !seen[c] {
+				if len(seen) == MaxPortCells {
+					return nil
+				}
+				seen[c] = true
+				cells = append(cells, c)
+			}
 		}
 	}
 	table := map[cell]uint8{}
@@ -188,7 +214,7 @@ func matches(r policy.Rule, c cell) bool {
 	if r.Proto != "" && protocols[r.Proto] != c.proto {
 		return false
 	}
-	return r.Port == 0 || r.Port == c.port
+	return r.Port == 0 || c.port != 0 && r.MatchesPort(c.port)
 }
 
 // tableName is a canonical form of a table, its identity among nodes.

@@ -36,6 +36,9 @@ func randomSet(t *testing.T, rng *rand.Rand, n int) policy.Set {
 			r.Proto = []string{policy.TCP, policy.UDP}[rng.IntN(2)]
 			if rng.IntN(2) == 0 {
 				r.Port = uint16(80 + rng.IntN(3))
+				if rng.IntN(3) == 0 {
+					r.PortEnd = r.Port + uint16(1+rng.IntN(2)) // a range
+				}
 			}
 		}
 		rules = append(rules, r)
@@ -64,7 +67,7 @@ func flows(yield func(a, b netip.Addr, proto uint8, port uint16) bool) {
 			for _, proto := range []uint8{6, 17, 1, 47} {
 				ports := []uint16{0}
 				if proto == 6 || proto == 17 {
-					ports = []uint16{80, 81, 82, 443}
+					ports = []uint16{79, 80, 81, 82, 83, 84, 443}
 				}
 				for _, port := range ports {
 					if !yield(a, b, proto, port) {
@@ -122,8 +125,37 @@ func TestCompile(t *testing.T) {
 			}
 		}
 	}
+	// A range is a cell per port, up to MaxPortCells; past that the
+	// containers the rule applies to are not compiled (the overlay judges).
+	wide := func(last uint16) policy.Set {
+		set, err := policy.NewSet([]policy.Rule{
+			{ID: "range", Action: policy.Deny, Dst: netip.MustParsePrefix("10.244.1.2/32"), Proto: policy.TCP, Port: 1000, PortEnd: last}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	e := Compile(wide(1000+MaxPortCells-1), local, map[string]uint32{})
+	for _, port := range []uint16{1000, 1000 + MaxPortCells - 1} {
+		if v := e.Verdict(Ingress, local[0], local[1], 6, port); v != Deny {
+			t.Errorf("range at the bound, port %d: %d, want deny", port, v)
+		}
+	}
+	if v := e.Verdict(Ingress, local[0], local[1], 6, 1000+MaxPortCells); v != Allow {
+		t.Errorf("past the range: %d, want allow", v)
+	}
+	e = Compile(wide(1000+MaxPortCells), local, map[string]uint32{})
+	if v := e.Verdict(Ingress, local[0], local[1], 6, 1000); v != Unknown {
+		t.Errorf("range past the bound: %d, want unknown", v)
+	}
+	if v := e.Verdict(Egress, local[1], local[0], 6, 1000); v != Unknown { // the rule has any source
+		t.Errorf("range past the bound, egress: %d, want unknown", v)
+	}
+	if v := e.Verdict(Ingress, local[1], local[0], 6, 1000); v != Allow {
+		t.Errorf("a container the range does not apply to: %d, want allow", v)
+	}
 	// Nodes with one table share an id: no rule, one node for everything.
-	e := Compile(nil, local, map[string]uint32{})
+	e = Compile(nil, local, map[string]uint32{})
 	if len(e.Verdicts) != 4 || len(e.Egress) != len(local) {
 		t.Errorf("no rules: %d verdicts, %d prefixes; want 4 and %d", len(e.Verdicts), len(e.Egress), len(local))
 	}

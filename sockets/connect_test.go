@@ -136,6 +136,8 @@ func TestConnectPolicy(t *testing.T) {
 	fromOther := policy.Rule{ID: "from-other", Priority: 0, Action: policy.Deny, Src: pfx("10.244.1.6/32"), Dst: pfx("10.244.3.0/24")}
 	fromUs := fromOther
 	fromUs.ID, fromUs.Src = "from-us", pfx("10.244.1.0/28")
+	rangeH2 := policy.Rule{ID: "range-h2", Priority: 1, Action: policy.Deny, Dst: pfx("10.244.2.9/32"), Proto: policy.TCP, Port: 75, PortEnd: 80}
+	rangeH3 := policy.Rule{ID: "range-h3", Priority: 1, Action: policy.Deny, Dst: pfx("10.244.3.0/24"), Proto: policy.TCP, Port: 80, PortEnd: 90}
 	var tooMany []policy.Rule
 	for i := range len(sksSksRules{}.Rules) + 1 {
 		tooMany = append(tooMany, policy.Rule{ID: fmt.Sprintf("r%04d", i), Priority: 100, Action: policy.Deny, Proto: policy.TCP, Port: uint16(9000 + i)})
@@ -157,6 +159,7 @@ func TestConnectPolicy(t *testing.T) {
 		{"first match decides", []policy.Rule{openPort, closeHost, udpOnly}, []string{eperm, toH2b, toH3, eperm}, 1},
 		{"another source's rule", []policy.Rule{openPort, closeHost, fromOther}, []string{eperm, toH2b, toH3, eperm}, 1},
 		{"this source's rule", []policy.Rule{openPort, closeHost, fromUs}, []string{eperm, toH2b, eperm, eperm}, 2},
+		{"port ranges", []policy.Rule{rangeH2, rangeH3}, []string{eperm, toH2b, eperm, eperm}, 2},
 		{"more rules than fit", tooMany, []string{eperm, eperm, eperm, eperm}, 3},
 		{"the rules gone", nil, []string{toH2, toH2b, toH3, eperm}, 0},
 	} {

@@ -265,6 +265,31 @@ func TestTCPRules(t *testing.T) {
 	}
 }
 
+// TestPortBlocks: a range's blocks cover exactly its ports, and no two
+// overlap.
+func TestPortBlocks(t *testing.T) {
+	for _, r := range [][2]uint16{{80, 80}, {79, 84}, {1, 65535}, {30000, 32767}, {1024, 2047}, {65535, 65535}, {5, 6}} {
+		bs := portBlocks(r[0], r[1])
+		for p := 1; p <= 65535; p++ {
+			n := 0
+			for _, b := range bs {
+				if uint16(p)&b.mask == b.port {
+					n++
+				}
+			}
+			if in := p >= int(r[0]) && p <= int(r[1]); n != map[bool]int{true: 1, false: 0}[in] {
+				t.Fatalf("%d-%d: port %d in %d blocks of %v", r[0], r[1], p, n, bs)
+			}
+		}
+		if len(bs) > 30 {
+			t.Errorf("%d-%d: %d blocks", r[0], r[1], len(bs))
+		}
+	}
+	if bs := portBlocks(0, 0); len(bs) != 1 || bs[0].mask != 0 {
+		t.Errorf("any port: %v", bs)
+	}
+}
+
 func TestConnFlow(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	cases := []struct {

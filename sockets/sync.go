@@ -108,22 +108,44 @@ func tcpRules(rules policy.Set) *sksSksRules {
 		if r.Proto != "" && r.Proto != policy.TCP {
 			continue
 		}
-		if int(out.N) == len(out.Rules) {
-			out.Overflow = 1
-			break
+		for _, b := range portBlocks(r.Port, r.LastPort()) {
+			if int(out.N) == len(out.Rules) {
+				out.Overflow = 1
+				return &out
+			}
+			k := &out.Rules[out.N]
+			k.Src, k.SrcMask = prefix32(r.Src)
+			k.Dst, k.DstMask = prefix32(r.Dst)
+			k.Port, k.PortMask = bpfmap.Port(b.port), bpfmap.Port(b.mask)
+			if r.Action == policy.Allow {
+				k.Allow = 1
+			}
+			out.N++
 		}
-		k := &out.Rules[out.N]
-		k.Src, k.SrcMask = prefix32(r.Src)
-		k.Dst, k.DstMask = prefix32(r.Dst)
-		if r.Port != 0 {
-			k.Port, k.PortMask = bpfmap.Port(r.Port), 0xffff
-		}
-		if r.Action == policy.Allow {
-			k.Allow = 1
-		}
-		out.N++
 	}
 	return &out
+}
+
+// portBlock is the ports p with p&mask == port.
+type portBlock struct{ port, mask uint16 }
+
+// portBlocks covers first..last with aligned blocks, the fewest there are
+// (at most 30), the form connect4's masked match takes; first 0 is any
+// port, one block with mask 0.
+func portBlocks(first, last uint16) []portBlock {
+	if first == 0 {
+		return []portBlock{{0, 0}}
+	}
+	var out []portBlock
+	for p := uint32(first); p <= uint32(last); {
+		size := uint32(1)
+		for p%(size*2) == 0 && p+size*2-1 <= uint32(last) {
+			size *= 2
+		}
+		out = append(out, portBlock{uint16(p), uint16(^(size - 1))})
+		p += size
+	}
+	return out
 }
 
 // prefix32 is a prefix as connect4 matches it: address and mask in network
