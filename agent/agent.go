@@ -21,9 +21,9 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/source"
 	"github.com/skiffnet/skiff/store"
 )
 
@@ -65,7 +65,7 @@ type Config struct {
 type Agent struct {
 	cfg   Config
 	log   *slog.Logger
-	store *store.Store
+	store source.Backend
 
 	mu      sync.Mutex // serialises data-plane changes
 	host    cluster.Host
@@ -81,10 +81,10 @@ type Agent struct {
 
 	// listeners is the cluster's published listeners, kept by a watch
 	// (when a layer needs them; nil until the watch runs). Guarded by mu.
-	listeners *store.Cache[cluster.Listener]
+	listeners source.Lister[cluster.Listener]
 	// everyEndpoint is every host's endpoints, kept by a watch (when a
 	// layer needs them; nil until the watch runs). Guarded by mu.
-	everyEndpoint *store.Cache[cluster.Endpoint]
+	everyEndpoint source.Lister[cluster.Endpoint]
 	// synced is what the last reconcile read: a change of the listeners
 	// alone syncs against its hosts and policy. Guarded by mu.
 	synced *layer.View
@@ -169,7 +169,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, store: s, control: control, layers: layers, unwanted: unwanted, choices: choices,
+	a := &Agent{cfg: cfg, log: log, store: etcdSource{s}, control: control, layers: layers, unwanted: unwanted, choices: choices,
 		joinBackoff: backoff{min: time.Second, max: 30 * time.Second}, failures: quiet{period: 30 * time.Second}}
 	for _, l := range layers {
 		a.needs.Endpoints = a.needs.Endpoints || l.needs.Endpoints
@@ -248,7 +248,7 @@ func (a *Agent) join(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, store.ErrUnavailable) {
+		if !errors.Is(err, source.ErrUnavailable) {
 			return err
 		}
 		a.setStoreErr(err)
@@ -279,9 +279,9 @@ func (a *Agent) tryJoin(ctx context.Context, subnet netip.Prefix) error {
 	h := a.host
 	if subnet.IsValid() {
 		h.Subnet = subnet
-		repaired, err := ipam.Reclaim(ctx, a.store, c, h)
+		repaired, err := a.store.Reclaim(ctx, c, h)
 		switch {
-		case errors.Is(err, ipam.ErrTaken):
+		case errors.Is(err, source.ErrTaken):
 			a.log.Warn("this host's subnet went to another host while it was away; taking a new one", "err", err)
 			h.Subnet = netip.Prefix{}
 		case err != nil:
@@ -291,7 +291,7 @@ func (a *Agent) tryJoin(ctx context.Context, subnet netip.Prefix) error {
 		}
 	}
 	if !h.Subnet.IsValid() {
-		if h, err = ipam.Join(ctx, a.store, c, a.host); err != nil {
+		if h, err = a.store.Join(ctx, c, a.host); err != nil {
 			return fmt.Errorf("join cluster as %s: %w", a.host.Name, err)
 		}
 	}
@@ -361,18 +361,13 @@ func (a *Agent) converge(ctx context.Context) {
 func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// The claims too: a host whose claim is gone could lose its subnet,
-	// and which host a record stands for depends on them (store.Hosts).
-	prefixes := []string{store.HostsPrefix, store.PolicyPrefix, store.SubnetsPrefix, store.LimitPrefix + a.host.Name + "/"}
 	// A layer that needs every host's endpoints (the cache's caches name
 	// them all) has a watch keep them, and each change reconciles.
 	var endpoints <-chan struct{}
 	if a.needs.Endpoints {
 		endpoints = watchCache(ctx, a, "endpoints", &a.everyEndpoint, a.store.WatchEndpoints)
-	} else {
-		prefixes = append(prefixes, store.EndpointPrefix+a.host.Name+"/")
 	}
-	changed := a.store.Watch(ctx, prefixes...)
+	changed := a.store.Changes(ctx, a.host.Name, !a.needs.Endpoints)
 	// Listeners come and go with every server start: they only change
 	// the routes of the layers that need them (sockets), not worth a full
 	// reconcile, nor a read of every listener of the cluster per change.
@@ -445,7 +440,7 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 				resync()
 			} else {
 				a.log.Warn("lost the connection to the cluster store; not ready until it is back")
-				a.setSyncErr(fmt.Errorf("connection lost: %w", store.ErrUnavailable))
+				a.setSyncErr(fmt.Errorf("connection lost: %w", source.ErrUnavailable))
 			}
 		}
 	}
@@ -473,7 +468,7 @@ func (a *Agent) setSyncErr(err error) {
 	a.stateMu.Lock()
 	defer a.stateMu.Unlock()
 	a.syncErr = err
-	if errors.Is(err, store.ErrUnavailable) {
+	if errors.Is(err, source.ErrUnavailable) {
 		a.storeErr = err
 	} else {
 		a.storeErr = nil
@@ -582,7 +577,7 @@ func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cl
 			if err := a.overlay.RemoveEndpoint(e); err != nil {
 				a.log.Warn("remove endpoint", "err", err)
 			}
-			if err := ipam.Release(ctx, a.store, e); err != nil {
+			if err := a.store.Release(ctx, e); err != nil {
 				keep = append(keep, e)
 			}
 			continue
@@ -596,8 +591,8 @@ func (a *Agent) collectGarbage(ctx context.Context, eps []cluster.Endpoint) []cl
 // a.mu), returning the channel that signals each change. The channel
 // closes when the watch ends, and at once if it cannot start: the caller
 // starts again.
-func watchCache[T any](ctx context.Context, a *Agent, what string, into **store.Cache[T],
-	watch func(context.Context) (*store.Cache[T], <-chan struct{}, error)) <-chan struct{} {
+func watchCache[T any](ctx context.Context, a *Agent, what string, into *source.Lister[T],
+	watch func(context.Context) (source.Lister[T], <-chan struct{}, error)) <-chan struct{} {
 	cache, changed, err := watch(ctx)
 	a.mu.Lock()
 	*into = cache

@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/skiffnet/skiff/ipam"
-	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/source"
 )
 
 // How the agent recovers from a damaged or lost store: it keeps its host
@@ -67,9 +66,9 @@ func (a *Agent) register(ctx context.Context) error {
 			return a.joinFailed(err)
 		}
 	}
-	repaired, err := ipam.Reclaim(ctx, a.store, a.cluster, a.host)
+	repaired, err := a.store.Reclaim(ctx, a.cluster, a.host)
 	if err != nil {
-		if errors.Is(err, ipam.ErrTaken) {
+		if errors.Is(err, source.ErrTaken) {
 			err = fmt.Errorf("%w: its containers are cut off; restart skiffd to take a new subnet, then re-create them", err)
 		}
 		return a.joinFailed(err)
@@ -84,7 +83,7 @@ func (a *Agent) register(ctx context.Context) error {
 }
 
 func (a *Agent) joinFailed(err error) error {
-	if errors.Is(err, store.ErrUnavailable) {
+	if errors.Is(err, source.ErrUnavailable) {
 		return err // retried as the store returns
 	}
 	a.setRegistered(false)

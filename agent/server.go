@@ -20,9 +20,9 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
-	"github.com/skiffnet/skiff/ipam"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/source"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/version"
 )
@@ -159,13 +159,13 @@ func (a *Agent) handle(f func(*http.Request) (any, error)) http.HandlerFunc {
 			switch {
 			case errors.As(err, &re):
 				status = http.StatusBadRequest
-			case errors.Is(err, store.ErrNotFound):
+			case errors.Is(err, source.ErrNotFound):
 				status = http.StatusNotFound
-			case errors.Is(err, ipam.ErrExhausted):
+			case errors.Is(err, source.ErrExhausted):
 				status = http.StatusInsufficientStorage
-			case errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrNotInSubnet):
+			case errors.Is(err, source.ErrInUse), errors.Is(err, source.ErrNotInSubnet):
 				status = http.StatusConflict
-			case errors.Is(err, store.ErrUnavailable):
+			case errors.Is(err, source.ErrUnavailable):
 				status, e.Retry = http.StatusServiceUnavailable, true
 			}
 			a.log.Warn("API request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
@@ -334,7 +334,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		return api.Attachment{}, badRequest(fmt.Errorf("network namespace: %w", err))
 	}
 	if !a.registered() {
-		return api.Attachment{}, fmt.Errorf("host %s is not registered yet: %w", a.host.Name, store.ErrUnavailable)
+		return api.Attachment{}, fmt.Errorf("host %s is not registered yet: %w", a.host.Name, source.ErrUnavailable)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -347,7 +347,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	if req.IP.IsValid() {
 		want.IP = netip.PrefixFrom(req.IP, 32)
 	}
-	e, err := ipam.Allocate(ctx, a.store, a.host.Subnet, want)
+	e, err := a.store.Allocate(ctx, a.host.Subnet, want)
 	if err != nil {
 		return api.Attachment{}, fmt.Errorf("allocate address: %w", err)
 	}
@@ -369,7 +369,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	att, err := a.overlay.AddEndpoint(here)
 	if err != nil {
 		if fresh {
-			if rerr := ipam.Release(ctx, a.store, e); rerr != nil {
+			if rerr := a.store.Release(ctx, e); rerr != nil {
 				a.log.Error("release address after failed attach", "ip", e.IP, "err", rerr)
 			}
 		}
@@ -427,7 +427,7 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, source.ErrNotFound) {
 		e = cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
 			Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns}
 		return a.overlay.RemoveEndpoint(e)
@@ -455,7 +455,7 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	if err := a.overlay.RemoveEndpoint(e); err != nil {
 		return err
 	}
-	if err := ipam.Release(ctx, a.store, e); err != nil {
+	if err := a.store.Release(ctx, e); err != nil {
 		return err
 	}
 	a.log.Info("endpoint deleted", "container", e.ContainerID, "if", e.IfName, "ip", e.IP)

@@ -153,6 +153,27 @@ type Listener struct {
 // Gateway is the bridge address of a host subnet (.1).
 func Gateway(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr().Next() }
 
+// ContainerAddrs are the addresses containers may use in a host subnet:
+// all but the network address (VTEP), the gateway and the broadcast
+// address, in order.
+func ContainerAddrs(subnet netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	last := Broadcast(subnet)
+	for a := Gateway(subnet).Next(); a.Less(last); a = a.Next() {
+		out = append(out, a)
+	}
+	return out
+}
+
+// Broadcast is a subnet's last address.
+func Broadcast(subnet netip.Prefix) netip.Addr {
+	a := subnet.Masked().Addr().As4()
+	for i := subnet.Bits(); i < 32; i++ {
+		a[i/8] |= 0x80 >> (i % 8)
+	}
+	return netip.AddrFrom4(a)
+}
+
 // VTEPAddr is the overlay address of a host's VXLAN device: the subnet's
 // network address, as in Flannel, so the neighbour entry for a remote host can
 // be derived from its subnet alone.

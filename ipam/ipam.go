@@ -17,17 +17,18 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/source"
 	"github.com/skiffnet/skiff/store"
 )
 
 // ErrExhausted means no subnet or address is free.
-var ErrExhausted = errors.New("address space exhausted")
+var ErrExhausted = source.ErrExhausted
 
 // ErrInUse means an address asked for is another container's.
-var ErrInUse = errors.New("address in use")
+var ErrInUse = source.ErrInUse
 
 // ErrNotInSubnet means an address asked for is not one this host gives.
-var ErrNotInSubnet = errors.New("not an address of this host's subnet")
+var ErrNotInSubnet = source.ErrNotInSubnet
 
 // Subnets enumerates the host subnets of the cluster in address order.
 func Subnets(c cluster.Config) []netip.Prefix {
@@ -47,22 +48,6 @@ func addU32(a netip.Addr, n uint32) netip.Addr {
 	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 	v += n
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
-
-// hostAddrs enumerates the addresses containers may use in subnet: all but
-// the network address (VTEP), the gateway and the broadcast address.
-func hostAddrs(subnet netip.Prefix) []netip.Addr {
-	var out []netip.Addr
-	last := broadcast(subnet)
-	for a := cluster.Gateway(subnet).Next(); a.Less(last); a = a.Next() {
-		out = append(out, a)
-	}
-	return out
-}
-
-// broadcast is a subnet's last address.
-func broadcast(subnet netip.Prefix) netip.Addr {
-	return addU32(subnet.Masked().Addr(), uint32(1)<<(32-subnet.Bits())-1)
 }
 
 // Join registers h in the cluster and returns it with its subnet. A host
@@ -214,7 +199,7 @@ func freeSubnet(c cluster.Config, holders map[netip.Prefix]store.Claim, prefer n
 func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluster.Endpoint) (cluster.Endpoint, error) {
 	epKey := store.KeyOf(e)
 	want := e.IP.Addr()
-	if first, last := cluster.Gateway(subnet).Next(), broadcast(subnet).Prev(); e.IP.IsValid() && (want.Less(first) || last.Less(want)) {
+	if first, last := cluster.Gateway(subnet).Next(), cluster.Broadcast(subnet).Prev(); e.IP.IsValid() && (want.Less(first) || last.Less(want)) {
 		return cluster.Endpoint{}, fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet, first, last)
 	}
 	for attempt := 0; attempt < 16; attempt++ {
@@ -275,7 +260,7 @@ func nextFree(ctx context.Context, s *store.Store, host string, subnet netip.Pre
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 		last, _ = netip.ParseAddr(string(kvs[0].Value))
 	}
-	addrs := hostAddrs(subnet)
+	addrs := cluster.ContainerAddrs(subnet)
 	start := 0
 	for i, a := range addrs {
 		if a == last {

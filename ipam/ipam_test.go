@@ -21,7 +21,7 @@ func TestSubnets(t *testing.T) {
 	if len(got) != 256 || got[0].String() != "10.244.0.0/24" || got[255].String() != "10.244.255.0/24" {
 		t.Fatalf("subnets: %d, first %v, last %v", len(got), got[0], got[len(got)-1])
 	}
-	addrs := hostAddrs(netip.MustParsePrefix("10.244.3.0/24"))
+	addrs := cluster.ContainerAddrs(netip.MustParsePrefix("10.244.3.0/24"))
 	if len(addrs) != 253 || addrs[0].String() != "10.244.3.2" || addrs[252].String() != "10.244.3.254" {
 		t.Fatalf("host addrs: %d, %v..%v", len(addrs), addrs[0], addrs[len(addrs)-1])
 	}

@@ -2,7 +2,6 @@ package ipam
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -10,11 +9,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/source"
 	"github.com/skiffnet/skiff/store"
 )
 
 // ErrTaken means another host holds a host's subnet.
-var ErrTaken = errors.New("subnet held by another host")
+var ErrTaken = source.ErrTaken
 
 // Reclaim registers h under the subnet it already serves, h.Subnet, as
 // after its host record or subnet claim was deleted or garbled in the

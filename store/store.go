@@ -26,6 +26,7 @@ import (
 
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/policy"
+	"github.com/skiffnet/skiff/source"
 )
 
 // Key prefixes. Every key a host writes names the host right after its
@@ -45,14 +46,14 @@ const (
 
 // ErrUnavailable wraps every failure to reach etcd, so callers (the agent API,
 // the CNI plugin) can tell "try again later" from "you asked for nonsense".
-var ErrUnavailable = errors.New("cluster store unavailable")
+var ErrUnavailable = source.ErrUnavailable
 
 // ErrNotFound is returned for a key that does not exist.
-var ErrNotFound = errors.New("not found")
+var ErrNotFound = source.ErrNotFound
 
 // ErrPermission wraps the store's refusal of a request this client's
 // certificate (its etcd user) has no right to.
-var ErrPermission = errors.New("the cluster store refuses this client")
+var ErrPermission = source.ErrPermission
 
 // EndpointKey is where an endpoint is stored.
 func EndpointKey(host, containerID, ifName string) string {
