@@ -21,6 +21,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/cni"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/source"
@@ -55,6 +56,13 @@ type Config struct {
 	// ReconcileGap is the least time between two reconciles that store
 	// watch events trigger (0: 100 ms); see pacer.
 	ReconcileGap time.Duration
+	// Source is the cluster's source of truth (nil: the etcd store at
+	// EtcdEndpoints); the agent closes it.
+	Source source.Backend
+	// CNIConfDir, when set, gets skiff's CNI network configuration after
+	// the first good reconcile: a Kubernetes node stays NotReady (no
+	// network configuration) until the agent is ready.
+	CNIConfDir string
 	// Serves is what this host serves to the control plane (its embedded
 	// etcd's client and peer URLs, its metrics address): published in its
 	// host record and refused to every container of the cluster.
@@ -104,7 +112,9 @@ type Agent struct {
 	endpoints    int
 	local        []cluster.Endpoint
 	reconciles   uint64 // reconciles run since start
-	eventsHeld   uint64 // watch events folded into a later reconcile
+	// conflistInstalled: CNIConfDir has the configuration (reconcile only).
+	conflistInstalled bool
+	eventsHeld        uint64 // watch events folded into a later reconcile
 }
 
 // running is one of the agent's layers.
@@ -165,11 +175,15 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := store.Open(cfg.EtcdEndpoints, cfg.EtcdTLS)
-	if err != nil {
-		return nil, err
+	src := cfg.Source
+	if src == nil {
+		s, err := store.Open(cfg.EtcdEndpoints, cfg.EtcdTLS)
+		if err != nil {
+			return nil, err
+		}
+		src = etcdSource{s}
 	}
-	a := &Agent{cfg: cfg, log: log, store: etcdSource{s}, control: control, layers: layers, unwanted: unwanted, choices: choices,
+	a := &Agent{cfg: cfg, log: log, store: src, control: control, layers: layers, unwanted: unwanted, choices: choices,
 		joinBackoff: backoff{min: time.Second, max: 30 * time.Second}, failures: quiet{period: 30 * time.Second}}
 	for _, l := range layers {
 		a.needs.Endpoints = a.needs.Endpoints || l.needs.Endpoints
@@ -456,6 +470,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	a.log.Debug("reconciled", "took", time.Since(start), "err", err)
 	if err == nil {
 		a.failures = quiet{period: a.failures.period}
+		a.installConflist()
 	} else if ok, held := a.failures.pass(err.Error(), time.Now()); ok {
 		a.log.Warn("reconcile failed", "err", err, "repeats", held)
 	}
@@ -622,4 +637,27 @@ func (a *Agent) setStoreErr(err error) {
 	a.stateMu.Lock()
 	a.storeErr = err
 	a.stateMu.Unlock()
+}
+
+// installConflist writes skiff's CNI configuration into CNIConfDir, when
+// asked, once the agent has reconciled.
+func (a *Agent) installConflist() {
+	if a.cfg.CNIConfDir == "" || a.conflistInstalled {
+		return
+	}
+	path := filepath.Join(a.cfg.CNIConfDir, cni.ConflistName)
+	if have, err := os.ReadFile(path); err != nil || string(have) != cni.Conflist {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(cni.Conflist), 0o644); err != nil {
+			a.log.Warn("install the CNI configuration", "err", err)
+			return
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			os.Remove(tmp)
+			a.log.Warn("install the CNI configuration", "err", err)
+			return
+		}
+		a.log.Info("installed the CNI configuration", "path", path)
+	}
+	a.conflistInstalled = true
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/cni"
 	"github.com/skiffnet/skiff/sockets"
 	"github.com/skiffnet/skiff/store"
 )
@@ -93,4 +94,25 @@ func TestValidateRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestInstallConflist: with a CNI configuration directory the agent writes
+// skiff's configuration there (whole: a runtime never reads half of it),
+// replacing a stale one; without one it writes nothing.
+func TestInstallConflist(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, cni.ConflistName)
+	if err := os.WriteFile(path, []byte("{stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{cfg: Config{CNIConfDir: dir}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	a.installConflist()
+	if b, err := os.ReadFile(path); err != nil || string(b) != cni.Conflist {
+		t.Fatalf("conflist %q, %v", b, err)
+	}
+	if names, _ := os.ReadDir(dir); len(names) != 1 {
+		t.Fatalf("files left: %v", names)
+	}
+	none := &Agent{log: a.log}
+	none.installConflist() // no directory: nothing, and no panic
 }

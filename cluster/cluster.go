@@ -178,3 +178,25 @@ func Broadcast(subnet netip.Prefix) netip.Addr {
 // network address, as in Flannel, so the neighbour entry for a remote host can
 // be derived from its subnet alone.
 func VTEPAddr(subnet netip.Prefix) netip.Addr { return subnet.Masked().Addr() }
+
+// UnderlayFault says why addr cannot be a host's underlay address ("": it
+// can). Every host accepts VXLAN from every other host's underlay address
+// and routes its subnet there, so a record's address is only believed when
+// it can be one machine's own unicast address outside the overlay.
+func UnderlayFault(a netip.Addr, cidr netip.Prefix) string {
+	switch {
+	case !a.IsValid() || !a.Is4():
+		return "not an IPv4 address"
+	case a.IsUnspecified():
+		return "unspecified"
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsMulticast(), a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "multicast or broadcast"
+	case a.IsLinkLocalUnicast():
+		return "link-local"
+	case cidr.IsValid() && cidr.Contains(a):
+		return "inside the cluster's range " + cidr.String()
+	}
+	return ""
+}

@@ -418,3 +418,26 @@ func Status(args *skel.CmdArgs) error {
 	}
 	return nil
 }
+
+// ConflistName is the network configuration skiff installs.
+const ConflistName = "10-skiff.conflist"
+
+// Conflist is skiff's network configuration list (deploy/cni/10-skiff.conflist):
+// skiff-cni with the runtime's capabilities it takes, then portmap for
+// published ports.
+const Conflist = `{
+  "cniVersion": "1.0.0",
+  "name": "skiff",
+  "plugins": [
+    {
+      "type": "skiff-cni",
+      "capabilities": {"cgroupPath": true, "ips": true, "mac": true, "bandwidth": true}
+    },
+    {
+      "type": "portmap",
+      "snat": true,
+      "capabilities": {"portMappings": true}
+    }
+  ]
+}
+`

@@ -285,3 +285,15 @@ func TestAgentErrorCodes(t *testing.T) {
 		t.Error("the codes README documents changed")
 	}
 }
+
+// TestConflistMatchesDeploy: the configuration skiffd --cni-conf-dir
+// installs is the one make install does.
+func TestConflistMatchesDeploy(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "cni", cni.ConflistName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != cni.Conflist {
+		t.Fatalf("deploy/cni/%s differs from cni.Conflist:\n%s", cni.ConflistName, b)
+	}
+}

@@ -190,30 +190,8 @@ func Owned[T cluster.Endpoint | cluster.Listener](hosts []cluster.Host, vs []T) 
 	return out
 }
 
-// UnderlayFault says why addr cannot be a host's underlay address ("": it
-// can). Every host accepts VXLAN from every other host's underlay address
-// and routes its subnet there, so a record's address is only believed when
-// it can be one machine's own unicast address outside the overlay.
-func UnderlayFault(a netip.Addr, cidr netip.Prefix) string {
-	switch {
-	case !a.IsValid() || !a.Is4():
-		return "not an IPv4 address"
-	case a.IsUnspecified():
-		return "unspecified"
-	case a.IsLoopback():
-		return "loopback"
-	case a.IsMulticast(), a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return "multicast or broadcast"
-	case a.IsLinkLocalUnicast():
-		return "link-local"
-	case cidr.IsValid() && cidr.Contains(a):
-		return "inside the cluster's range " + cidr.String()
-	}
-	return ""
-}
-
 // Underlays leaves out the hosts whose underlay address cannot be believed
-// (UnderlayFault), and, of hosts publishing one address, all but the one
+// (cluster.UnderlayFault), and, of hosts publishing one address, all but the one
 // whose subnet claim is oldest (the rule of Holders): a host cannot take
 // another host's address, which every host accepts VXLAN from. Each record
 // left out is logged with why.
@@ -226,7 +204,7 @@ func Underlays(hosts []cluster.Host, holders map[netip.Prefix]Claim, cidr netip.
 		}
 	}
 	return slices.DeleteFunc(hosts, func(h cluster.Host) bool {
-		if why := UnderlayFault(h.UnderlayIP, cidr); why != "" {
+		if why := cluster.UnderlayFault(h.UnderlayIP, cidr); why != "" {
 			slog.Warn("host record refused: its underlay address cannot be a host's", "host", h.Name, "underlay", h.UnderlayIP, "why", why)
 			return true
 		}

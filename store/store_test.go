@@ -407,7 +407,7 @@ func TestHostsRefuseUnderlays(t *testing.T) {
 	if got := names(); !slices.Equal(got, []string{"h1"}) {
 		t.Errorf("hosts %v after h2 took h1's underlay address, want [h1]", got)
 	}
-	if why := store.UnderlayFault(netip.MustParseAddr("10.99.0.3"), testCluster.CIDR); why != "" {
+	if why := cluster.UnderlayFault(netip.MustParseAddr("10.99.0.3"), testCluster.CIDR); why != "" {
 		t.Errorf("a plain underlay address refused: %s", why)
 	}
 }

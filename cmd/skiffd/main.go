@@ -14,12 +14,19 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/kube"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
+	"github.com/skiffnet/skiff/source"
 	"github.com/skiffnet/skiff/store"
 	"github.com/skiffnet/skiff/version"
 )
@@ -71,6 +78,8 @@ func run(args []string) error {
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9473); off when empty")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "read flags from this file, one \"flag = value\" a line (deploy/skiffd.conf); the command line overrides it")
+	var k8s kubeFlags
+	k8s.define(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	cleanup := fs.Bool("cleanup", false, "remove everything skiffd made on this host (devices, iptables chains, tc filters, pinned eBPF state, brokers, state files; an embedded etcd's data stays) and exit; skiffd must be stopped")
 	if err := fs.Parse(args); err != nil {
@@ -138,13 +147,20 @@ func run(args []string) error {
 		defer e.Close()
 		etcd, serves = append(etcd, e.URL), append(serves, served...)
 	}
-	if len(etcd) == 0 {
-		return errors.New("no cluster store: give --etcd-endpoints or --embedded-etcd")
+	var src source.Backend
+	if k8s.on {
+		if src, err = k8s.open(ctx, *name, *stateDir, log); err != nil {
+			return err
+		}
+	} else {
+		if len(etcd) == 0 {
+			return errors.New("no cluster store: give --etcd-endpoints or --embedded-etcd (or --kubernetes)")
+		}
+		if err := checkCredentials(creds, *name, log); err != nil {
+			return err
+		}
 	}
-	if err := checkCredentials(creds, *name, log); err != nil {
-		return err
-	}
-	a, err := agent.New(agent.Config{
+	a, err := agent.New(agent.Config{Source: src, CNIConfDir: k8s.cniConfDir,
 		Name: *name, Underlay: *underlay, EtcdEndpoints: etcd, EtcdTLS: creds, Socket: *socket, StateDir: *stateDir, Mode: *mode, Layers: layerList,
 		BPFDir: *bpfDir, UnderlayRate: underlayRate, LayerOptions: options,
 		Cluster: cluster.Config{CIDR: prefix, HostPrefix: *hostPrefix, VNI: *vni, VXLANPort: *port}, Serves: serves,
@@ -293,4 +309,41 @@ func checkCredentials(creds store.TLS, name string, log *slog.Logger) error {
 		log.Warn("the etcd client certificate expires soon: issue a new one with skiff cert issue", "file", creds.CertFile, "notAfter", end)
 	}
 	return nil
+}
+
+// kubeFlags are what the --kubernetes flags say.
+type kubeFlags struct {
+	on                                bool
+	kubeconfig, namespace, cniConfDir string
+}
+
+func (k *kubeFlags) define(fs *flag.FlagSet) {
+	fs.BoolVar(&k.on, "kubernetes", false, "take the cluster from the Kubernetes API (Nodes' pod CIDRs, pods, NetworkPolicy) instead of etcd (docs/kubernetes.md)")
+	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "with --kubernetes: the kubeconfig to reach the API server with (default: the pod's service account)")
+	fs.StringVar(&k.namespace, "kube-namespace", "skiff-system", "with --kubernetes: skiff's namespace (its cluster configuration)")
+	fs.StringVar(&k.cniConfDir, "cni-conf-dir", "", "write skiff's CNI configuration into this directory once the agent is ready (e.g. /etc/cni/net.d)")
+}
+
+// open connects to the API server and starts the Kubernetes source.
+func (k *kubeFlags) open(ctx context.Context, node, stateDir string, log *slog.Logger) (source.Backend, error) {
+	var cfg *rest.Config
+	var err error
+	if k.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", k.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--kubernetes: %w", err)
+	}
+	cfg.UserAgent = "skiffd/" + version.Release + " (" + node + ")"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--kubernetes: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--kubernetes: %w", err)
+	}
+	return kube.New(ctx, kube.Config{Node: node, Namespace: k.namespace, StateDir: stateDir, Log: log}, client, dyn)
 }
