@@ -1254,3 +1254,60 @@ func servedMap(t *testing.T, l *Lab, host string) *ebpf.Map {
 	t.Cleanup(func() { m.Close() })
 	return m
 }
+
+// TestSocketsServiceDNAT: a virtual address DNATed to a replaced listener,
+// as kube-proxy does for a Service whose backend runs on host sockets: a
+// plain client on the listener's own host (its SYN DNATed there, on the
+// bridge), one on another host (DNATed there, arriving over VXLAN), a
+// preloaded client (connect4 finds no listener for the virtual address:
+// the container socket), and a process of the host (OUTPUT's DNAT) all
+// connect, see the virtual address as their peer, and the server sees the
+// client's own address.
+func TestSocketsServiceDNAT(t *testing.T) {
+	l := newLab(t, Config{Name: "tsksvc", Hosts: 2, ContainersPerHost: 2, Mode: "sockets"})
+	srv := replacedServer(t, l, pyPeerServer, "h2/c1")
+	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.0.20"), 80)
+	for _, h := range []string{"h1", "h2"} {
+		for _, chain := range []string{"PREROUTING", "OUTPUT"} {
+			cmd, err := l.Command(context.Background(), h, "iptables", "-t", "nat", "-A", chain, "-d", vip.Addr().String(),
+				"-p", "tcp", "--dport", fmt.Sprint(vip.Port()), "-j", "DNAT", "--to-destination", srv.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("DNAT rule on %s: %v: %s", h, err, out)
+			}
+		}
+	}
+	plain := []string{"LD_PRELOAD="}
+	for _, c := range []struct {
+		name, from string
+		env        []string
+	}{
+		{"plain client on the listener's host", "h1/c2", plain},
+		{"plain client on another host", "h2/c1", plain},
+		{"preloaded client on the listener's host", "h1/c2", nil},
+		{"preloaded client on another host", "h2/c2", nil},
+	} {
+		cli, _ := l.IP(c.from)
+		want := fmt.Sprintf("ok %s %s %s", cli, vip.Addr(), cli)
+		for i := range 5 {
+			if got := strings.TrimSpace(runPy(t, l, c.from, pyPeerClient, c.env, vip.Addr().String(), fmt.Sprint(vip.Port()))); got != want {
+				t.Errorf("%s, connection %d: %q, want %q", c.name, i, got, want)
+				break
+			}
+		}
+	}
+	// The host's own process: OUTPUT DNATs, the reply must come back
+	// through the same conntrack entry.
+	for _, h := range []string{"h1", "h2"} {
+		cmd, err := l.Command(context.Background(), h, "python3", "-c", pyPeerClient, vip.Addr().String(), fmt.Sprint(vip.Port()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.CombinedOutput()
+		if f := strings.Fields(string(out)); err != nil || len(f) != 4 || f[0] != "ok" || f[2] != vip.Addr().String() {
+			t.Errorf("a process of %s: %v: %s", h, err, out)
+		}
+	}
+}
