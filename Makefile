@@ -3,12 +3,20 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 CMDS    := skiff skiffd skiff-cni
 
-.PHONY: all deps build test unit run clean vet bench-check install uninstall install-check check-generated
+.PHONY: all deps kube-deps build test unit run clean vet bench-check install uninstall install-check check-generated
 
 all: build
 
 deps:
 	./scripts/deps.sh
+
+# The Kubernetes lab's tools (docs/design/kubernetes-lab.md): skiff-kube, built
+# once per kube/tools content into SKIFF_KUBE_CACHE (default
+# /var/cache/skiff/kube; about 5 minutes cold) and linked as bin/skiff-kube,
+# and the registry-free pause and busybox image tarballs beside it.
+kube-deps:
+	./scripts/kube-build.sh
+	./scripts/kube-images.sh
 
 # -buildvcs=auto: the binaries carry their commit (skiff bench records it in
 # its JSON) even where GOFLAGS turns VCS stamping off.
