@@ -19,6 +19,7 @@ import (
 	"github.com/skiffnet/skiff/bpfmap"
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/iptables"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
 	"github.com/skiffnet/skiff/overlay"
@@ -35,10 +36,11 @@ func (l *dataPlane) linkDir() string { return filepath.Join(l.cfg.PinDir, "sks_l
 
 // Setup attaches the host-wide programs — the SYN recorder on the
 // underlay's ingress (same-host connections are recorded by their
-// clients), the overlay steering on the VXLAN device and the bridge's
-// egress (the host's own connections to its containers), sk_lookup on the
+// clients), the overlay steering on the VXLAN device, sk_lookup on the
 // host namespace — and routes steered overlay packets to the host stack
-// (JudgeInput puts them through the overlay's policy).
+// (JudgeInput puts them through the overlay's policy), past a second
+// conntrack pass for the ones turned back on a container's veth
+// (notrackRule).
 func (l *dataPlane) Setup() error {
 	if err := os.MkdirAll(l.linkDir(), 0o700); err != nil {
 		return fmt.Errorf("link pins: %w", err)
@@ -58,15 +60,20 @@ func (l *dataPlane) Setup() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", overlay.BridgeName, err)
 	}
-	if err := tc.Attach(h, br, tc.Egress, tc.PrioSockets, filterName, l.objs.SksFromHost); err != nil {
+	// An earlier skiff's steering on the bridge (to_container on each
+	// container's veth does it now).
+	if err := tc.Detach(h, br, tc.Egress, filterName); err != nil {
 		return err
 	}
-	// from_host turns the host's packets back into lo; their source is
+	// to_container turns the host's packets back into lo; their source is
 	// the host's own bridge address, which lo must then accept.
 	if err := acceptLocal(l.cfg.StateDir); err != nil {
 		return err
 	}
 	if err := hostStackRoute(l.cfg.Host.Subnet); err != nil {
+		return err
+	}
+	if err := iptables.Insert("raw", "PREROUTING", notrackRule...); err != nil {
 		return err
 	}
 	ns, err := os.Open("/proc/thread-self/ns/net")
@@ -279,7 +286,11 @@ func replaced(e cluster.Endpoint) bool { return e.Cgroup != "" }
 
 // AddEndpoint gives a local container host sockets: the layer's programs
 // on its cgroup, its overlay address keyed by the cgroup, and its broker.
-// It is idempotent. Containers without a cgroup stay on the overlay.
+// It is idempotent. Containers without a cgroup stay on the overlay. Every
+// container's veth gets the steering both ways: from_container for what
+// it sends to a replaced listener, to_container for what reaches it for
+// one of its own replaced listeners without having been steered (the
+// host's own packets, DNATed ones).
 func (l *dataPlane) AddEndpoint(e cluster.Endpoint) error {
 	// Every local container, replaced or not, reaches replaced listeners
 	// through the overlay as well.
@@ -287,7 +298,11 @@ func (l *dataPlane) AddEndpoint(e cluster.Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", e.Veth, err)
 	}
-	if err := tc.Attach(&netlink.Handle{}, veth, tc.Ingress, tc.PrioSockets, filterName, l.objs.SksFromContainer); err != nil {
+	h := &netlink.Handle{}
+	if err := tc.Attach(h, veth, tc.Ingress, tc.PrioSockets, filterName, l.objs.SksFromContainer); err != nil {
+		return err
+	}
+	if err := tc.Attach(h, veth, tc.Egress, tc.PrioSockets, filterName, l.objs.SksToContainer); err != nil {
 		return err
 	}
 	if !replaced(e) {
@@ -499,6 +514,7 @@ func teardown(pinDir, stateDir string) error {
 	errs := []error{tc.DetachAll(&netlink.Handle{}, filterName), restoreAcceptLocal(stateDir)}
 	removeHostStackRoutes(netip.Prefix{})
 	overlay.UnjudgeInput(Mark)
+	iptables.Delete("raw", "PREROUTING", notrackRule...)
 	errs = append(errs, broker.StopAll(stateDir), bpffs.Unpin(pinDir, "sks_"), bpffs.Unpin(pinDir, "skl_"), limits.TeardownIngress())
 	return errors.Join(errs...)
 }

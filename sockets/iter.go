@@ -121,7 +121,7 @@ func (l *dataPlane) Enforce(rules policy.Set) (int, error) {
 
 // denied says whether rules end c, a replaced connection. A peer that
 // cannot be known is left alone, and so is a host's own address: a
-// connection from the host stack (a kubelet probe, steered by from_host),
+// connection from the host stack (a kubelet probe, steered by to_container),
 // which the overlay's policy does not judge either.
 func (l *dataPlane) denied(rules policy.Set, c conn) bool {
 	if c.Role != sksSksRoleSKS_CLIENT && c.Role != sksSksRoleSKS_CHILD {

@@ -454,12 +454,13 @@ func TestToHostStack(t *testing.T) {
 		prog    *ebpf.Program
 		dst     net.HardwareAddr // the frame's new destination when steered
 		verdict uint32           // when steered
-		judge   bool             // steered packets are marked for the policy
+		mark    uint32           // steered packets' mark: for the policy, or for no second conntrack pass
 	}{
-		{"from_overlay", l.objs.SksFromOverlay, macB, 0, true}, // TC_ACT_OK: the route takes it
-		{"from_container", l.objs.SksFromContainer, loMAC, redirect, true},
-		// Test runs give the packet a socket, as the host's own packets have.
-		{"from_host", l.objs.SksFromHost, loMAC, redirect, false},
+		{"from_overlay", l.objs.SksFromOverlay, macB, 0, Mark}, // TC_ACT_OK: the route takes it
+		{"from_container", l.objs.SksFromContainer, loMAC, redirect, Mark},
+		// The host's own packets and forwarded ones alike (a DNAT on the
+		// way made their destination).
+		{"to_container", l.objs.SksToContainer, loMAC, redirect, TrackedMark},
 	}
 	ns, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -501,8 +502,8 @@ func TestToHostStack(t *testing.T) {
 				if !bytes.Equal(out[:len(want)], want) {
 					t.Errorf("%s: packet\n%x\nwant\n%x", name, out[:len(want)], want)
 				}
-				if marked := skb.Mark == Mark; marked != (c.steer && p.judge) {
-					t.Errorf("%s: mark %#x", name, skb.Mark)
+				if wantMark := map[bool]uint32{true: p.mark}[c.steer]; skb.Mark != wantMark {
+					t.Errorf("%s: mark %#x, want %#x", name, skb.Mark, wantMark)
 				}
 			}
 		}

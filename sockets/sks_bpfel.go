@@ -179,7 +179,6 @@ const (
 	sksProgSksDestroy        = "sks_destroy"
 	sksProgSksDump           = "sks_dump"
 	sksProgSksFromContainer  = "sks_from_container"
-	sksProgSksFromHost       = "sks_from_host"
 	sksProgSksFromOverlay    = "sks_from_overlay"
 	sksProgSksFromUnderlay   = "sks_from_underlay"
 	sksProgSksGetpeername4   = "sks_getpeername4"
@@ -190,6 +189,7 @@ const (
 	sksProgSksSockCreate     = "sks_sock_create"
 	sksProgSksSockRelease    = "sks_sock_release"
 	sksProgSksSockops        = "sks_sockops"
+	sksProgSksToContainer    = "sks_to_container"
 	sksVarCfgClusterMask     = "cfg_cluster_mask"
 	sksVarCfgClusterNet      = "cfg_cluster_net"
 	sksVarCfgHostNetns       = "cfg_host_netns"
@@ -200,6 +200,7 @@ const (
 	sksVarCfgSameHost        = "cfg_same_host"
 	sksVarCfgSecure          = "cfg_secure"
 	sksVarCfgTos             = "cfg_tos"
+	sksVarCfgTrackedMark     = "cfg_tracked_mark"
 	sksVarUnusedSksEvent     = "unused_sks_event"
 	sksVarUnusedSksEventKind = "unused_sks_event_kind"
 	sksVarUnusedSksRole      = "unused_sks_role"
@@ -254,7 +255,6 @@ type sksProgramSpecs struct {
 	SksDestroy       *ebpf.ProgramSpec `ebpf:"sks_destroy"`
 	SksDump          *ebpf.ProgramSpec `ebpf:"sks_dump"`
 	SksFromContainer *ebpf.ProgramSpec `ebpf:"sks_from_container"`
-	SksFromHost      *ebpf.ProgramSpec `ebpf:"sks_from_host"`
 	SksFromOverlay   *ebpf.ProgramSpec `ebpf:"sks_from_overlay"`
 	SksFromUnderlay  *ebpf.ProgramSpec `ebpf:"sks_from_underlay"`
 	SksGetpeername4  *ebpf.ProgramSpec `ebpf:"sks_getpeername4"`
@@ -265,6 +265,7 @@ type sksProgramSpecs struct {
 	SksSockCreate    *ebpf.ProgramSpec `ebpf:"sks_sock_create"`
 	SksSockRelease   *ebpf.ProgramSpec `ebpf:"sks_sock_release"`
 	SksSockops       *ebpf.ProgramSpec `ebpf:"sks_sockops"`
+	SksToContainer   *ebpf.ProgramSpec `ebpf:"sks_to_container"`
 }
 
 // sksMapSpecs contains maps before they are loaded into the kernel.
@@ -302,6 +303,7 @@ type sksVariableSpecs struct {
 	CfgSameHost        *ebpf.VariableSpec `ebpf:"cfg_same_host"`
 	CfgSecure          *ebpf.VariableSpec `ebpf:"cfg_secure"`
 	CfgTos             *ebpf.VariableSpec `ebpf:"cfg_tos"`
+	CfgTrackedMark     *ebpf.VariableSpec `ebpf:"cfg_tracked_mark"`
 	UnusedSksEvent     *ebpf.VariableSpec `ebpf:"unused_sks_event"`
 	UnusedSksEventKind *ebpf.VariableSpec `ebpf:"unused_sks_event_kind"`
 	UnusedSksRole      *ebpf.VariableSpec `ebpf:"unused_sks_role"`
@@ -380,6 +382,7 @@ type sksVariables struct {
 	CfgSameHost        *ebpf.Variable `ebpf:"cfg_same_host"`
 	CfgSecure          *ebpf.Variable `ebpf:"cfg_secure"`
 	CfgTos             *ebpf.Variable `ebpf:"cfg_tos"`
+	CfgTrackedMark     *ebpf.Variable `ebpf:"cfg_tracked_mark"`
 	UnusedSksEvent     *ebpf.Variable `ebpf:"unused_sks_event"`
 	UnusedSksEventKind *ebpf.Variable `ebpf:"unused_sks_event_kind"`
 	UnusedSksRole      *ebpf.Variable `ebpf:"unused_sks_role"`
@@ -396,7 +399,6 @@ type sksPrograms struct {
 	SksDestroy       *ebpf.Program `ebpf:"sks_destroy"`
 	SksDump          *ebpf.Program `ebpf:"sks_dump"`
 	SksFromContainer *ebpf.Program `ebpf:"sks_from_container"`
-	SksFromHost      *ebpf.Program `ebpf:"sks_from_host"`
 	SksFromOverlay   *ebpf.Program `ebpf:"sks_from_overlay"`
 	SksFromUnderlay  *ebpf.Program `ebpf:"sks_from_underlay"`
 	SksGetpeername4  *ebpf.Program `ebpf:"sks_getpeername4"`
@@ -407,6 +409,7 @@ type sksPrograms struct {
 	SksSockCreate    *ebpf.Program `ebpf:"sks_sock_create"`
 	SksSockRelease   *ebpf.Program `ebpf:"sks_sock_release"`
 	SksSockops       *ebpf.Program `ebpf:"sks_sockops"`
+	SksToContainer   *ebpf.Program `ebpf:"sks_to_container"`
 }
 
 func (p *sksPrograms) Close() error {
@@ -416,7 +419,6 @@ func (p *sksPrograms) Close() error {
 		p.SksDestroy,
 		p.SksDump,
 		p.SksFromContainer,
-		p.SksFromHost,
 		p.SksFromOverlay,
 		p.SksFromUnderlay,
 		p.SksGetpeername4,
@@ -427,6 +429,7 @@ func (p *sksPrograms) Close() error {
 		p.SksSockCreate,
 		p.SksSockRelease,
 		p.SksSockops,
+		p.SksToContainer,
 	)
 }
 

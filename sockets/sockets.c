@@ -38,7 +38,7 @@
 //                 the connection is established) all work. No other socket
 //                 of the host takes a connection to a container's address.
 //                 A recorded SYN is judged by this host's policy too.
-//   from_overlay, from_container, from_host: overlay packets for replaced
+//   from_overlay, from_container, to_container: overlay packets for replaced
 //                 listeners go to the host stack (by their TOS, which a local
 //                 route of the host matches; see route_container_packet).
 //                 from_container also drops a container's TCP fragments,
@@ -49,7 +49,7 @@
 // This file is one bpf2go unit; the programs are in progs/, by hook:
 // maps.h (maps, shared helpers), sock.h (the cgroup socket hooks), sockops.h,
 // packet.h (the tc programs' helpers), recorder.h (from_underlay),
-// lookup.h, steer.h (from_overlay, from_container, from_host), iter.h.
+// lookup.h, steer.h (from_overlay, from_container, to_container), iter.h.
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -101,6 +101,7 @@ volatile const __be32 cfg_local_net;   // this host's subnet
 volatile const __be32 cfg_local_mask;
 volatile const __u32 cfg_secure;       // refuse what is not the fast path
 volatile const __u32 cfg_mark;         // overlay packets the host stack takes (policy)
+volatile const __u32 cfg_tracked_mark; // packets turned back from the bridge: conntrack saw them already
 volatile const __u8 cfg_tos;           // routes them there (TOS bits of a local route)
 volatile const __be32 cfg_same_host;    // both ends of a same-host fast connection (on lo)
 volatile const __u32 cfg_listen_quota;  // ports a container's host sockets may hold (bound or listening)

@@ -120,6 +120,7 @@ func configure(v sksVariableSpecs, cfg Config, cookie uint64) error {
 		v.CfgLocalMask.Set(mask(cfg.Host.Subnet)),
 		v.CfgSecure.Set(secure),
 		v.CfgMark.Set(uint32(Mark)),
+		v.CfgTrackedMark.Set(uint32(TrackedMark)),
 		v.CfgTos.Set(uint8(HostStackTOS)),
 		v.CfgSameHost.Set(SameHostAddr.As4()),
 		v.CfgListenQuota.Set(uint32(cfg.quota())),
@@ -141,6 +142,17 @@ func mask(p netip.Prefix) [4]byte {
 // Mark tags overlay packets the layer sends to the host stack, for the
 // overlay's policy on INPUT (HostStackTOS routes them there).
 const Mark = 0x5c1ff
+
+// TrackedMark tags the packets the layer turns back from the bridge into
+// the host stack: conntrack saw them on their way out, and a raw rule
+// (notrackRule) keeps it from tracking them again on lo (steer.h,
+// sks_to_container).
+const TrackedMark = 0x5c1fe
+
+// notrackRule is the raw table's PREROUTING rule for TrackedMark. The mark
+// is its only match, as for the policy's INPUT rule.
+var notrackRule = []string{"-m", "mark", "--mark", fmt.Sprintf("%#x", TrackedMark), "-m", "comment", "--comment",
+	"skiff: tracked on the way out", "-j", "CT", "--notrack"}
 
 // pinned reports whether a sockets layer is pinned in dir.
 func pinned(dir string) bool {

@@ -206,19 +206,29 @@ int sks_from_container(struct __sk_buff *skb)
 	return into_lo(ip);
 }
 
-// The host's own connections to a local container (a kubelet probe, a
-// host-network process) leave the host stack on the bridge, where the
-// container has no listener when its listener was replaced. On the
-// bridge's egress they are turned back into the host stack, unmarked: the
-// policy judges them no more than the host's packets to any container.
-// Only packets a local socket sent qualify; forwarded ones carry no socket.
+// Packets for a container that reach its veth were not steered on their
+// way in, where the container has no listener when its listener was
+// replaced: the host's own connections (a kubelet probe, a host-network
+// process, one to a virtual address its OUTPUT DNATs), sent out on the
+// bridge, and those whose destination a DNAT on this host made (a
+// Service's virtual address or a node port, from outside, or from a
+// container of this host: br_netfilter then bridges the DNATed frame from
+// one port to the other, and no routed path sees it). On the container
+// veth's egress they are turned back into the host stack. The policy does
+// not judge them again: FORWARD judged the forwarded and bridged ones, and
+// the host's packets to containers are not judged. They carry
+// cfg_tracked_mark, for which the sockets layer's raw rule skips conntrack
+// on their second pass (lo's PREROUTING): conntrack saw them on their
+// first, and that entry's reply tuple — the listener's address, before a
+// DNAT undoes it — would clash with a second entry for the packet's new
+// tuple. The listener's replies leave through OUTPUT and meet the first
+// entry, which undoes the DNAT.
 SEC("tc")
-int sks_from_host(struct __sk_buff *skb)
+int sks_to_container(struct __sk_buff *skb)
 {
-	if (!skb->sk)
-		return TC_ACT_UNSPEC;
 	struct iphdr *ip = for_container(skb);
 	if (!ip || !route_container_packet(skb, ip, false))
 		return TC_ACT_UNSPEC;
+	skb->mark = cfg_tracked_mark;
 	return into_lo(ip);
 }
