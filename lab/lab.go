@@ -62,6 +62,10 @@ type Config struct {
 	// EtcdMembers is how many etcd members the store has (1, 3, 5 or 7;
 	// default 1). A store of 2k+1 members survives the loss of k.
 	EtcdMembers int `json:"etcdMembers,omitempty"`
+	// Prepare runs once the switch and the store are up, before any host:
+	// what the agents need at start (a Kubernetes control plane in the
+	// switch's namespace, whose address the hosts reach).
+	Prepare func(context.Context, *Lab) error `json:"-"`
 }
 
 // Runs reports whether the lab's agents run a layer (auto runs every one
@@ -183,7 +187,15 @@ func Dir(name string) string { return filepath.Join(RunDir, name) }
 func (l *Lab) dir() string         { return Dir(l.Config.Name) }
 func (l *Lab) prefix() string      { return "skiff-" + l.Config.Name + "-" }
 func (l *Lab) switchNetns() string { return l.prefix() + "sw" }
-func (l *Lab) pkiDir() string      { return filepath.Join(l.dir(), "pki") }
+
+// SwitchNetns is the network namespace of the lab's switch: the store
+// serves there, on the underlay's address SwitchAddr.
+func (l *Lab) SwitchNetns() string { return l.switchNetns() }
+
+// SwitchAddr is the switch's address on the underlay.
+func SwitchAddr() netip.Addr { return switchAddr }
+
+func (l *Lab) pkiDir() string { return filepath.Join(l.dir(), "pki") }
 
 // members are the store's members: e1 at the switch's address, the
 // others counting down from it, below the hosts' addresses counting up.
@@ -380,6 +392,11 @@ func (l *Lab) build(ctx context.Context) error {
 	}
 	if err := l.startEtcd(); err != nil {
 		return err
+	}
+	if l.Config.Prepare != nil {
+		if err := l.Config.Prepare(ctx, l); err != nil {
+			return err
+		}
 	}
 	for range l.Config.Hosts {
 		if _, err := l.addHost(ctx, false); err != nil {

@@ -6,7 +6,7 @@ packages=(
 	build-essential clang llvm libbpf-dev bpftool        # C, eBPF
 	iproute2 iptables iputils-ping netcat-openbsd psmisc # data plane and lab
 	iperf3 sockperf memcached libmemcached-tools nginx-light wrk apache2-utils # benchmarks
-	python3 curl ca-certificates
+	python3 curl ca-certificates openssl
 	containernetworking-plugins                          # portmap, chained after skiff-cni
 	podman runc containerd busybox-static                # real runtimes in the lab tests
 )
@@ -28,6 +28,10 @@ for svc in nginx memcached podman.socket containerd; do
 done
 
 go mod download
+# Kubernetes (API server, controller manager, kubectl, ...) for the lab's
+# Kube tests: built once per kube/tools content, cached across runs
+# (about 5 minutes cold; docs/design/kubernetes-lab.md).
+./scripts/kube-build.sh
 # cnitool: a CNI client nobody here wrote, for the compatibility test.
 gobin=$(go env GOPATH)/bin
 [ -x "$gobin/cnitool" ] || GOFLAGS=-mod=mod go install github.com/containernetworking/cni/cnitool@v1.3.0

@@ -173,7 +173,9 @@ func run(args []string) error {
 			return err
 		}
 	}
-	if err := a.Run(ctx); errors.Is(err, store.ErrPermission) {
+	if err := a.Run(ctx); errors.Is(err, store.ErrPermission) && k8s.on {
+		return fmt.Errorf("%w\nthe API server refuses what skiffd asks as this identity: it needs the ClusterRole and Role of deploy/kubernetes/skiff.yaml (docs/kubernetes.md)", err)
+	} else if errors.Is(err, store.ErrPermission) {
 		return fmt.Errorf("%w\nthe store has no user and role for host %s (or they lack a right): the administrator makes them with skiff cert allow --ca-dir DIR --name %s --etcd-endpoints URL", err, *name, *name)
 	} else if err != nil {
 		return err

@@ -1,0 +1,253 @@
+package lab
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiffnet/skiff/cache"
+	"github.com/skiffnet/skiff/lab/labtest"
+)
+
+// kubeCluster is a Kubernetes control plane (API server and controller
+// manager, scripts/kube-controlplane.sh) in a lab's switch namespace, on
+// the underlay's switch address, where every lab host reaches it.
+type kubeCluster struct {
+	t    *testing.T
+	bin  string // skiff-kube
+	dir  string
+	lab  *Lab
+	addr string // the API server's URL
+}
+
+// startKube brings the control plane up in l's switch namespace and stops
+// it when the test ends. The cluster cannot be built without skiff-kube
+// (make deps builds it): the test fails then, it does not skip.
+func startKube(t *testing.T, ctx context.Context, l *Lab) (*kubeCluster, error) {
+	binDir := labtest.BinDir(t, "skiffd")
+	k := &kubeCluster{t: t, bin: filepath.Join(binDir, "skiff-kube"), dir: filepath.Join(t.TempDir(), "kube"), lab: l,
+		addr: "https://" + SwitchAddr().String() + ":16443"}
+	if _, err := os.Stat(k.bin); err != nil {
+		return nil, fmt.Errorf("no Kubernetes binaries (%v): make deps builds them (scripts/kube-build.sh)", err)
+	}
+	script, _ := filepath.Abs(filepath.Join("..", "scripts", "kube-controlplane.sh"))
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", l.SwitchNetns(), script, "up", k.dir)
+	cmd.Env = append(os.Environ(), "SKIFF_KUBE="+k.bin, "SKIFF_BIN="+binDir, "SKIFF_KUBE_BIND="+SwitchAddr().String(),
+		"SKIFF_KUBE_SCHEDULER=0", "SKIFF_KUBE_CLUSTER_CIDR=10.244.0.0/16", "SKIFF_KUBE_NODE_CIDR_MASK=24")
+	t.Cleanup(func() {
+		if out, err := exec.Command(script, "down", k.dir).CombinedOutput(); err != nil {
+			t.Errorf("control plane down: %v: %s", err, out)
+		}
+	})
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("control plane up: %v: %s", err, out)
+	} else {
+		t.Logf("%s", out)
+	}
+	return k, nil
+}
+
+// kubectl runs kubectl as the cluster's administrator, with stdin.
+func (k *kubeCluster) kubectl(stdin string, args ...string) (string, error) {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", k.lab.SwitchNetns(), k.bin, "kubectl",
+		"--kubeconfig", filepath.Join(k.dir, "admin.kubeconfig")}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// must is kubectl that fails the test.
+func (k *kubeCluster) must(stdin string, args ...string) string {
+	k.t.Helper()
+	out, err := k.kubectl(stdin, args...)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return out
+}
+
+// serviceAccountConfig writes a kubeconfig with a token of skiff's service
+// account (the manifest's), so that an agent has its RBAC and nothing more.
+func (k *kubeCluster) serviceAccountConfig(path string) error {
+	token, err := k.kubectl("", "create", "token", "skiff", "-n", "skiff-system", "--duration", "2h")
+	if err != nil {
+		return err
+	}
+	ca, err := os.ReadFile(filepath.Join(k.dir, "pki", "ca.crt"))
+	if err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster: {server: %q, certificate-authority-data: %s}
+users:
+- name: skiff
+  user: {token: %q}
+contexts:
+- name: lab
+  context: {cluster: lab, user: skiff}
+current-context: lab
+`, k.addr, base64.StdEncoding.EncodeToString(ca), token)
+	return os.WriteFile(path, []byte(cfg), 0o600)
+}
+
+// node is a Node as the kubelet of a lab host registers it: its name and
+// its underlay address as InternalIP.
+func node(name string, ip netip.Addr) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Node
+metadata: {name: %s}
+status:
+  addresses: [{type: InternalIP, address: %s}]
+`, name, ip)
+}
+
+// pod is a pod bound to a node with the address a lab container has, as
+// the kubelet would report it once its sandbox runs.
+func (k *kubeCluster) pod(namespace, name, node string, ip netip.Addr, labels string) {
+	k.t.Helper()
+	spec := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {namespace: %s, name: %s, labels: {%s}}
+spec:
+  nodeName: %s
+  containers: [{name: c, image: skiff.dev/busybox:1.35.0, ports: [{name: echo, containerPort: %d}]}]
+`, namespace, name, labels, node, echoPort)
+	// A new namespace's default service account comes a moment later
+	// (the controller manager makes it); pods wait for it.
+	if _, err := eventually(10*time.Second, func() error { _, err := k.kubectl(spec, "apply", "-f", "-"); return err }); err != nil {
+		k.t.Fatal(err)
+	}
+	k.must("", "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p",
+		fmt.Sprintf(`{"status":{"phase":"Running","podIP":%q,"podIPs":[{"ip":%q}]}}`, ip, ip))
+}
+
+// TestKubeControlPlane: skiffd --kubernetes on two lab hosts against a real
+// API server and controller manager (no kubelet: the Nodes and pods are
+// made by hand, as the kubelet would report them), the agents holding only
+// the manifest's RBAC (a token of its service account). The manifest is
+// accepted by the API server; each host's subnet is its Node's podCIDR and
+// the Node gets skiff's annotations; containers on both hosts reach each
+// other; the other host's pods (and only pods) become the cache's
+// endpoints; a NetworkPolicy selecting a pod denies what it does not allow,
+// by a named port and a pod selector, and deleting it lifts the deny.
+func TestKubeControlPlane(t *testing.T) {
+	agentCfg := filepath.Join(t.TempDir(), "agent.kubeconfig")
+	var k *kubeCluster
+	l := newLab(t, Config{Name: "tkube", Hosts: 2, ContainersPerHost: 2, Mode: "auto",
+		AgentArgs: []string{"--kubernetes", "--kubeconfig", agentCfg},
+		Prepare: func(ctx context.Context, l *Lab) (err error) {
+			if k, err = startKube(t, ctx, l); err != nil {
+				return err
+			}
+			manifest, _ := filepath.Abs(filepath.Join("..", "deploy", "kubernetes", "skiff.yaml"))
+			// The manifest as it is (a server dry run cannot take it on a
+			// new cluster: its namespace does not exist yet).
+			if _, err := k.kubectl("", "apply", "-f", manifest); err != nil {
+				return fmt.Errorf("the manifest: %w", err)
+			}
+			if err := k.serviceAccountConfig(agentCfg); err != nil {
+				return err
+			}
+			for i := 1; i <= l.Config.Hosts; i++ {
+				ip := underlayNet.Addr().As4()
+				ip[3] = byte(i)
+				if _, err := k.kubectl(node(fmt.Sprintf("h%d", i), netip.AddrFrom4(ip)), "apply", "-f", "-"); err != nil {
+					return err
+				}
+			}
+			return nil
+		}})
+	ctx := context.Background()
+	for _, h := range l.Hosts {
+		cidr := k.must("", "get", "node", h.Name, "-o", "jsonpath={.spec.podCIDR}")
+		st, err := agentOf(t, l, h.Name).Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Host.Subnet.String() != cidr {
+			t.Errorf("%s: subnet %s, the Node's podCIDR %q", h.Name, st.Host.Subnet, cidr)
+		}
+		if mac := k.must("", "get", "node", h.Name, "-o", `jsonpath={.metadata.annotations.skiff\.dev/vtep-mac}`); mac != st.Host.VTEPMAC {
+			t.Errorf("%s: annotation vtep-mac %q, want %q", h.Name, mac, st.Host.VTEPMAC)
+		}
+		for _, c := range l.Containers {
+			if ip, _ := l.IP(c.Name); c.Host == h.Name && !st.Host.Subnet.Contains(ip) {
+				t.Errorf("%s has %s, outside its host's podCIDR %s", c.Name, ip, cidr)
+			}
+		}
+	}
+	if out := k.must("", "get", "configmap", "skiff-cluster", "-n", "skiff-system", "-o", "jsonpath={.data.cluster\\.json}"); !strings.Contains(out, "10.244.0.0/16") {
+		t.Errorf("the cluster's configuration: %q", out)
+	}
+
+	// Pods: h1/c1 is a web pod, h2/c1 a db pod; h1/c2 and h2/c2 are no pods.
+	echoServer(t, l, "h2/c1", echoPort)
+	db, _ := l.IP("h2/c1")
+	dbAddr := netip.AddrPortFrom(db, echoPort)
+	if _, err := eventually(converges, func() error { return exchange(l, "h1/c2", "tcp4", dbAddr) }); err != nil {
+		t.Fatalf("h1/c2 → h2/c1 before any pod: %v", err)
+	}
+	k.must("apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, labels: {team: shop}}\n", "apply", "-f", "-")
+	web, _ := l.IP("h1/c1")
+	k.pod("shop", "web", "h1", web, "app: web")
+	k.pod("shop", "db", "h2", db, "app: db")
+	other, _ := l.IP("h2/c2")
+	if _, err := eventually(converges, func() error {
+		e := cacheEntries(t, l, "h1")
+		ips := []netip.Addr{}
+		for _, x := range e.EgressIPs {
+			ips = append(ips, x.Container)
+		}
+		if !slices.ContainsFunc(e.EgressIPs, func(x cache.EgressIP) bool { return x.Container == db }) {
+			return fmt.Errorf("h1's cache has no entry for the db pod %s: %v", db, ips)
+		}
+		if slices.Contains(ips, other) {
+			return fmt.Errorf("h1's cache has an entry for %s, which is no pod", other)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+
+	policy := `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: db}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: web}}}]
+    ports: [{port: echo}]
+`
+	k.must(policy, "apply", "-f", "-")
+	start := time.Now()
+	if _, err := eventually(converges, func() error {
+		if err := exchange(l, "h1/c2", "tcp4", dbAddr); err == nil {
+			return fmt.Errorf("h1/c2, no pod, still reaches the db pod")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	t.Logf("the policy denied within %v", time.Since(start).Round(10*time.Millisecond))
+	if err := exchange(l, "h1/c1", "tcp4", dbAddr); err != nil {
+		t.Errorf("the web pod, allowed by the policy: %v", err)
+	}
+	k.must("", "delete", "networkpolicy", "db", "-n", "shop")
+	if _, err := eventually(converges, func() error { return exchange(l, "h1/c2", "tcp4", dbAddr) }); err != nil {
+		t.Errorf("after the policy went: %v", err)
+	}
+}
