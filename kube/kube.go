@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -23,6 +24,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -123,20 +126,24 @@ func New(ctx context.Context, cfg Config, client kubernetes.Interface, dyn dynam
 		stop()
 		return nil, err
 	}
-	for informer, k := range map[cache.SharedIndexInformer]kinds{
-		factory.Core().V1().Nodes().Informer():                 truth,
-		podInformer:                                            truth | endpoints,
-		factory.Core().V1().Namespaces().Informer():            truth,
-		factory.Networking().V1().NetworkPolicies().Informer(): truth,
+	for _, h := range []struct {
+		informer cache.SharedIndexInformer
+		k        kinds
+		same     func(old, new any) bool
+	}{
+		{factory.Core().V1().Nodes().Informer(), truth, sameNode},
+		{podInformer, truth | endpoints, samePod},
+		{factory.Core().V1().Namespaces().Informer(), truth, sameLabels},
+		{factory.Networking().V1().NetworkPolicies().Informer(), truth, sameSpec},
 	} {
-		if _, err := informer.AddEventHandler(b.handler(k)); err != nil {
+		if _, err := h.informer.AddEventHandler(b.handler(h.k, h.same)); err != nil {
 			stop()
 			return nil, err
 		}
 	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	b.listeners = dynFactory.ForResource(ListenersResource).Informer()
-	if _, err := b.listeners.AddEventHandler(b.handler(published)); err != nil {
+	if _, err := b.listeners.AddEventHandler(b.handler(published, nil)); err != nil {
 		stop()
 		return nil, err
 	}
@@ -174,12 +181,59 @@ func slimPod(obj any) (any, error) {
 	return slim, nil
 }
 
-func (b *Backend) handler(k kinds) cache.ResourceEventHandler {
+// handler signals changes of k: every add and delete, and the updates
+// same (nil: none) does not find equal for skiff. A kubelet rewrites its
+// Node's status every few seconds, and pods' status moves with every
+// probe: none of that is a change of skiff's view.
+func (b *Backend) handler(k kinds, same func(old, new any) bool) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { b.notify(k) },
-		UpdateFunc: func(old, new any) { b.notify(k) },
+		AddFunc: func(any) { b.notify(k) },
+		UpdateFunc: func(old, new any) {
+			if same == nil || !same(old, new) {
+				b.notify(k)
+			}
+		},
 		DeleteFunc: func(any) { b.notify(k) },
 	}
+}
+
+// sameNode: the same host to skiff (pod CIDR, InternalIP, skiff's
+// annotations) and the same age (the oldest of a shared address wins).
+func sameNode(old, new any) bool {
+	o, ok1 := old.(*corev1.Node)
+	n, ok2 := new.(*corev1.Node)
+	if !ok1 || !ok2 {
+		return false
+	}
+	ho, _ := nodeHost(o)
+	hn, _ := nodeHost(n)
+	return ho.Equal(hn) && n.CreationTimestamp.Equal(&o.CreationTimestamp)
+}
+
+// samePod: what slimPod keeps, but its resource version.
+func samePod(old, new any) bool {
+	o, ok1 := old.(*corev1.Pod)
+	n, ok2 := new.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return false
+	}
+	a, b := o.DeepCopy(), n.DeepCopy()
+	a.ResourceVersion, b.ResourceVersion = "", ""
+	return equality.Semantic.DeepEqual(a, b)
+}
+
+// sameLabels: a namespace's labels, what namespace selectors read.
+func sameLabels(old, new any) bool {
+	o, ok1 := old.(metav1.Object)
+	n, ok2 := new.(metav1.Object)
+	return ok1 && ok2 && maps.Equal(o.GetLabels(), n.GetLabels())
+}
+
+// sameSpec: a NetworkPolicy's spec.
+func sameSpec(old, new any) bool {
+	o, ok1 := old.(*networkingv1.NetworkPolicy)
+	n, ok2 := new.(*networkingv1.NetworkPolicy)
+	return ok1 && ok2 && equality.Semantic.DeepEqual(o.Spec, n.Spec)
 }
 
 // notify signals every subscriber to k (coalesced: one pending signal).
@@ -226,20 +280,23 @@ func (b *Backend) Ping(ctx context.Context) error {
 	return classify("ping the API server", err)
 }
 
-// Connectivity pings the API server every retry and reports each change.
-// (The informers relist and rewatch by themselves.)
+// Connectivity pings the API server and reports each change: every retry
+// while it is down, every upPing while it answers (every node's agent
+// pings it). The informers relist and rewatch by themselves.
 func (b *Backend) Connectivity(ctx context.Context, retry time.Duration) <-chan bool {
 	out := make(chan bool)
 	go func() {
 		defer close(out)
 		up := true
-		t := time.NewTicker(retry)
-		defer t.Stop()
 		for {
+			wait := retry
+			if up {
+				wait = max(retry, upPing)
+			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-time.After(wait):
 			}
 			if now := b.Ping(ctx) == nil; now != up {
 				up = now
@@ -253,6 +310,9 @@ func (b *Backend) Connectivity(ctx context.Context, retry time.Duration) <-chan 
 	}()
 	return out
 }
+
+// upPing is how often Connectivity checks an API server that answers.
+const upPing = 10 * time.Second
 
 // classify wraps an API error for the agent: unreachable or overloaded is
 // source.ErrUnavailable (waiting mends it), refused is

@@ -317,3 +317,55 @@ func TestListeners(t *testing.T) {
 	}
 	eventually(t, "the watch sees them cleared", func() bool { return len(list.List()) == 0 })
 }
+
+// TestQuietUpdates: a kubelet's status updates of its Node and of its
+// pods' conditions are no changes to skiff; a pod CIDR, a label, an
+// address are.
+func TestQuietUpdates(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, client, _ := backend(t, node("h2", "10.99.0.2", "10.244.2.0/24", 0, map[string]string{AnnotationVTEPMAC: "m2"}),
+		pod("default", "a", "h2", "10.244.2.5", map[string]string{"app": "a"}))
+	changes := b.Changes(ctx, "h1", false)
+	signalled := func(what string, want bool, change func()) {
+		t.Helper()
+		drain(changes)
+		change()
+		select {
+		case <-changes:
+			if !want {
+				t.Errorf("%s: signalled", what)
+			}
+		case <-time.After(500 * time.Millisecond):
+			if want {
+				t.Errorf("%s: no signal", what)
+			}
+		}
+	}
+	nodes, pods := client.CoreV1().Nodes(), client.CoreV1().Pods("default")
+	signalled("a Node's heartbeat", false, func() {
+		n, _ := nodes.Get(ctx, "h2", metav1.GetOptions{})
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+		nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	})
+	signalled("a Node's pod CIDR", true, func() {
+		n, _ := nodes.Get(ctx, "h2", metav1.GetOptions{})
+		n.Spec.PodCIDR = "10.244.9.0/24"
+		nodes.Update(ctx, n, metav1.UpdateOptions{})
+	})
+	signalled("a pod's conditions", false, func() {
+		p, _ := pods.Get(ctx, "a", metav1.GetOptions{})
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		pods.UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	})
+	signalled("a pod's labels", true, func() {
+		p, _ := pods.Get(ctx, "a", metav1.GetOptions{})
+		p.Labels = map[string]string{"app": "b"}
+		pods.Update(ctx, p, metav1.UpdateOptions{})
+	})
+	signalled("a pod's address", true, func() {
+		p, _ := pods.Get(ctx, "a", metav1.GetOptions{})
+		p.Status.PodIP = "10.244.2.6"
+		pods.UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	})
+}
