@@ -143,7 +143,9 @@ spec:
 // the Node gets skiff's annotations; containers on both hosts reach each
 // other; the other host's pods (and only pods) become the cache's
 // endpoints; a NetworkPolicy selecting a pod denies what it does not allow,
-// by a named port and a pod selector, and deleting it lifts the deny.
+// by a named port and a pod selector, and ends a running connection it
+// denies; an egress policy allows by namespace selector and by an ipBlock
+// with an exception; deleting them lifts the deny.
 func TestKubeControlPlane(t *testing.T) {
 	agentCfg := filepath.Join(t.TempDir(), "agent.kubeconfig")
 	var k *kubeCluster
@@ -232,6 +234,12 @@ spec:
   - from: [{podSelector: {matchLabels: {app: web}}}]
     ports: [{port: echo}]
 `
+	// A connection that runs when the policy comes, and that it denies.
+	live := startStream(t, l, "h1/c2", "h2/c1", 7001)
+	defer live.finish()
+	if err := live.progresses(time.Second); err != nil {
+		t.Fatal(err)
+	}
 	k.must(policy, "apply", "-f", "-")
 	start := time.Now()
 	if _, err := eventually(converges, func() error {
@@ -246,7 +254,50 @@ spec:
 	if err := exchange(l, "h1/c1", "tcp4", dbAddr); err != nil {
 		t.Errorf("the web pod, allowed by the policy: %v", err)
 	}
-	k.must("", "delete", "networkpolicy", "db", "-n", "shop")
+	if _, err := eventually(converges, func() error {
+		if live.progresses(500*time.Millisecond) == nil {
+			return fmt.Errorf("the connection the policy denies still moves")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	} else {
+		t.Logf("the running connection moved no byte for 0.5 s, %v after the policy was applied", time.Since(start).Round(10*time.Millisecond))
+	}
+
+	// The web pod's egress: to pods of namespaces labelled team=shop, and
+	// to the cluster's range but h2/c2 on port 7000.
+	echoServer(t, l, "h1/c2", echoPort)
+	echoServer(t, l, "h2/c2", echoPort)
+	near, _ := l.IP("h1/c2")
+	if _, err := eventually(converges, func() error { return exchange(l, "h1/c1", "tcp4", netip.AddrPortFrom(other, echoPort)) }); err != nil {
+		t.Fatalf("the web pod to %s before its egress policy: %v", other, err)
+	}
+	k.must(fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: web-out}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{namespaceSelector: {matchLabels: {team: shop}}}]
+  - to: [{ipBlock: {cidr: 10.244.0.0/16, except: [%s/32]}}]
+    ports: [{port: %d}]
+`, other, echoPort), "apply", "-f", "-")
+	if _, err := eventually(converges, func() error {
+		if err := exchange(l, "h1/c1", "tcp4", netip.AddrPortFrom(other, echoPort)); err == nil {
+			return fmt.Errorf("the web pod still reaches %s, its ipBlock's exception", other)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	for _, to := range []netip.AddrPort{dbAddr, netip.AddrPortFrom(near, echoPort)} {
+		if err := exchange(l, "h1/c1", "tcp4", to); err != nil {
+			t.Errorf("the web pod to %s, allowed by its egress: %v", to, err)
+		}
+	}
+	k.must("", "delete", "networkpolicy", "db", "web-out", "-n", "shop")
 	if _, err := eventually(converges, func() error { return exchange(l, "h1/c2", "tcp4", dbAddr) }); err != nil {
 		t.Errorf("after the policy went: %v", err)
 	}
