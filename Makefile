@@ -43,6 +43,7 @@ check-generated:
 
 # Unit tests, eBPF golden-packet tests and lab integration tests.
 test: build vet install-check check-generated
+	./scripts/kube-build.sh >/dev/null # cached: nothing to do after make deps
 	$(MAKE) -C perf test
 	$(MAKE) -C sockets/shim test
 	SKIFF_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
