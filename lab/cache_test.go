@@ -2,7 +2,6 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -124,12 +123,7 @@ func TestCacheDenyStopsCachedFlow(t *testing.T) {
 	if err := l.PutPolicy(context.Background(), rule); err != nil {
 		t.Fatal(err)
 	}
-	took, err := eventually(converges, func() error {
-		if s.progresses(300*time.Millisecond) == nil {
-			return errors.New("still moves")
-		}
-		return nil
-	})
+	took, err := s.stops(converges, 300*time.Millisecond)
 	if err != nil {
 		t.Fatalf("the cached flow still moves %v after the deny rule", took.Round(time.Millisecond))
 	}

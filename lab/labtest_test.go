@@ -360,6 +360,17 @@ func (s *stream) progresses(timeout time.Duration) error {
 	return err
 }
 
+// stops waits (up to timeout) until s moves no byte for quiet, and says
+// how long that took (quiet included).
+func (s *stream) stops(timeout, quiet time.Duration) (time.Duration, error) {
+	return eventually(timeout, func() error {
+		if s.progresses(quiet) == nil {
+			return errors.New("still moves")
+		}
+		return nil
+	})
+}
+
 // paths joins an endpoint's layers that are on, and why the others are off.
 func paths(e api.EndpointStatus) (on, off string) {
 	ons, offs := e.Paths()
