@@ -555,8 +555,14 @@ static void accept_clients(struct broker *b, int ls)
 			close(c);
 			continue;
 		}
-		if (send(c, &b->hello, sizeof b->hello, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof b->hello) {
-			st_add(b, SKIFF_ST_ERRORS, 1);
+		ssize_t sent = send(c, &b->hello, sizeof b->hello, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (sent != (ssize_t)sizeof b->hello) {
+			/* a client that exited (or exec'd) while it waited in the
+			 * accept queue is no broker error */
+			if (sent >= 0 || (errno != EPIPE && errno != ECONNRESET)) {
+				st_add(b, SKIFF_ST_ERRORS, 1);
+				LOG("hello to fd %d: %s", c, sent < 0 ? strerror(errno) : "short");
+			}
 			close(c);
 			continue;
 		}

@@ -678,6 +678,7 @@ kill $B6; wait $B6 2>/dev/null
 stats_move() {
 	local names=(magic handed_out replaced fallback clients_total clients_now errors pid) i
 	for i in 0 1 2 3 4 5 6 7; do echo "${names[$i]}=$(stat_slot "$TMP/stats" $i)"; done
+	grep -E "sendmsg to|hello to|bad message|bad count|unknown op|accept:|client refused|socket:|fds where none" "$TMP/broker.log"
 	[ "$(stat_slot "$TMP/stats" 1)" -ge 2000 ] && [ "$(stat_slot "$TMP/stats" 2)" -ge 2000 ] &&
 	[ "$(stat_slot "$TMP/stats" 3)" -ge 4 ] && [ "$(stat_slot "$TMP/stats" 4)" -ge 5 ] &&
 	[ "$(stat_slot "$TMP/stats" 6)" = 1 ] && [ "$(stat_slot "$TMP/stats" 7)" = "$BROKER" ]   # broker-validates-passed-fds
