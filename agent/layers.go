@@ -51,7 +51,7 @@ func (a *Agent) pinDir() string {
 // layerEnv is what the agent hands layer name.
 func (a *Agent) layerEnv(name string) layer.Env {
 	return layer.Env{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay,
-		PinDir: filepath.Join(a.pinDir(), name), StateDir: a.cfg.StateDir, Listeners: a.store, Log: a.log.With("layer", name)}
+		PinDir: filepath.Join(a.pinDir(), name), StateDir: a.cfg.StateDir, Listeners: a.store, Cgroups: a, Log: a.log.With("layer", name)}
 }
 
 // remoteEndpoints returns the other hosts' endpoints: from the watch, or

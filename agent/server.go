@@ -392,6 +392,51 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	return a.attachment(e, att), nil
 }
 
+// RecordCgroup records the cgroup a layer learnt for a local endpoint
+// whose runtime passed none (layer.CgroupRecorder), and attaches every
+// layer to it again, as an ADD with that cgroupPath would have: each
+// interface of container id in the network namespace dev/ino.
+func (a *Agent) RecordCgroup(ctx context.Context, id string, dev, ino uint64, cg string) (cluster.Endpoint, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	eps, err := a.store.Endpoints(ctx, a.host.Name)
+	if err != nil {
+		return cluster.Endpoint{}, err
+	}
+	var rec cluster.Endpoint
+	for _, e := range eps {
+		if e.ContainerID != id || e.NetnsDev != dev || e.NetnsIno != ino {
+			continue
+		}
+		if e.Cgroup != "" {
+			if cgroup.Rel(e.Cgroup) != cgroup.Rel(cg) {
+				return e, fmt.Errorf("container %s has the cgroup %s already, not %s", id, e.Cgroup, cg)
+			}
+			rec = e
+			continue
+		}
+		e.Cgroup = cg
+		if err := a.store.PutEndpoint(ctx, e); err != nil {
+			return e, err
+		}
+		here, err := a.store.LimitOf(ctx, e)
+		if err != nil { // the next reconcile applies it
+			here = e
+		}
+		for _, l := range a.layers {
+			if err := l.AddEndpoint(ctx, here); err != nil {
+				a.log.Error("layer not attached; endpoint uses the overlay", "layer", l.name, "container", e.ContainerID, "err", err)
+			}
+		}
+		a.log.Info("endpoint cgroup recorded", "container", e.ContainerID, "if", e.IfName, "cgroup", cg)
+		rec = e
+	}
+	if rec.ContainerID == "" {
+		return rec, fmt.Errorf("no local endpoint of container %s in that network namespace", id)
+	}
+	return rec, nil
+}
+
 // CheckEndpoint verifies a container's attachment against the store and the kernel.
 func (a *Agent) CheckEndpoint(ctx context.Context, req api.AddRequest) (api.Attachment, error) {
 	if err := validate(req, false); err != nil {

@@ -180,14 +180,24 @@ func Rel(p string) string {
 
 // Own is the cgroup v2 path of this process ("/" when it has none).
 func Own() string {
-	data, err := os.ReadFile("/proc/self/cgroup")
+	p, err := Of("self")
 	if err != nil {
 		return "/"
 	}
+	return p
+}
+
+// Of is the cgroup v2 path of process pid ("self", or a number), from the
+// cgroup v2 root as this process's cgroup namespace shows it.
+func Of(pid string) (string, error) {
+	data, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil {
+		return "", err
+	}
 	for _, line := range strings.Split(string(data), "\n") {
 		if rest, ok := strings.CutPrefix(line, "0::"); ok {
-			return filepath.Clean(rest)
+			return filepath.Clean(rest), nil
 		}
 	}
-	return "/"
+	return "", fmt.Errorf("no cgroup v2 in /proc/%s/cgroup", pid)
 }

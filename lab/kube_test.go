@@ -16,6 +16,10 @@ import (
 	"github.com/skiffnet/skiff/lab/labtest"
 )
 
+// kubeClusterCIDR is the pods' range the controller manager divides into
+// the Nodes' podCIDRs (the lab's cluster CIDR by default).
+const kubeClusterCIDR = "10.244.0.0/16"
+
 // kubeCluster is a Kubernetes control plane (API server and controller
 // manager, scripts/kube-controlplane.sh) in a lab's switch namespace, on
 // the underlay's switch address, where every lab host reaches it.
@@ -40,7 +44,7 @@ func startKube(t *testing.T, ctx context.Context, l *Lab) (*kubeCluster, error) 
 	script, _ := filepath.Abs(filepath.Join("..", "scripts", "kube-controlplane.sh"))
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", l.SwitchNetns(), script, "up", k.dir)
 	cmd.Env = append(os.Environ(), "SKIFF_KUBE="+k.bin, "SKIFF_BIN="+binDir, "SKIFF_KUBE_BIND="+SwitchAddr().String(),
-		"SKIFF_KUBE_SCHEDULER=0", "SKIFF_KUBE_CLUSTER_CIDR=10.244.0.0/16", "SKIFF_KUBE_NODE_CIDR_MASK=24")
+		"SKIFF_KUBE_SCHEDULER=0", "SKIFF_KUBE_CLUSTER_CIDR="+kubeClusterCIDR, "SKIFF_KUBE_NODE_CIDR_MASK=24")
 	t.Cleanup(func() {
 		if out, err := exec.Command(script, "down", k.dir).CombinedOutput(); err != nil {
 			t.Errorf("control plane down: %v: %s", err, out)
@@ -146,32 +150,7 @@ spec:
 // denies; an egress policy allows by namespace selector and by an ipBlock
 // with an exception; deleting them lifts the deny.
 func TestKubeControlPlane(t *testing.T) {
-	agentCfg := filepath.Join(t.TempDir(), "agent.kubeconfig")
-	var k *kubeCluster
-	l := newLab(t, Config{Name: "tkube", Hosts: 2, ContainersPerHost: 2, Mode: "auto",
-		AgentArgs: []string{"--kubernetes", "--kubeconfig", agentCfg},
-		Prepare: func(ctx context.Context, l *Lab) (err error) {
-			if k, err = startKube(t, ctx, l); err != nil {
-				return err
-			}
-			manifest, _ := filepath.Abs(filepath.Join("..", "deploy", "kubernetes", "skiff.yaml"))
-			// The manifest as it is (a server dry run cannot take it on a
-			// new cluster: its namespace does not exist yet).
-			if _, err := k.kubectl("", "apply", "-f", manifest); err != nil {
-				return fmt.Errorf("the manifest: %w", err)
-			}
-			if err := k.serviceAccountConfig(agentCfg); err != nil {
-				return err
-			}
-			for i := 1; i <= l.Config.Hosts; i++ {
-				ip := underlayNet.Addr().As4()
-				ip[3] = byte(i)
-				if _, err := k.kubectl(node(fmt.Sprintf("h%d", i), netip.AddrFrom4(ip)), "apply", "-f", "-"); err != nil {
-					return err
-				}
-			}
-			return nil
-		}})
+	l, k := kubeLab(t, "tkube", "auto", 2)
 	ctx := context.Background()
 	for _, h := range l.Hosts {
 		cidr := k.must("", "get", "node", h.Name, "-o", "jsonpath={.spec.podCIDR}")

@@ -102,7 +102,21 @@ type Env struct {
 	// Listeners publishes this host's replaced listeners to the cluster
 	// (the sockets layer's); a layer gets nothing else of the store.
 	Listeners ListenerPublisher
-	Log       *slog.Logger
+	// Cgroups records a cgroup a layer learnt for a local endpoint whose
+	// runtime passed none (the sockets layer, from the runtime's seccomp
+	// hand-off).
+	Cgroups CgroupRecorder
+	Log     *slog.Logger
+}
+
+// CgroupRecorder records the cgroup of a local endpoint whose runtime
+// passed none in CNI (containerd 1.6's CRI, for one): the endpoint of
+// container id in the network namespace netnsDev/netnsIno, if it has no
+// cgroup yet, gets cgroup (a path from the cgroup v2 root) in its record,
+// and every layer attaches it again as the runtime's cgroupPath would
+// have. It returns the endpoint as recorded.
+type CgroupRecorder interface {
+	RecordCgroup(ctx context.Context, id string, netnsDev, netnsIno uint64, cgroup string) (cluster.Endpoint, error)
 }
 
 // ListenerPublisher writes a host's listeners to the cluster store.

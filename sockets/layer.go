@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
@@ -65,19 +67,82 @@ type Layer struct {
 	enforced  bool           // the policy was enforced since start
 	seccomp   *seccomp.Receiver
 	publisher *publisher
+	cgroups   layer.CgroupRecorder
+	ctx       context.Context // Start's, for what the seccomp receiver does
 }
 
 // takeNotify gives a container process's seccomp listener to its
 // container's broker; a process of no container with host sockets has its
-// calls continued untouched (the overlay) by the host's keeper.
+// calls continued untouched (the overlay) by the host's keeper. A process
+// of a pod whose runtime passed no cgroupPath gets the pod's cgroup
+// recorded first (adopt).
 func (a *Layer) takeNotify(h seccomp.Handoff) {
 	id, err := a.l.brokers.GiveNotify(h.State.Pid, h.FD)
+	if err != nil {
+		if aerr := a.adopt(h); aerr == nil {
+			id, err = a.l.brokers.GiveNotify(h.State.Pid, h.FD)
+		} else if !errors.Is(aerr, errNoPod) {
+			err = fmt.Errorf("%w; its pod's cgroup not recorded: %w", err, aerr)
+		}
+	}
 	if err != nil {
 		a.l.log.Info("seccomp listener passed to the keeper: calls continue untouched (the overlay)", "runtime-id", h.State.State.ID, "pid", h.State.Pid, "why", err)
 		a.l.brokers.GiveKeeper(h.FD)
 		return
 	}
 	a.l.log.Info("seccomp listener passed to the broker", "container", id, "runtime-id", h.State.State.ID, "pid", h.State.Pid)
+}
+
+// The annotations a CRI runtime (containerd's CRI plugin) gives each
+// container of a pod, in the OCI state a seccomp hand-off carries.
+const (
+	criContainerType = "io.kubernetes.cri.container-type" // "sandbox" or "container"
+	criSandboxID     = "io.kubernetes.cri.sandbox-id"
+)
+
+// errNoPod: the hand-off names no pod (not a CRI runtime's).
+var errNoPod = errors.New("no CRI pod")
+
+// adopt records the pod's cgroup for a CRI pod whose runtime passed no
+// cgroupPath to CNI (containerd 1.6): the runtime's hand-off (on a socket
+// only root reaches) names the pod's sandbox, which is the endpoint's
+// container ID; the process must be in that endpoint's network namespace;
+// and the pod's cgroup is the parent of the process's container cgroup
+// (every container of the pod, the sandbox's too, is below it). The
+// agent records it, and the layers attach the endpoint as if the runtime
+// had passed it.
+func (a *Layer) adopt(h seccomp.Handoff) error {
+	sandbox := podSandbox(h.State)
+	if sandbox == "" || a.cgroups == nil {
+		return errNoPod
+	}
+	pid := strconv.Itoa(h.State.Pid)
+	var ns unix.Stat_t
+	if err := unix.Stat("/proc/"+pid+"/ns/net", &ns); err != nil {
+		return err
+	}
+	own, err := cgroup.Of(pid)
+	if err != nil {
+		return err
+	}
+	pod := filepath.Dir(own)
+	if pod == "/" || pod == "." {
+		return fmt.Errorf("process %s's cgroup %s has no pod above it", pid, own)
+	}
+	_, err = a.cgroups.RecordCgroup(a.ctx, sandbox, ns.Dev, ns.Ino, pod)
+	return err
+}
+
+// podSandbox is the pod sandbox a CRI runtime's hand-off names (its ID
+// is the one CNI had), or "" for any other runtime's.
+func podSandbox(st seccomp.State) string {
+	switch ann := st.State.Annotations; ann[criContainerType] {
+	case "container":
+		return ann[criSandboxID]
+	case "sandbox":
+		return st.State.ID
+	}
+	return ""
 }
 
 // newAgentLayer takes Options (nil: secure, the broker next to the binary).
@@ -181,7 +246,7 @@ func (a *Layer) Start(ctx context.Context, env layer.Env) error {
 		l.Close()
 		return err
 	}
-	a.l, a.stateDir = l, env.StateDir
+	a.l, a.stateDir, a.cgroups, a.ctx = l, env.StateDir, env.Cgroups, ctx
 	if a.opts.SeccompSocket != "" {
 		r, err := seccomp.Listen(a.opts.SeccompSocket, env.Log)
 		if err != nil {

@@ -6,9 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/skiffnet/skiff/cgroup"
 
 	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
@@ -118,16 +121,11 @@ func (b *Supervisor) sendUnsent(s *brokerSpec) {
 
 // cgroupOf is pid's cgroup v2 directory under root.
 func cgroupOf(root string, pid int) (string, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	rel, err := cgroup.Of(strconv.Itoa(pid))
 	if err != nil {
 		return "", err
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rel, ok := strings.CutPrefix(line, "0::"); ok {
-			return filepath.Join(root, rel), nil
-		}
-	}
-	return "", fmt.Errorf("no cgroup v2 in /proc/%d/cgroup", pid)
+	return filepath.Join(root, rel), nil
 }
 
 // dropHung closes the listeners no process uses any more.
