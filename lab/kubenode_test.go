@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/sockets"
 )
@@ -356,20 +358,46 @@ func (n *kubeNode) stop() {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	// Every hierarchy's (v1 and the v2 one): innermost directories first.
+	// Every hierarchy's (v1 and the v2 one): innermost directories first,
+	// once the processes left in them (pods' the kubelet did not stop, and
+	// which outlive the killed shims) are gone.
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*" + n.cgroup)
+	var dirs []string
 	for _, root := range roots {
-		var dirs []string
 		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}
 			return nil
 		})
-		for _, d := range slices.Backward(dirs) {
-			if err := os.Remove(d); err != nil {
-				t.Errorf("%s: cgroup %s: %v", n.name, d, err)
+	}
+	left := func() (pids []int) {
+		for _, d := range dirs {
+			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				var pid int
+				if _, err := fmt.Sscanf(f, "%d", &pid); err == nil && !slices.Contains(pids, pid) {
+					pids = append(pids, pid)
+				}
 			}
+		}
+		return pids
+	}
+	if pids := left(); len(pids) > 0 {
+		t.Errorf("%s: processes %v outlived their pods; killing them", n.name, pids)
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		eventually(5*time.Second, func() error {
+			if pids := left(); len(pids) > 0 {
+				return fmt.Errorf("%v", pids)
+			}
+			return nil
+		})
+	}
+	for _, d := range slices.Backward(dirs) {
+		if err := os.Remove(d); err != nil {
+			t.Errorf("%s: cgroup %s: %v", n.name, d, err)
 		}
 	}
 	// Snapshots the shims left mounted.
@@ -580,14 +608,15 @@ func (k *kubeCluster) fetches(pod, url string, n int) (map[string]int, error) {
 // TestKubeServices: Services through kube-proxy (iptables mode) on every
 // layer: pod a (h1) reaches a ClusterIP Service whose endpoints are a pod
 // on its own host and one on the other, 1 000 connections without a
-// failure, answered by both; the NodePort on each node's address; and
-// each backend by its own address. The overlay and the cache carry plain
+// failure, answered by both; the NodePort on each node's address; each
+// backend by its own address; and the ClusterIP from a pod of the other
+// node. The overlay and the cache carry plain
 // pods; in sockets and auto mode every pod runs under skiff's seccomp
 // profile (containerd 1.6 passes no cgroupPath: the agent learns each
 // pod's cgroup from the runtime's hand-off), so the backends listen on
 // host sockets, which the Service connections reach through the DNAT, and
 // a's connections to the pods' addresses are host sockets (in auto, the
-// one on its own host a channel). A connection to a Service's virtual
+// ones on its own host channels). A connection to a Service's virtual
 // address stays the pod's own socket (docs/kubernetes.md).
 func TestKubeServices(t *testing.T) {
 	for _, mode := range []string{"overlay", "cache", "sockets", "auto"} {
@@ -609,7 +638,14 @@ func TestKubeServices(t *testing.T) {
 					t.Fatalf("no endpoint for pod %s", name)
 				}
 				if on, why := layerOn(e, "sockets"); on != hostSockets {
-					t.Errorf("pod %s: sockets layer on %v (%s), want %v", name, on, why, hostSockets)
+					var pid int
+					if i := strings.Index(why, "pid "); i >= 0 {
+						fmt.Sscanf(why[i+4:], "%d", &pid)
+					}
+					cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+					status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+					cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+					t.Errorf("pod %s: sockets layer on %v (%s), want %v; the process named: %q\n%s\n%s", name, on, why, hostSockets, cmdline, status, cg)
 				}
 			}
 			// Each target and the pod that must answer it ("": b and c both).
@@ -640,6 +676,10 @@ func TestKubeServices(t *testing.T) {
 					n = 200
 				}
 				before := seccompReplaced(t, l, "h1", "a")
+				var joined uint64 // sockets the channels layer of a's host joined
+				if mode == "auto" {
+					joined = channelsStatus(t, l, "h1").Counters["added"]
+				}
 				start := time.Now()
 				got, err := k.fetches("a", url, n)
 				if err != nil {
@@ -657,9 +697,23 @@ func TestKubeServices(t *testing.T) {
 					if hostSockets && replaced < uint64(n) {
 						t.Errorf("%s: %d of pod a's %d connections on host sockets", url, replaced, n)
 					}
+					// Both ends of a connection on a's own host join a
+					// channel.
+					if mode == "auto" && pods[tg.pod] == "h1" {
+						if joined := channelsStatus(t, l, "h1").Counters["added"] - joined; joined < uint64(2*n) {
+							t.Errorf("%s: %d sockets joined channels for %d connections on one host", url, joined, n)
+						}
+					}
 				} else if got["FAIL"] > 0 || got["skiff-b"]+got["skiff-c"] != n || got["skiff-b"] == 0 || got["skiff-c"] == 0 {
 					t.Errorf("%s: %v, want %d answers from both skiff-b and skiff-c", url, got, n)
 				}
+			}
+			// From the other node, through the ClusterIP. (Not from a
+			// backend itself: a pod DNATed to its own address gets no
+			// answer on any layer, the overlay's too — docs/kubernetes.md.)
+			k.runPod("default", "d", "h2", "app: d", "exec sleep 3600", hostSockets)
+			if got, err := k.fetches("d", targets[0].url, 200); err != nil || got["FAIL"] > 0 || got["skiff-b"]+got["skiff-c"] != 200 || got["skiff-b"] == 0 || got["skiff-c"] == 0 {
+				t.Errorf("d → %s: %v %v, want 200 answers from both", targets[0].url, got, err)
 			}
 			// The servers' listeners are host sockets: every Service
 			// connection above reached one through kube-proxy's DNAT.
@@ -701,4 +755,239 @@ func seccompReplaced(t *testing.T, l *Lab, host, pod string) uint64 {
 		}
 	}
 	return 0
+}
+
+// nodeState is what a node's pods leave on its host, counted.
+type nodeState struct {
+	Endpoints, Records, Leases, Veths, CacheIngress, Brokers, Listeners int
+}
+
+// nodeStateOf counts host's endpoints (the agent's), its local records and
+// address leases (files), the skiff veths in its namespace, the cache's
+// ingress entries, the containers the sockets layer serves, and the
+// listeners its HostListeners object publishes.
+func (k *kubeCluster) nodeStateOf(host string) nodeState {
+	t, l := k.t, k.lab
+	t.Helper()
+	var s nodeState
+	eps, err := agentOf(t, l, host).Endpoints(context.Background(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Endpoints = len(eps)
+	dir := filepath.Join(l.hostDir(host), "state", "local")
+	recs, _ := os.ReadDir(filepath.Join(dir, "endpoints"))
+	s.Records = len(recs)
+	leases, _ := os.ReadDir(filepath.Join(dir, "leases"))
+	for _, f := range leases {
+		if f.Name() != "last" { // a hint, not a lease
+			s.Leases++
+		}
+	}
+	if err := l.Do(host, func() error {
+		links, err := netlink.LinkList()
+		for _, link := range links {
+			if strings.HasPrefix(link.Attrs().Name, "skf") && link.Type() == "veth" {
+				s.Veths++
+			}
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.CacheIngress = len(cacheEntries(t, l, host).Ingress)
+	if st := socketsStatus(t, l, host); st != nil {
+		s.Brokers = len(st.Containers)
+	}
+	out, _ := k.kubectl("", "get", "hostlisteners", host, "-o", "jsonpath={.spec.listeners}")
+	s.Listeners = strings.Count(out, ":")
+	return s
+}
+
+// TestKubeChurn: 50 pods made and deleted on one node, ten at a time,
+// under skiff's seccomp profile (host sockets, each a broker), one of
+// every ten reaching a server pod on the other node and listening on a
+// port of its own, leave the node as it was: the agent's endpoints, its
+// local records and address leases, the host's veths, the cache's
+// entries, the sockets layer's brokers and the node's published
+// listeners. Then a deleted Node's podCIDR route goes from the other
+// host, and its HostListeners object with it.
+func TestKubeChurn(t *testing.T) {
+	l, k := kubeLab(t, "tkchurn", "auto", 0)
+	ctx := context.Background()
+	k.startNodes(ctx)
+	srv := k.runPod("default", "srv", "h2", "app: srv", webServer, true)
+	before := k.nodeStateOf("h1")
+	t.Logf("h1 before: %+v", before)
+	start := time.Now()
+	for round := 0; round < 5; round++ {
+		var specs []string
+		for i := 0; i < 10; i++ {
+			cmd := "exec sleep 3600"
+			if i == 0 {
+				cmd = "exec httpd -f -p 0.0.0.0:7000 -h /"
+			}
+			specs = append(specs, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: churn%d, labels: {app: churn}}
+spec:
+  nodeName: h1
+  terminationGracePeriodSeconds: 1
+  securityContext: {seccompProfile: {type: Localhost, localhostProfile: skiff.json}}
+  containers: [{name: c, image: skiff.dev/busybox:1.35.0, command: [sh, -c, %q]}]
+`, round*10+i, cmd))
+		}
+		k.must(strings.Join(specs, "---\n"), "apply", "-f", "-")
+		if _, err := k.kubectl("", "wait", "--for=condition=Ready", "pod", "-l", "app=churn", "--timeout=90s"); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		first := fmt.Sprintf("churn%d", round*10)
+		url := fmt.Sprintf("http://%s:8080/", srv)
+		if out, err := k.kubectl("", "exec", first, "--", "timeout", "5", "wget", "-q", "-O", "-", url); err != nil || out != "skiff-srv" {
+			t.Errorf("%s → srv: %q %v", first, out, err)
+		}
+		if _, err := eventually(converges, func() error {
+			if n := k.nodeStateOf("h1").Listeners; n <= before.Listeners {
+				return fmt.Errorf("h1 publishes %d listeners", n)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("%s's listener on a host socket: %v", first, err)
+		}
+		k.must("", "delete", "pods", "-l", "app=churn", "--wait=true", "--timeout=90s")
+	}
+	t.Logf("50 pods made and deleted in %v", time.Since(start).Round(time.Millisecond))
+	if _, err := eventually(converges, func() error {
+		if now := k.nodeStateOf("h1"); now != before {
+			return fmt.Errorf("h1 after: %+v, before: %+v", now, before)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+
+	// h2's Node goes: h1 forgets the route to its podCIDR.
+	cidr := netip.MustParsePrefix(k.must("", "get", "node", "h2", "-o", "jsonpath={.spec.podCIDR}"))
+	routed := func() bool {
+		var found bool
+		l.Do("h1", func() error {
+			routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+			for _, r := range routes {
+				if r.Dst != nil && r.Dst.String() == cidr.String() {
+					found = true
+				}
+			}
+			return err
+		})
+		return found
+	}
+	if !routed() {
+		t.Fatalf("h1 has no route to h2's podCIDR %s", cidr)
+	}
+	k.must("", "delete", "node", "h2", "--wait=true", "--timeout=30s")
+	if _, err := eventually(converges, func() error {
+		if routed() {
+			return fmt.Errorf("h1 still routes h2's podCIDR %s", cidr)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if _, err := eventually(30*time.Second, func() error {
+		if out, err := k.kubectl("", "get", "hostlisteners", "h2"); err == nil {
+			return fmt.Errorf("h2's HostListeners outlived its Node: %s", out)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
+// reaches fetches http://ip:port/ once from pod (namespace/name) and
+// returns what answered.
+func (k *kubeCluster) reaches(pod string, ip netip.Addr, port int) (string, error) {
+	ns, name, _ := strings.Cut(pod, "/")
+	return k.kubectl("", "exec", "-n", ns, name, "--", "timeout", "3", "wget", "-q", "-O", "-", fmt.Sprintf("http://%s:%d/", ip, port))
+}
+
+// expectReach waits until each of want holds: from reaches ip:port (a
+// pod's name answers) or not ("").
+func (k *kubeCluster) expectReach(from string, ip netip.Addr, port int, want string) {
+	k.t.Helper()
+	if _, err := eventually(converges, func() error {
+		got, err := k.reaches(from, ip, port)
+		switch {
+		case want == "" && err == nil:
+			return fmt.Errorf("%s still reaches %s:%d (%s)", from, ip, port, got)
+		case want != "" && (err != nil || got != "skiff-"+want):
+			return fmt.Errorf("%s → %s:%d: %q %v, want skiff-%s", from, ip, port, got, err, want)
+		}
+		return nil
+	}); err != nil {
+		k.t.Error(err)
+	}
+}
+
+// TestKubeNetworkPolicy: NetworkPolicy between real pods in auto, on both
+// kinds of pod: db (h2) and cli (h1) run under skiff's seccomp profile
+// (host sockets: connect-time judging), web (h1) does not (the cache and
+// the overlay). A default-deny ingress policy isolates namespace shop;
+// an allow from namespaces labelled team=front lets cli in, on db's named
+// port http only; an egress policy with an ipBlock and an exception keeps
+// web from db and nothing else; deleting the policies lifts the denies.
+func TestKubeNetworkPolicy(t *testing.T) {
+	_, k := kubeLab(t, "tknp", "auto", 0)
+	k.startNodes(context.Background())
+	for _, ns := range []string{"shop", "front"} {
+		k.must(fmt.Sprintf("apiVersion: v1\nkind: Namespace\nmetadata: {name: %s, labels: {team: %s}}\n", ns, ns), "apply", "-f", "-")
+	}
+	both := webServer[:strings.Index(webServer, "exec httpd")] + "httpd -p 0.0.0.0:7000 -h /www && exec httpd -f -p 0.0.0.0:8080 -h /www"
+	db := k.runPod("shop", "db", "h2", "app: db", both, true)
+	web := k.runPod("shop", "web", "h1", "app: web", webServer, false)
+	cli := k.runPod("front", "cli", "h1", "app: cli", webServer, true)
+	t.Logf("db %s, web %s, cli %s", db, web, cli)
+	k.expectReach("front/cli", db, 8080, "db")
+	k.expectReach("shop/web", db, 7000, "db")
+
+	k.must(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: default-deny}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+`, "apply", "-f", "-")
+	k.expectReach("front/cli", db, 8080, "")
+	k.expectReach("shop/web", db, 8080, "")
+	k.expectReach("front/cli", web, 8080, "")
+	k.expectReach("shop/db", cli, 8080, "cli") // front is not isolated
+
+	k.must(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: from-front}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: front}}}]
+    ports: [{port: http}]
+`, "apply", "-f", "-")
+	k.expectReach("front/cli", db, 8080, "db")
+	k.expectReach("front/cli", db, 7000, "") // not the named port
+	k.expectReach("shop/web", db, 8080, "")  // not from front
+
+	k.must("", "delete", "networkpolicy", "default-deny", "from-front", "-n", "shop")
+	k.expectReach("shop/web", db, 8080, "db")
+	k.must(fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: web-out}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: %s, except: [%s/32]}}]
+`, kubeClusterCIDR, db), "apply", "-f", "-")
+	k.expectReach("shop/web", db, 8080, "")
+	k.expectReach("shop/web", cli, 8080, "cli")
+	k.expectReach("front/cli", db, 8080, "db")
+	k.must("", "delete", "networkpolicy", "web-out", "-n", "shop")
+	k.expectReach("shop/web", db, 8080, "db")
 }

@@ -294,8 +294,17 @@ static int refused(struct broker *b, int client)
 		return 0;
 	b->privileged = p;
 	b->st[SKIFF_ST_PRIVILEGED] = (uint64_t)p;
-	LOG("process %d holds CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace: "
-	    "no host sockets for this container; it uses the overlay", (int)p);
+	char path[64], comm[32] = "?";
+	snprintf(path, sizeof path, "/proc/%d/comm", (int)p);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, comm, sizeof comm - 1);
+		comm[n > 0 ? n : 0] = 0;
+		comm[strcspn(comm, "\n")] = 0;
+		close(fd);
+	}
+	LOG("process %d (%s) holds CAP_NET_ADMIN or CAP_SYS_ADMIN in the host's user namespace: "
+	    "no host sockets for this container; it uses the overlay", (int)p, comm);
 	while (b->nclients)
 		drop_client(b, b->nclients, "container privileged");
 	return 1;
