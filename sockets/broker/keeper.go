@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cgroup"
-
 	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
