@@ -120,6 +120,9 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 			err = o.src.guard(host, e.IP.Addr(), mac)
 		}
 		if err == nil {
+			err = hairpin(host)
+		}
+		if err == nil {
 			err = o.reshape(e, host)
 		}
 		if err != nil {
@@ -173,6 +176,9 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint) (Attachment, 
 	}
 	// Before the veth is up: nothing the container sends goes unchecked.
 	if err := o.src.guard(host, e.IP.Addr(), c.Attrs().HardwareAddr); err != nil {
+		return Attachment{}, err
+	}
+	if err := hairpin(host); err != nil {
 		return Attachment{}, err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
@@ -381,4 +387,15 @@ func (o *Overlay) PruneEndpoints(keep []cluster.Endpoint) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hairpin lets the bridge send a frame back out of the port it came in on:
+// a container's connection DNATed to the container itself (a Service it
+// backends, kube-proxy masquerading it) is bridged back to it, which a
+// bridge port drops otherwise. Idempotent.
+func hairpin(host netlink.Link) error {
+	if err := netlink.LinkSetHairpin(host, true); err != nil {
+		return fmt.Errorf("hairpin on %s: %w", host.Attrs().Name, err)
+	}
+	return nil
 }
