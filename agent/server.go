@@ -375,13 +375,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		}
 		return api.Attachment{}, fmt.Errorf("attach %s: %w", req.ContainerID, err)
 	}
-	for _, l := range a.layers {
-		// The overlay carries the endpoint either way; without a layer it is
-		// only slower. The layer attaches it again at a later sync.
-		if err := l.AddEndpoint(ctx, here); err != nil {
-			a.log.Error("layer not attached; endpoint uses the overlay", "layer", l.name, "container", e.ContainerID, "err", err)
-		}
-	}
+	a.attachLayers(ctx, here)
 	if e.MAC != att.ContainerMAC || moved || fresh {
 		e.MAC = att.ContainerMAC
 		if err := a.store.PutEndpoint(ctx, e); err != nil {
@@ -390,6 +384,17 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	}
 	a.log.Info("endpoint added", "container", e.ContainerID, "if", e.IfName, "ip", e.IP, "veth", e.Veth)
 	return a.attachment(e, att), nil
+}
+
+// attachLayers gives a local endpoint every layer. The overlay carries it
+// either way; without a layer it is only slower, and the layer attaches it
+// again at a later sync. The caller holds a.mu.
+func (a *Agent) attachLayers(ctx context.Context, e cluster.Endpoint) {
+	for _, l := range a.layers {
+		if err := l.AddEndpoint(ctx, e); err != nil {
+			a.log.Error("layer not attached; endpoint uses the overlay", "layer", l.name, "container", e.ContainerID, "err", err)
+		}
+	}
 }
 
 // RecordCgroup records the cgroup a layer learnt for a local endpoint
@@ -423,11 +428,7 @@ func (a *Agent) RecordCgroup(ctx context.Context, id string, dev, ino uint64, cg
 		if err != nil { // the next reconcile applies it
 			here = e
 		}
-		for _, l := range a.layers {
-			if err := l.AddEndpoint(ctx, here); err != nil {
-				a.log.Error("layer not attached; endpoint uses the overlay", "layer", l.name, "container", e.ContainerID, "err", err)
-			}
-		}
+		a.attachLayers(ctx, here)
 		a.log.Info("endpoint cgroup recorded", "container", e.ContainerID, "if", e.IfName, "cgroup", cg)
 		rec = e
 	}

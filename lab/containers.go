@@ -48,15 +48,18 @@ func (l *Lab) ConfList(host string) ([]byte, error) {
 // cniDirs are where distributions put the reference CNI plugins.
 var cniDirs = []string{"/usr/lib/cni", "/opt/cni/bin"}
 
-// portmapDir is the directory holding the portmap plugin, or "".
-func portmapDir() string {
+// pluginDir is the directory holding the reference CNI plugin p, or "".
+func pluginDir(p string) string {
 	for _, d := range cniDirs {
-		if _, err := os.Stat(filepath.Join(d, "portmap")); err == nil {
+		if _, err := os.Stat(filepath.Join(d, p)); err == nil {
 			return d
 		}
 	}
 	return ""
 }
+
+// portmapDir is the directory holding the portmap plugin, or "".
+func portmapDir() string { return pluginDir("portmap") }
 
 // cni returns libcni set up as a runtime on host: its plugins run in the
 // host's network namespace (where portmap writes its rules), never the

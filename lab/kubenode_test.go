@@ -252,16 +252,6 @@ serializeImagePulls: false
 	return n, nil
 }
 
-// pluginDir is the directory holding the reference CNI plugin p, or "".
-func pluginDir(p string) string {
-	for _, d := range cniDirs {
-		if _, err := os.Stat(filepath.Join(d, p)); err == nil {
-			return d
-		}
-	}
-	return ""
-}
-
 // start runs a node's process in the host's network namespace (nsenter:
 // the machine's mount namespace, where the CRI's pod namespaces are),
 // logging to DIR/NAME.log.
