@@ -48,7 +48,8 @@ test: build vet install-check check-generated
 	$(MAKE) -C sockets/shim test
 	SKIFF_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout 25m ./...
 
-# Unit tests only (no root needed for most).
+# Unit and golden-packet tests, no lab (-short). As root, like make test:
+# the golden-packet tests load eBPF programs and run them (BPF_PROG_RUN).
 unit:
 	$(GO) test -count=1 -short ./...
 
