@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 CMDS    := skiff skiffd skiff-cni
 
-.PHONY: all deps kube-deps build test unit run clean vet bench-check install uninstall install-check check-generated
+.PHONY: all deps kube-deps build test unit run clean vet bench-check bench-kube install uninstall install-check check-generated
 
 all: build
 
@@ -69,6 +69,13 @@ bench-check: build
 	./bin/skiff bench --same-host --modes host,overlay,channels,sockets,auto,auto-plain --workloads $(CHECK_WORKLOADS) \
 		--cell 3s --repeat 5 --check --json docs/bench/check-same-host.json --markdown docs/bench/check-same-host.md; \
 	test $$cross -eq 0 -a $$? -eq 0
+
+# Kubernetes (docs/kubernetes.md): pods on two kube lab nodes, directly and
+# through a ClusterIP Service, beside the lab's host and auto containers
+# (docs/bench/kube.json, kube.md); then 50 pods per node at once, every CNI
+# call timed (docs/bench/kube-burst.json). About 20 minutes.
+bench-kube: build
+	SKIFF_BIN_DIR=$(CURDIR)/bin go test -count=1 -run '^$$' -bench Kube -benchtime 1x -timeout 60m -v ./lab/
 
 # Installing on a host (docs/install.md). DESTDIR stages a package.
 PREFIX      ?= /usr/local

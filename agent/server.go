@@ -320,6 +320,7 @@ func (a *Agent) attachment(e cluster.Endpoint, o overlay.Attachment) api.Attachm
 
 // AddEndpoint allocates an address for a container and attaches it.
 func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attachment, error) {
+	start := time.Now()
 	if err := validate(req, false); err != nil {
 		return api.Attachment{}, err
 	}
@@ -338,6 +339,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	locked := time.Now()
 	if err := a.unshared(ctx, req); err != nil {
 		return api.Attachment{}, err
 	}
@@ -366,6 +368,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		a.log.Warn("limit set with skiff limit not read", "container", e.ContainerID, "err", err)
 	}
 	here.Netns, here.NetnsHidden = nsPath, false
+	allocated := time.Now()
 	att, err := a.overlay.AddEndpoint(here)
 	if err != nil {
 		if fresh {
@@ -375,14 +378,23 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		}
 		return api.Attachment{}, fmt.Errorf("attach %s: %w", req.ContainerID, err)
 	}
+	attached := time.Now()
 	a.attachLayers(ctx, here)
+	layered := time.Now()
 	if e.MAC != att.ContainerMAC || moved || fresh {
 		e.MAC = att.ContainerMAC
 		if err := a.store.PutEndpoint(ctx, e); err != nil {
 			return api.Attachment{}, err
 		}
 	}
-	a.log.Info("endpoint added", "container", e.ContainerID, "if", e.IfName, "ip", e.IP, "veth", e.Veth)
+	// Where an ADD's time went: waiting for the agent's lock, the store
+	// (allocation), the overlay (veth, addresses, routes), the layers, and
+	// writing the record.
+	ms := func(from, to time.Time) float64 { return float64(to.Sub(from).Microseconds()) / 1000 }
+	done := time.Now()
+	a.log.Info("endpoint added", "container", e.ContainerID, "if", e.IfName, "ip", e.IP, "veth", e.Veth,
+		"took_ms", ms(start, done), "wait_ms", ms(start, locked), "store_ms", ms(locked, allocated),
+		"overlay_ms", ms(allocated, attached), "layers_ms", ms(attached, layered), "record_ms", ms(layered, done))
 	return a.attachment(e, att), nil
 }
 

@@ -11,7 +11,7 @@ import (
 
 func testEnv() cellEnv {
 	return cellEnv{
-		ServerIP: netip.MustParseAddr("10.0.0.1"), Port: 25300, Duration: 10 * time.Second, Warmup: 2 * time.Second,
+		ServerIP: netip.MustParseAddr("10.0.0.1"), DialIP: netip.MustParseAddr("10.0.0.1"), Port: 25300, Duration: 10 * time.Second, Warmup: 2 * time.Second,
 		ConnectCount: 10000,
 		Tools: map[string]string{toolPerf: "/opt/skiff-perf", toolIperf3: "/usr/bin/iperf3", toolMemcached: "/usr/bin/memcached",
 			toolNginx: "/usr/sbin/nginx", toolWrk: "/usr/bin/wrk"},
@@ -142,26 +142,29 @@ func TestSetEnv(t *testing.T) {
 }
 
 func TestClientCommands(t *testing.T) {
+	// Clients dial the server's front (a Service's address), servers bind
+	// their own.
 	env := testEnv()
+	env.DialIP = netip.MustParseAddr("10.96.0.10")
 	tests := map[string][2]string{ // warm-up, run
-		"tcp_stream":   {"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 2", "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -J"},
-		"tcp_stream_4": {"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 2 -P 4", "/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -J -P 4"},
-		"udp_stream": {"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 2 -u -b 0 -l 1400",
-			"/usr/bin/iperf3 -c 10.0.0.1 -p 25300 -t 10 -J -u -b 0 -l 1400"},
-		"tcp_rr": {"/opt/skiff-perf client --test tcp_rr --host 10.0.0.1 --port 25300 --duration 2",
-			"/opt/skiff-perf client --test tcp_rr --host 10.0.0.1 --port 25300 --duration 10"},
-		"udp_rr": {"/opt/skiff-perf client --test udp_rr --host 10.0.0.1 --port 25300 --duration 2",
-			"/opt/skiff-perf client --test udp_rr --host 10.0.0.1 --port 25300 --duration 10"},
-		"tcp_crr": {"/opt/skiff-perf client --test tcp_crr --host 10.0.0.1 --port 25300 --duration 2",
-			"/opt/skiff-perf client --test tcp_crr --host 10.0.0.1 --port 25300 --duration 10"},
-		"connect": {"/opt/skiff-perf client --test connect --host 10.0.0.1 --port 25300 --duration 2",
-			"/opt/skiff-perf client --test connect --host 10.0.0.1 --port 25300 --count 10000"},
-		"memcached": {"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 2 --connections 50",
-			"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 10 --connections 50"},
-		"memcached_crr": {"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 2 --connections 50 --new-conn",
-			"/opt/skiff-perf client --test memcached --host 10.0.0.1 --port 25300 --duration 10 --connections 50 --new-conn"},
-		"nginx": {"/usr/bin/wrk -t2 -c100 -d 2s http://10.0.0.1:25300/index.html",
-			"/usr/bin/wrk -t2 -c100 -d 10s --latency http://10.0.0.1:25300/index.html"},
+		"tcp_stream":   {"/usr/bin/iperf3 -c 10.96.0.10 -p 25300 -t 2", "/usr/bin/iperf3 -c 10.96.0.10 -p 25300 -t 10 -J"},
+		"tcp_stream_4": {"/usr/bin/iperf3 -c 10.96.0.10 -p 25300 -t 2 -P 4", "/usr/bin/iperf3 -c 10.96.0.10 -p 25300 -t 10 -J -P 4"},
+		"udp_stream": {"/usr/bin/iperf3 -c 10.96.0.10 -p 25300 -t 2 -u -b 0 -l 1400",
+			"/usr/bin/iperf3 -c 10.96.0.10 -p 25300 -t 10 -J -u -b 0 -l 1400"},
+		"tcp_rr": {"/opt/skiff-perf client --test tcp_rr --host 10.96.0.10 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test tcp_rr --host 10.96.0.10 --port 25300 --duration 10"},
+		"udp_rr": {"/opt/skiff-perf client --test udp_rr --host 10.96.0.10 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test udp_rr --host 10.96.0.10 --port 25300 --duration 10"},
+		"tcp_crr": {"/opt/skiff-perf client --test tcp_crr --host 10.96.0.10 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test tcp_crr --host 10.96.0.10 --port 25300 --duration 10"},
+		"connect": {"/opt/skiff-perf client --test connect --host 10.96.0.10 --port 25300 --duration 2",
+			"/opt/skiff-perf client --test connect --host 10.96.0.10 --port 25300 --count 10000"},
+		"memcached": {"/opt/skiff-perf client --test memcached --host 10.96.0.10 --port 25300 --duration 2 --connections 50",
+			"/opt/skiff-perf client --test memcached --host 10.96.0.10 --port 25300 --duration 10 --connections 50"},
+		"memcached_crr": {"/opt/skiff-perf client --test memcached --host 10.96.0.10 --port 25300 --duration 2 --connections 50 --new-conn",
+			"/opt/skiff-perf client --test memcached --host 10.96.0.10 --port 25300 --duration 10 --connections 50 --new-conn"},
+		"nginx": {"/usr/bin/wrk -t2 -c100 -d 2s http://10.96.0.10:25300/index.html",
+			"/usr/bin/wrk -t2 -c100 -d 10s --latency http://10.96.0.10:25300/index.html"},
 	}
 	for name, want := range tests {
 		w, err := findWorkload(name)

@@ -76,10 +76,10 @@ var (
 )
 
 const (
-	// basePort is the first port servers listen on; each cell takes the next
-	// free block of portStride ports (see pickPort).
-	basePort   = 25300
-	portStride = 4
+	// BasePort is the first port servers listen on; each cell takes the next
+	// free block of PortStride ports (see pickPort).
+	BasePort   = 25300
+	PortStride = 4
 	portBlocks = 500
 	// cellOverhead is the estimated cost of starting and stopping a server.
 	cellOverhead = time.Second
@@ -129,6 +129,7 @@ type runner struct {
 	tools     map[string]string
 	ends      map[string]Endpoints  // by mode name
 	serverIP  map[string]netip.Addr // by mode name
+	dialIP    map[string]netip.Addr // by mode name: serverIP or its front
 	progress  io.Writer
 	outcomes  map[cellKey]*cellOutcome
 	failures  []Failure
@@ -244,6 +245,7 @@ func findTool(name, perfBin string) (string, error) {
 func (r *runner) resolveTargets() error {
 	r.ends = map[string]Endpoints{}
 	r.serverIP = map[string]netip.Addr{}
+	r.dialIP = map[string]netip.Addr{}
 	for _, m := range r.modes {
 		ends := m.targets(r.opts.SameHost, r.lab.Mode())
 		ip, err := r.lab.IP(ends.Server)
@@ -254,14 +256,19 @@ func (r *runner) resolveTargets() error {
 			return fmt.Errorf("mode %s: client %s: %w", m.Name, ends.Client, err)
 		}
 		r.ends[m.Name] = ends
-		r.serverIP[m.Name] = ip
+		r.serverIP[m.Name], r.dialIP[m.Name] = ip, ip
+		if fl, ok := r.lab.(FrontLab); ok {
+			if front, ok := fl.Front(ends.Server); ok {
+				r.dialIP[m.Name] = front
+			}
+		}
 	}
 	return nil
 }
 
 func (r *runner) env(c cell, port int) cellEnv {
 	return cellEnv{
-		ServerIP: r.serverIP[c.Mode.Name], Port: port,
+		ServerIP: r.serverIP[c.Mode.Name], DialIP: r.dialIP[c.Mode.Name], Port: port,
 		Duration: r.duration, Warmup: r.warmup, ConnectCount: r.connects, Tools: r.tools,
 	}
 }
@@ -337,6 +344,20 @@ func (r *runner) fail(c cell, err error) {
 	r.failures = append(r.failures, Failure{Workload: c.Workload.Name, Mode: c.Mode.Name, Rep: c.Rep, Error: err.Error()})
 }
 
+// FrontLab is a Lab where clients may reach a server through a front (a
+// Kubernetes Service's address): when Front(target) is ok, a server in
+// target binds its own address and clients dial the front's.
+type FrontLab interface {
+	Front(target string) (netip.Addr, bool)
+}
+
+// PortLab is a Lab whose servers are reached on a few ports only (a
+// Kubernetes Service's): cells take their ports from the first
+// PortBlocks() blocks of PortStride ports from BasePort.
+type PortLab interface {
+	PortBlocks() int
+}
+
 // pickPort returns the first port of the next block whose ports are all free
 // in target's namespace, so a cell never reuses its predecessor's sockets
 // and the readiness probe never mistakes a stranger's socket for the server.
@@ -345,18 +366,22 @@ func (r *runner) pickPort(ctx context.Context, target string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for range portBlocks {
-		port := basePort + r.nextBlock*portStride
-		r.nextBlock = (r.nextBlock + 1) % portBlocks
+	blocks := portBlocks
+	if pl, ok := r.lab.(PortLab); ok {
+		blocks = min(blocks, pl.PortBlocks())
+	}
+	for range blocks {
+		port := BasePort + r.nextBlock%blocks*PortStride
+		r.nextBlock = (r.nextBlock + 1) % blocks
 		if blockFree(open, port) {
 			return port, nil
 		}
 	}
-	return 0, fmt.Errorf("no free port block in %d..%d on %s", basePort, basePort+portBlocks*portStride-1, target)
+	return 0, fmt.Errorf("no free port block in %d..%d on %s", BasePort, BasePort+blocks*PortStride-1, target)
 }
 
 func blockFree(open map[listenPort]bool, port int) bool {
-	for p := port; p < port+portStride; p++ {
+	for p := port; p < port+PortStride; p++ {
 		if open[listenPort{"tcp", p}] || open[listenPort{"udp", p}] {
 			return false
 		}

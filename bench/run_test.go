@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -196,6 +197,51 @@ func TestRunCancelled(t *testing.T) {
 	}
 	if elapsed := time.Since(start); elapsed > 4*time.Second {
 		t.Errorf("cancel took %s", elapsed)
+	}
+	assertNoServersLeft(t)
+}
+
+// frontLab puts a front before h1's servers and lets them listen on two
+// port blocks only; it records every command's argv.
+type frontLab struct {
+	fakeLab
+	argv []string
+}
+
+func (l *frontLab) Front(target string) (netip.Addr, bool) {
+	return netip.MustParseAddr("127.0.0.7"), target == "h1"
+}
+
+func (l *frontLab) PortBlocks() int { return 2 }
+
+func (l *frontLab) Command(ctx context.Context, target, name string, args ...string) (*exec.Cmd, error) {
+	if name != "grep" {
+		l.argv = append(l.argv, strings.Join(append([]string{filepath.Base(name)}, args...), " "))
+	}
+	return l.fakeLab.Command(ctx, target, name, args...)
+}
+
+// TestRunFrontAndPortBlocks: the servers of a lab with a front bind their
+// own address and the clients dial the front's (nothing listens there: the
+// cells fail); the cells take their ports from the lab's two blocks.
+func TestRunFrontAndPortBlocks(t *testing.T) {
+	opts := fakeOptions(&bytes.Buffer{})
+	opts.Modes = []string{"host"}
+	opts.Workloads = []string{"tcp_rr"}
+	opts.Repeat = 3
+	l := &frontLab{fakeLab: fakeLab{mode: "overlay"}}
+	rep, err := Run(context.Background(), l, opts)
+	if !errors.Is(err, ErrIncomplete) || len(rep.Failures) != 3 {
+		t.Fatalf("Run = %v; failures %+v", err, rep.Failures)
+	}
+	self := filepath.Base(os.Args[0])
+	var want []string
+	for _, port := range []string{"25300", "25304", "25300"} {
+		want = append(want, self+" server --bind 127.0.0.1 --port "+port,
+			self+" client --test tcp_rr --host 127.0.0.7 --port "+port+" --duration 0.15") // the warm-up, which fails
+	}
+	if !slices.Equal(l.argv, want) {
+		t.Errorf("commands:\n got %q\nwant %q", l.argv, want)
 	}
 	assertNoServersLeft(t)
 }

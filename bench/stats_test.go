@@ -164,8 +164,8 @@ func TestFormatValue(t *testing.T) {
 }
 
 func TestBlockFree(t *testing.T) {
-	open := map[listenPort]bool{{"udp", basePort + 1}: true, {"tcp", basePort + 7}: true}
-	tests := map[int]bool{basePort: false, basePort + 4: false, basePort + 8: true}
+	open := map[listenPort]bool{{"udp", BasePort + 1}: true, {"tcp", BasePort + 7}: true}
+	tests := map[int]bool{BasePort: false, BasePort + 4: false, BasePort + 8: true}
 	for port, want := range tests {
 		if got := blockFree(open, port); got != want {
 			t.Errorf("blockFree(%d) = %v, want %v", port, got, want)

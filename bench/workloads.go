@@ -55,8 +55,9 @@ type sample struct {
 
 // cellEnv is everything a workload needs to build its commands.
 type cellEnv struct {
-	ServerIP     netip.Addr
-	Port         int // base port; a workload may also use Port+1
+	ServerIP     netip.Addr // the server binds it
+	DialIP       netip.Addr // clients connect to it: ServerIP, or the server's front (FrontLab)
+	Port         int        // base port; a workload may also use Port+1
 	Duration     time.Duration
 	Warmup       time.Duration
 	ConnectCount int
@@ -215,7 +216,7 @@ func iperfStream(name string, flows, size int, udp, quick bool) *workload {
 		},
 		Client: func(env cellEnv) clientSpec {
 			iperf := func(d time.Duration, extra ...string) []string {
-				argv := append([]string{env.Tools[toolIperf3], "-c", env.ServerIP.String(), "-p", strconv.Itoa(env.Port),
+				argv := append([]string{env.Tools[toolIperf3], "-c", env.DialIP.String(), "-p", strconv.Itoa(env.Port),
 					"-t", wholeSeconds(d)}, extra...)
 				if flows > 1 {
 					argv = append(argv, "-P", strconv.Itoa(flows))
@@ -265,7 +266,7 @@ func perfServer(ready func(port int) listenPort) func(env cellEnv) (serverSpec, 
 // warm-up of the same test.
 func perfClient(env cellEnv, test string, run []string, extra ...string) clientSpec {
 	argv := []string{env.Tools[toolPerf], "client", "--test", test,
-		"--host", env.ServerIP.String(), "--port", strconv.Itoa(env.Port)}
+		"--host", env.DialIP.String(), "--port", strconv.Itoa(env.Port)}
 	warmup := slices.Concat(argv, []string{"--duration", seconds(env.Warmup)}, extra)
 	return clientSpec{Warmup: warmup, Run: slices.Concat(argv, run, extra)}
 }
@@ -364,7 +365,7 @@ func nginxWorkload(name string, closeConn bool) *workload {
 		Name: name, Metrics: latencyMetrics(unitReqPerSec), CPUUnit: cpuPerTxn, Tools: []string{toolNginx, toolWrk},
 		Server: nginxServer,
 		Client: func(env cellEnv) clientSpec {
-			url := "http://" + hostPort(env.ServerIP, env.Port) + "/index.html"
+			url := "http://" + hostPort(env.DialIP, env.Port) + "/index.html"
 			wrk := func(d time.Duration, latency bool) []string {
 				argv := []string{env.Tools[toolWrk], "-t2", "-c100", "-d", wholeSeconds(d) + "s"}
 				if latency {

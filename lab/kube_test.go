@@ -24,17 +24,20 @@ const kubeClusterCIDR = "10.244.0.0/16"
 // manager, scripts/kube-controlplane.sh) in a lab's switch namespace, on
 // the underlay's switch address, where every lab host reaches it.
 type kubeCluster struct {
-	t    *testing.T
+	t    testing.TB
 	bin  string // skiff-kube
 	dir  string
 	lab  *Lab
 	addr string // the API server's URL
+	// cniTimes, when set before the nodes start, is the file their CNI
+	// plugins' calls are timed into (linkPlugin).
+	cniTimes string
 }
 
 // startKube brings the control plane up in l's switch namespace and stops
 // it when the test ends. The cluster cannot be built without skiff-kube
 // (make deps builds it): the test fails then, it does not skip.
-func startKube(t *testing.T, ctx context.Context, l *Lab) (*kubeCluster, error) {
+func startKube(t testing.TB, ctx context.Context, l *Lab) (*kubeCluster, error) {
 	binDir := labtest.BinDir(t, "skiffd")
 	k := &kubeCluster{t: t, bin: filepath.Join(binDir, "skiff-kube"), dir: filepath.Join(t.TempDir(), "kube"), lab: l,
 		addr: "https://" + SwitchAddr().String() + ":16443"}

@@ -25,7 +25,7 @@ import (
 // plane in the switch's namespace (the manifest applied, each agent with
 // the token of skiff's service account), its hosts registered as Nodes
 // before their agents start, as a kubelet would have.
-func kubeLab(t *testing.T, name, mode string, containersPerHost int) (*Lab, *kubeCluster) {
+func kubeLab(t testing.TB, name, mode string, containersPerHost int) (*Lab, *kubeCluster) {
 	agentCfg := filepath.Join(t.TempDir(), "agent.kubeconfig")
 	var k *kubeCluster
 	l := newLab(t, Config{Name: name, Hosts: 2, ContainersPerHost: containersPerHost, Mode: mode,
@@ -142,7 +142,7 @@ func (k *kubeCluster) startNode(ctx context.Context, host string) (*kubeNode, er
 		}
 	}
 	for name, target := range links {
-		if err := os.Symlink(target, filepath.Join(cniBin, name)); err != nil {
+		if err := k.linkPlugin(filepath.Join(cniBin, name), target, host); err != nil {
 			return n, err
 		}
 	}
@@ -250,6 +250,25 @@ serializeImagePulls: false
 		return n, err
 	}
 	return n, nil
+}
+
+// linkPlugin puts a CNI plugin into a node's plugin directory: a link,
+// or with k.cniTimes a script that runs it and appends one line per call
+// to that file (host, plugin, command, container, start and end in ns
+// since the epoch, exit status). The script's own cost is one date(1)
+// process inside the timed span.
+func (k *kubeCluster) linkPlugin(path, target, host string) error {
+	if k.cniTimes == "" || filepath.Base(path) == "loopback" {
+		return os.Symlink(target, path)
+	}
+	script := fmt.Sprintf(`#!/bin/sh
+start=$(date +%%s%%N)
+%q
+rc=$?
+echo "%s %s $CNI_COMMAND $CNI_CONTAINERID $start $(date +%%s%%N) $rc" >>%q
+exit $rc
+`, target, host, filepath.Base(path), k.cniTimes)
+	return os.WriteFile(path, []byte(script), 0o755)
 }
 
 // start runs a node's process in the host's network namespace (nsenter:
@@ -433,7 +452,7 @@ spec:
 }
 
 // podEndpoint is the endpoint host's agent holds for a pod, or nil.
-func podEndpoint(t *testing.T, l *Lab, host, namespace, name string) *api.EndpointStatus {
+func podEndpoint(t testing.TB, l *Lab, host, namespace, name string) *api.EndpointStatus {
 	t.Helper()
 	eps, err := agentOf(t, l, host).Endpoints(context.Background(), false)
 	if err != nil {

@@ -585,7 +585,13 @@ func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, e
 	if err != nil {
 		return nil, err
 	}
-	h, err := l.Host(c.Host)
+	return l.ListenersOf(ctx, c.Host, c.IP)
+}
+
+// ListenersOf returns the replaced listeners host's sockets layer holds
+// for the container address ip.
+func (l *Lab) ListenersOf(ctx context.Context, host string, ip netip.Addr) ([]netip.AddrPort, error) {
+	h, err := l.Host(host)
 	if err != nil {
 		return nil, err
 	}
@@ -599,7 +605,7 @@ func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, e
 	}
 	var out []netip.AddrPort
 	for _, s := range sk.Listeners {
-		if ap, err := netip.ParseAddrPort(s); err == nil && ap.Addr() == c.IP {
+		if ap, err := netip.ParseAddrPort(s); err == nil && ap.Addr() == ip {
 			out = append(out, ap)
 		}
 	}

@@ -152,7 +152,7 @@ func echoTCP(ln net.Listener) {
 // agentOf returns the API client of host's agent.
 // layerStatus returns a layer's section of host's status (pick), failing
 // the test when the host does not run the layer.
-func layerStatus[T any](t *testing.T, l *Lab, host, layer string, statusOf func(api.Status) (*T, error)) *T {
+func layerStatus[T any](t testing.TB, l *Lab, host, layer string, statusOf func(api.Status) (*T, error)) *T {
 	t.Helper()
 	st, err := agentOf(t, l, host).Status(context.Background())
 	if err != nil {
@@ -184,7 +184,7 @@ func countersIn(st api.Status, layer string) map[string]uint64 {
 }
 
 // cacheEntries reads the cache layer's entries on host (skiff layer cache).
-func cacheEntries(t *testing.T, l *Lab, host string) *cache.Entries {
+func cacheEntries(t testing.TB, l *Lab, host string) *cache.Entries {
 	t.Helper()
 	v, err := agentOf(t, l, host).Layer(context.Background(), "cache")
 	if err != nil {
@@ -197,7 +197,7 @@ func cacheEntries(t *testing.T, l *Lab, host string) *cache.Entries {
 	return &e
 }
 
-func agentOf(t *testing.T, l *Lab, host string) *api.Client {
+func agentOf(t testing.TB, l *Lab, host string) *api.Client {
 	t.Helper()
 	h, err := l.Host(host)
 	if err != nil {

@@ -371,7 +371,7 @@ func runPy(t *testing.T, l *Lab, target, prog string, env []string, args ...stri
 	return string(out)
 }
 
-func socketsStatus(t *testing.T, l *Lab, host string) *sockets.Status {
+func socketsStatus(t testing.TB, l *Lab, host string) *sockets.Status {
 	t.Helper()
 	return layerStatus(t, l, host, "sockets", sockets.StatusOf)
 }
