@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -87,10 +88,29 @@ func TestCleanup(t *testing.T) {
 	if rules := ns("iptables-save"); strings.Contains(rules, "SKIFF-") {
 		t.Errorf("iptables chains left:\n%s", rules)
 	}
-	for _, hook := range []string{"ingress", "egress"} {
-		if f := ns("tc", "filter", "show", "dev", "eth0", hook); strings.Contains(f, "skiff-") {
-			t.Errorf("tc filters left on eth0 %s:\n%s", hook, f)
+	// No skiff tc filter on any device left (the underlay's, lo), no
+	// route of skiff's (the sockets layer's local route for its TOS on lo
+	// outlives the devices), no program on the containers' cgroups.
+	for _, line := range strings.Split(strings.TrimSpace(ns("ip", "-o", "link", "show")), "\n") {
+		dev, _, _ := strings.Cut(strings.Fields(line)[1], "@")
+		dev = strings.TrimSuffix(dev, ":")
+		for _, hook := range []string{"ingress", "egress"} {
+			if f := ns("tc", "filter", "show", "dev", dev, hook); strings.Contains(f, "skiff-") {
+				t.Errorf("tc filters left on %s %s:\n%s", dev, hook, f)
+			}
 		}
+	}
+	if routes := ns("ip", "-o", "route", "show", "table", "all"); strings.Contains(routes, "tos 0x1c") {
+		t.Errorf("the sockets layer's route left:\n%s", routes)
+	}
+	cgroups, err := l.cgroupDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("bpftool", "cgroup", "tree", cgroups).CombinedOutput(); err != nil {
+		t.Errorf("bpftool cgroup tree: %v: %s", err, out)
+	} else if progs := cgroupPrograms(string(out)); len(progs) > 0 {
+		t.Errorf("programs left on the containers' cgroups: %v", progs)
 	}
 	for _, p := range []string{l.bpfDir("h1"), state, h.Socket} {
 		if _, err := os.Stat(p); err == nil {
@@ -108,6 +128,20 @@ func TestCleanup(t *testing.T) {
 	if out, err := cleanup(); err != nil || !strings.Contains(out, "nothing of skiff's left") {
 		t.Errorf("a second cleanup: %v: %s", err, out)
 	}
+}
+
+// cgroupPrograms lists the attached programs in bpftool cgroup tree's
+// output: lines that start with a program id, under a cgroup's path.
+func cgroupPrograms(tree string) []string {
+	var progs []string
+	for _, line := range strings.Split(tree, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] != "CgroupPath" {
+			if _, err := strconv.Atoi(f[0]); err == nil {
+				progs = append(progs, strings.Join(f, " "))
+			}
+		}
+	}
+	return progs
 }
 
 // brokersOf lists the skiff-broker processes in netns ns (brokers and the
