@@ -33,7 +33,9 @@ func newLab(t testing.TB, cfg Config) *Lab {
 	if os.Geteuid() != 0 {
 		t.Skip("lab integration tests need root")
 	}
-	cfg.BinDir = labtest.BinDir(t, "skiffd")
+	if cfg.BinDir == "" { // else another build's (TestUpgradeInPlace)
+		cfg.BinDir = labtest.BinDir(t, "skiffd")
+	}
 	ctx := context.Background()
 	if err := Down(ctx, cfg.Name); err != nil {
 		t.Fatalf("clear leftovers: %v", err)
