@@ -73,33 +73,46 @@ func TestCleanup(t *testing.T) {
 			t.Errorf("cleanup did not say %q", want)
 		}
 	}
+	assertNothingLeft(t, l, h.Netns)
+	for _, p := range []string{l.bpfDir("h1"), state, h.Socket} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s left", p)
+		}
+	}
+	if out, err := cleanup(); err != nil || !strings.Contains(out, "nothing of skiff's left") {
+		t.Errorf("a second cleanup: %v: %s", err, out)
+	}
+}
+
+// assertNothingLeft checks that nothing skiff makes is left in host
+// namespace netns: devices, iptables chains, tc filters on any device, the
+// sockets layer's route, programs on the lab's containers' cgroups,
+// brokers.
+func assertNothingLeft(t *testing.T, l *Lab, netns string) {
+	t.Helper()
 	ns := func(args ...string) string {
-		out, err := exec.Command("ip", append([]string{"netns", "exec", h.Netns}, args...)...).CombinedOutput()
+		out, err := exec.Command("ip", append([]string{"netns", "exec", netns}, args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("%v: %v: %s", args, err, out)
 		}
 		return string(out)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(ns("ip", "-o", "link", "show")), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && (strings.HasPrefix(f[1], "skiff") || strings.HasPrefix(f[1], "skf")) {
-			t.Errorf("device left: %s", line)
-		}
-	}
-	if rules := ns("iptables-save"); strings.Contains(rules, "SKIFF-") {
-		t.Errorf("iptables chains left:\n%s", rules)
-	}
-	// No skiff tc filter on any device left (the underlay's, lo), no
-	// route of skiff's (the sockets layer's local route for its TOS on lo
-	// outlives the devices), no program on the containers' cgroups.
-	for _, line := range strings.Split(strings.TrimSpace(ns("ip", "-o", "link", "show")), "\n") {
 		dev, _, _ := strings.Cut(strings.Fields(line)[1], "@")
 		dev = strings.TrimSuffix(dev, ":")
+		if strings.HasPrefix(dev, "skiff") || strings.HasPrefix(dev, "skf") {
+			t.Errorf("device left: %s", line)
+		}
 		for _, hook := range []string{"ingress", "egress"} {
 			if f := ns("tc", "filter", "show", "dev", dev, hook); strings.Contains(f, "skiff-") {
 				t.Errorf("tc filters left on %s %s:\n%s", dev, hook, f)
 			}
 		}
 	}
+	if rules := ns("iptables-save"); strings.Contains(rules, "SKIFF-") {
+		t.Errorf("iptables chains left:\n%s", rules)
+	}
+	// The sockets layer's local route for its TOS on lo outlives the devices.
 	if routes := ns("ip", "-o", "route", "show", "table", "all"); strings.Contains(routes, "tos 0x1c") {
 		t.Errorf("the sockets layer's route left:\n%s", routes)
 	}
@@ -112,21 +125,13 @@ func TestCleanup(t *testing.T) {
 	} else if progs := cgroupPrograms(string(out)); len(progs) > 0 {
 		t.Errorf("programs left on the containers' cgroups: %v", progs)
 	}
-	for _, p := range []string{l.bpfDir("h1"), state, h.Socket} {
-		if _, err := os.Stat(p); err == nil {
-			t.Errorf("%s left", p)
-		}
-	}
 	if _, err := eventually(5*time.Second, func() error {
-		if left := brokersOf(t, h.Netns); len(left) > 0 {
+		if left := brokersOf(t, netns); len(left) > 0 {
 			return fmt.Errorf("brokers left: %v", left)
 		}
 		return nil
 	}); err != nil {
 		t.Error(err)
-	}
-	if out, err := cleanup(); err != nil || !strings.Contains(out, "nothing of skiff's left") {
-		t.Errorf("a second cleanup: %v: %s", err, out)
 	}
 }
 
