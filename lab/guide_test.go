@@ -206,7 +206,7 @@ func TestInstallGuide(t *testing.T) {
 	outputs := map[string]string{}
 	for _, b := range blocks[:len(blocks)-1] {
 		t.Logf("```%s %s\n%s```", b.lang, b.info, b.body)
-		guideBlockRun(t, nodes, b, repo, outputs)
+		guideBlockRun(t, nodes, b, repo, l.Config.BinDir, outputs)
 	}
 	for _, want := range []string{"node1", "node2"} {
 		if !strings.Contains(outputs["skiff hosts"], want) {
@@ -244,7 +244,7 @@ func TestInstallGuide(t *testing.T) {
 	}
 
 	t.Logf("```%s %s\n%s```", removal.lang, removal.info, removal.body)
-	guideBlockRun(t, nodes, removal, repo, outputs)
+	guideBlockRun(t, nodes, removal, repo, l.Config.BinDir, outputs)
 	for _, n := range nodes {
 		assertNothingLeft(t, l, n.netns)
 		if out, err := n.run("/", "ls /usr/local/bin/skiffd /opt/cni/bin/skiff-cni /etc/cni/net.d/10-skiff.conflist /etc/systemd/system/skiffd.service", ""); err == nil {
@@ -261,11 +261,11 @@ func TestInstallGuide(t *testing.T) {
 
 // guideBlockRun runs one block of the guide on the nodes it names: an ini
 // block's lines are added to the file, a sh block's lines run one by one
-// (make in the source tree, without make install's build step: make test
-// built the binaries; systemctl as systemd would). Before node2's first
+// (make in the source tree, make install without its build step and from
+// the test's binaries; systemctl as systemd would). Before node2's first
 // block the certificate directory node1 made is copied over, as the guide
 // says to.
-func guideBlockRun(t *testing.T, nodes map[string]*guideNode, b guideBlock, repo string, outputs map[string]string) {
+func guideBlockRun(t *testing.T, nodes map[string]*guideNode, b guideBlock, repo, bin string, outputs map[string]string) {
 	t.Helper()
 	if b.lang == "ini" {
 		name, path, ok := strings.Cut(b.info, ":")
@@ -305,7 +305,7 @@ func guideBlockRun(t *testing.T, nodes map[string]*guideNode, b guideBlock, repo
 			if strings.HasPrefix(line, "make ") {
 				dir = repo
 				if strings.HasPrefix(line, "make install") {
-					line = strings.Replace(line, "make install", "make -o build install", 1)
+					line = strings.Replace(line, "make install", "make -o build install BIN="+bin, 1)
 				}
 			}
 			out, err := n.run(dir, line, "")
