@@ -8,7 +8,7 @@ import (
 )
 
 // Release is the version of skiff this tree builds.
-const Release = "0.2.0"
+const Release = "0.3.0-dev"
 
 // Commit returns the VCS revision the running binary was built from, with
 // "-dirty" for uncommitted changes, or "unknown" without a stamp.
