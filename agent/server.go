@@ -416,6 +416,10 @@ func (a *Agent) attachLayers(ctx context.Context, e cluster.Endpoint) {
 func (a *Agent) RecordCgroup(ctx context.Context, id string, dev, ino uint64, cg string) (cluster.Endpoint, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// As at ADD: no cgroup that holds skiffd or is another container's.
+	if err := a.unshared(ctx, api.AddRequest{ContainerID: id, Cgroup: cg}); err != nil {
+		return cluster.Endpoint{}, err
+	}
 	eps, err := a.store.Endpoints(ctx, a.host.Name)
 	if err != nil {
 		return cluster.Endpoint{}, err

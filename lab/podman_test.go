@@ -2,7 +2,6 @@ package lab
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/skiffnet/skiff/overlay"
-	"github.com/skiffnet/skiff/sockets/broker/seccomp"
 )
 
 // podman runs Debian's podman (CNI backend, runc) as a runtime on a lab
@@ -135,29 +133,42 @@ func TestPodman(t *testing.T) {
 	}
 	p.run("rm", "-f", "web")
 
-	// skiff's seccomp profile on podman's own: podman hands the listener
-	// over; podman passes no cgroupPath, so the keeper continues the calls
-	base, err := seccomp.LoadBase("/usr/share/containers/seccomp.json")
+	// skiff's seccomp profile on podman's own, made as docs/seccomp.md
+	// says (skiff seccomp-profile --base): podman hands the listener over,
+	// skiffd takes the container's cgroup from the hand-off (podman passes
+	// no cgroupPath) and the broker swaps a host socket in at connect: nc
+	// reaches a replaced listener on h2 by a host-socket connection.
+	profile, err := exec.Command(filepath.Join(l.Config.BinDir, "skiff"), "seccomp-profile", "--base",
+		"/usr/share/containers/seccomp.json", "--listener", l.SeccompSocket("h1")).Output()
 	if err != nil {
+		t.Fatalf("skiff seccomp-profile: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(p.dir, "seccomp.json"), profile, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	profile, err := seccomp.Build(base, l.SeccompSocket("h1"))
-	if err != nil {
-		t.Fatal(err)
+	to := netip.AddrPortFrom(peer, 7001)
+	srv := startPy(t, l, "h2/c1", pyEcho, nil, peer.String(), "7001")
+	waitListener(t, l, "h2", to, srv.exited)
+	appWaitRoute(t, l, "h1/c1", to, 10*time.Second)
+	fast := func() uint64 {
+		st, err := agentOf(t, l, "h1").Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return countersIn(st, "sockets")["connect_fast"]
 	}
-	data, _ := json.Marshal(profile)
-	if err := os.WriteFile(filepath.Join(p.dir, "seccomp.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	echoServer(t, l, "h2/c1", 7001)
+	was := fast()
 	out = p.run("run", "--rm", "--network", "skiff", "--security-opt", "seccomp="+filepath.Join(p.dir, "seccomp.json"),
 		"localhost/skiff-bb", "sh", "-c", fmt.Sprintf("echo skiff-seccomp | nc -w 3 %s 7001", peer))
 	if !strings.Contains(out, "skiff-seccomp") {
 		t.Errorf("nc under skiff's seccomp profile in podman:\n%s", out)
 	}
 	log, _ := os.ReadFile(filepath.Join(l.hostDir("h1"), "skiffd.log"))
-	if !strings.Contains(string(log), "seccomp listener passed to the keeper") {
-		t.Errorf("podman's seccomp listener did not reach skiffd:\n%s", tail(log, 2000))
+	if !strings.Contains(string(log), "endpoint cgroup recorded") || !strings.Contains(string(log), "seccomp listener passed to the broker") {
+		t.Errorf("podman's container did not get its cgroup recorded and its broker:\n%s", tail(log, 2000))
+	}
+	if now := fast(); now == was {
+		t.Errorf("nc's connection under the profile was no host socket (connect_fast %d, before %d)", now, was)
 	}
 
 	before, err := agentOf(t, l, "h1").Endpoints(ctx, false)

@@ -81,8 +81,8 @@ func (a *Layer) takeNotify(h seccomp.Handoff) {
 	if err != nil {
 		if aerr := a.adopt(h); aerr == nil {
 			id, err = a.l.brokers.GiveNotify(h.State.Pid, h.FD)
-		} else if !errors.Is(aerr, errNoPod) {
-			err = fmt.Errorf("%w; its pod's cgroup not recorded: %w", err, aerr)
+		} else if !errors.Is(aerr, errNoCgroups) {
+			err = fmt.Errorf("%w; its cgroup not recorded: %w", err, aerr)
 		}
 	}
 	if err != nil {
@@ -100,21 +100,23 @@ const (
 	criSandboxID     = "io.kubernetes.cri.sandbox-id"
 )
 
-// errNoPod: the hand-off names no pod (not a CRI runtime's).
-var errNoPod = errors.New("no CRI pod")
+// errNoCgroups: the agent records no cgroups (no CgroupRecorder).
+var errNoCgroups = errors.New("the agent records no cgroups")
 
-// adopt records the pod's cgroup for a CRI pod whose runtime passed no
-// cgroupPath to CNI (containerd 1.6): the runtime's hand-off (on a socket
-// only root reaches) names the pod's sandbox, which is the endpoint's
-// container ID; the process must be in that endpoint's network namespace;
-// and the pod's cgroup is the parent of the process's container cgroup
-// (every container of the pod, the sandbox's too, is below it). The
-// agent records it, and the layers attach the endpoint as if the runtime
-// had passed it.
+// adopt records the cgroup of a container whose runtime passed no
+// cgroupPath to CNI, from the runtime's hand-off (on a socket only root
+// reaches). A CRI pod's (containerd 1.6): the hand-off names the pod's
+// sandbox, which is the endpoint's container ID, and the pod's cgroup is
+// the parent of the process's container cgroup (every container of the
+// pod, the sandbox's too, is below it). Any other runtime's (podman,
+// ctr): the endpoint's container ID is the hand-off's, and the cgroup the
+// process's own. Either way the process must be in that endpoint's
+// network namespace, and the cgroup must be no other container's nor
+// hold skiffd (the agent checks, as at ADD). The agent records it, and
+// the layers attach the endpoint as if the runtime had passed it.
 func (a *Layer) adopt(h seccomp.Handoff) error {
-	sandbox := podSandbox(h.State)
-	if sandbox == "" || a.cgroups == nil {
-		return errNoPod
+	if a.cgroups == nil {
+		return errNoCgroups
 	}
 	pid := strconv.Itoa(h.State.Pid)
 	var ns unix.Stat_t
@@ -125,11 +127,14 @@ func (a *Layer) adopt(h seccomp.Handoff) error {
 	if err != nil {
 		return err
 	}
-	pod := filepath.Dir(own)
-	if pod == "/" || pod == "." {
-		return fmt.Errorf("process %s's cgroup %s has no pod above it", pid, own)
+	id, cg := podSandbox(h.State), filepath.Dir(own)
+	if id == "" {
+		id, cg = h.State.State.ID, own
 	}
-	_, err = a.cgroups.RecordCgroup(a.ctx, sandbox, ns.Dev, ns.Ino, pod)
+	if cg == "/" || cg == "." {
+		return fmt.Errorf("process %s's cgroup %s is no container's", pid, own)
+	}
+	_, err = a.cgroups.RecordCgroup(a.ctx, id, ns.Dev, ns.Ino, cg)
 	return err
 }
 
