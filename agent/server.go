@@ -390,11 +390,10 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	// Where an ADD's time went: waiting for the agent's lock, the store
 	// (allocation), the overlay (veth, addresses, routes), the layers, and
 	// writing the record.
-	ms := func(from, to time.Time) float64 { return float64(to.Sub(from).Microseconds()) / 1000 }
 	done := time.Now()
 	a.log.Info("endpoint added", "container", e.ContainerID, "if", e.IfName, "ip", e.IP, "veth", e.Veth,
-		"took_ms", ms(start, done), "wait_ms", ms(start, locked), "store_ms", ms(locked, allocated),
-		"overlay_ms", ms(allocated, attached), "layers_ms", ms(attached, layered), "record_ms", ms(layered, done))
+		"took_ms", millis(start, done), "wait_ms", millis(start, locked), "store_ms", millis(locked, allocated),
+		"overlay_ms", millis(allocated, attached), "layers_ms", millis(attached, layered), "record_ms", millis(layered, done))
 	return a.attachment(e, att), nil
 }
 
@@ -486,8 +485,10 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	if err := validate(req, true); err != nil {
 		return err
 	}
+	start := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	locked := time.Now()
 	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
 	if errors.Is(err, source.ErrNotFound) {
 		e = cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
@@ -507,6 +508,7 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 	if req.Netns != "" {
 		e.Netns = req.Netns
 	}
+	read := time.Now()
 	for _, l := range a.layers {
 		// Before the address is released: nothing may reach a future holder
 		// of the address through what a layer learned for this one.
@@ -514,15 +516,26 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 			return layerErr(l.name, err)
 		}
 	}
+	layered := time.Now()
 	if err := a.overlay.RemoveEndpoint(e); err != nil {
 		return err
 	}
+	removed := time.Now()
 	if err := a.store.Release(ctx, e); err != nil {
 		return err
 	}
-	a.log.Info("endpoint deleted", "container", e.ContainerID, "if", e.IfName, "ip", e.IP)
+	// Where a DEL's time went: waiting for the agent's lock, reading the
+	// record, the layers, the overlay, releasing the address.
+	done := time.Now()
+	a.log.Info("endpoint deleted", "container", e.ContainerID, "if", e.IfName, "ip", e.IP,
+		"took_ms", millis(start, done), "wait_ms", millis(start, locked), "store_ms", millis(locked, read),
+		"layers_ms", millis(read, layered), "overlay_ms", millis(layered, removed), "release_ms", millis(removed, done))
 	return nil
 }
+
+// millis is the time from one instant to another in milliseconds, to the
+// microsecond (the logs' breakdowns of ADD and DEL).
+func millis(from, to time.Time) float64 { return float64(to.Sub(from).Microseconds()) / 1000 }
 
 // InspectLayer reports a running layer at length (skiff layer NAME): what
 // it shows in the status, and more where it has more to show (its

@@ -325,34 +325,44 @@ spec:
 				P50: quantile(ms, 0.50), P99: quantile(ms, 0.99), Max: ms[len(ms)-1]})
 		}
 	}
-	// The agents' view of each ADD: where its time went.
-	parts := map[string][]float64{}
+	// The agents' view of each ADD and DEL: where its time went.
+	parts := map[string]map[string][]float64{"endpoint added": {}, "endpoint deleted": {}}
 	for _, h := range l.Hosts {
 		log, err := os.ReadFile(filepath.Join(l.hostDir(h.Name), "skiffd.log"))
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, line := range strings.Split(string(log), "\n") {
-			if !strings.Contains(line, `msg="endpoint added"`) {
-				continue
-			}
-			for _, f := range strings.Fields(line) {
-				if k, v, ok := strings.Cut(f, "="); ok && strings.HasSuffix(k, "_ms") {
-					if ms, err := strconv.ParseFloat(v, 64); err == nil {
-						parts[k] = append(parts[k], ms)
+			for msg, p := range parts {
+				if !strings.Contains(line, `msg="`+msg+`"`) {
+					continue
+				}
+				for _, f := range strings.Fields(line) {
+					if k, v, ok := strings.Cut(f, "="); ok && strings.HasSuffix(k, "_ms") {
+						if ms, err := strconv.ParseFloat(v, 64); err == nil {
+							p[k] = append(p[k], ms)
+						}
 					}
 				}
 			}
 		}
 	}
-	for _, part := range []string{"took_ms", "wait_ms", "store_ms", "overlay_ms", "layers_ms", "record_ms"} {
-		ms := parts[part]
-		if len(ms) == 0 {
-			b.Fatalf("no %s in the agents' logs", part)
+	for _, what := range []struct {
+		msg, command string
+		parts        []string
+	}{
+		{"endpoint added", "ADD", []string{"took_ms", "wait_ms", "store_ms", "overlay_ms", "layers_ms", "record_ms"}},
+		{"endpoint deleted", "DEL", []string{"took_ms", "wait_ms", "store_ms", "layers_ms", "overlay_ms", "release_ms"}},
+	} {
+		for _, part := range what.parts {
+			ms := parts[what.msg][part]
+			if len(ms) == 0 {
+				b.Fatalf("no %s in the agents' logs of %q", part, what.msg)
+			}
+			slices.Sort(ms)
+			res.Agent = append(res.Agent, burstCalls{Plugin: "skiffd", Command: what.command + " " + strings.TrimSuffix(part, "_ms"),
+				Count: len(ms), P50: quantile(ms, 0.50), P99: quantile(ms, 0.99), Max: ms[len(ms)-1]})
 		}
-		slices.Sort(ms)
-		res.AgentAdd = append(res.AgentAdd, burstCalls{Plugin: "skiffd", Command: strings.TrimSuffix(part, "_ms"), Count: len(ms),
-			P50: quantile(ms, 0.50), P99: quantile(ms, 0.99), Max: ms[len(ms)-1]})
 	}
 	f, err := os.Create(kubeBenchOut(b, "kube-burst.json"))
 	if err == nil {
@@ -364,12 +374,12 @@ spec:
 		b.Fatal(err)
 	}
 	b.Logf("%d pods per node: all Ready in %.1f s, deleted in %.1f s", perNode, res.ReadySeconds, res.DeletedSeconds)
-	for _, c := range append(res.Calls, res.AgentAdd...) {
+	for _, c := range append(res.Calls, res.Agent...) {
 		verdict := ""
 		if c.Plugin == "skiff-cni" && c.Command == "ADD" {
 			verdict = map[bool]string{true: "  PASS (target p99 ≤ 100 ms)", false: "  MISS (target p99 ≤ 100 ms)"}[c.P99 <= 100]
 		}
-		b.Logf("%-9s %-3s %3d calls (%d failed): p50 %.1f ms, p99 %.1f ms, max %.1f ms%s",
+		b.Logf("%-9s %-11s %3d calls (%d failed): p50 %.1f ms, p99 %.1f ms, max %.1f ms%s",
 			c.Plugin, c.Command, c.Count, c.Failed, c.P50, c.P99, c.Max, verdict)
 	}
 }
@@ -382,10 +392,12 @@ type kubeBurst struct {
 	ReadySeconds   float64      `json:"readySeconds"`   // apply until every pod Ready
 	DeletedSeconds float64      `json:"deletedSeconds"` // delete until every pod gone from the API
 	Calls          []burstCalls `json:"calls"`
-	// AgentAdd is skiffd's view of each ADD (its log): took, and the parts
-	// of it — wait (before the agent's lock, mostly waiting for it), store
-	// (the address), overlay (veth, addresses, routes), layers, record.
-	AgentAdd []burstCalls `json:"agentAdd"`
+	// Agent is skiffd's view of each ADD and DEL (its log): took, and the
+	// parts of it — wait (before the agent's lock, mostly waiting for it);
+	// for ADD store (the address), overlay (veth, addresses, routes),
+	// layers, record; for DEL store (reading the record), layers, overlay,
+	// release.
+	Agent []burstCalls `json:"agent"`
 }
 
 type burstCalls struct {
