@@ -283,11 +283,8 @@ func validate(req api.AddRequest, del bool) error {
 // the source check by its MAC. The same container's other interfaces
 // share its cgroup.
 func (a *Agent) unshared(ctx context.Context, req api.AddRequest) error {
-	if req.Cgroup != "" {
-		cg, own := cgroup.Rel(req.Cgroup), cgroup.Own()
-		if within(own, cg) {
-			return badRequest(fmt.Errorf("cgroup %q holds skiffd itself (%s): a container's cgroup is its own", req.Cgroup, own))
-		}
+	if err := holdsSkiffd(req.Cgroup); err != nil {
+		return badRequest(err)
 	}
 	if req.Cgroup == "" && req.MAC == "" {
 		return nil
@@ -296,6 +293,21 @@ func (a *Agent) unshared(ctx context.Context, req api.AddRequest) error {
 	if err != nil {
 		return fmt.Errorf("read this host's endpoints: %w", err)
 	}
+	return unsharedAmong(eps, req)
+}
+
+// holdsSkiffd refuses a container cgroup (a path as CNI passes it; ""
+// is none) that is skiffd's own or above it.
+func holdsSkiffd(cg string) error {
+	if own := cgroup.Own(); cg != "" && within(own, cgroup.Rel(cg)) {
+		return fmt.Errorf("cgroup %q holds skiffd itself (%s): a container's cgroup is its own", cg, own)
+	}
+	return nil
+}
+
+// unsharedAmong is unshared's check of the other endpoints, eps this
+// host's (req's cgroup already known not to hold skiffd).
+func unsharedAmong(eps []cluster.Endpoint, req api.AddRequest) error {
 	for _, e := range eps {
 		if e.ContainerID == req.ContainerID && e.IfName == req.IfName {
 			continue // this endpoint, added again
@@ -415,12 +427,16 @@ func (a *Agent) attachLayers(ctx context.Context, e cluster.Endpoint) {
 func (a *Agent) RecordCgroup(ctx context.Context, id string, dev, ino uint64, cg string) (cluster.Endpoint, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// As at ADD: no cgroup that holds skiffd or is another container's.
-	if err := a.unshared(ctx, api.AddRequest{ContainerID: id, Cgroup: cg}); err != nil {
-		return cluster.Endpoint{}, err
-	}
 	eps, err := a.store.Endpoints(ctx, a.host.Name)
 	if err != nil {
+		return cluster.Endpoint{}, err
+	}
+	// As at ADD: no cgroup that holds skiffd or is another container's.
+	req := api.AddRequest{ContainerID: id, Cgroup: cg}
+	if err := holdsSkiffd(cg); err != nil {
+		return cluster.Endpoint{}, err
+	}
+	if err := unsharedAmong(eps, req); err != nil {
 		return cluster.Endpoint{}, err
 	}
 	var rec cluster.Endpoint
