@@ -16,7 +16,9 @@
 //                 container's cgroup) connected to this host itself. Nothing
 //                 else does: a socket in a socket hash sends through the
 //                 sk_msg path for as long as it lives, which a connection to
-//                 another host would pay for on every write for nothing.
+//                 another host would pay for on every write for nothing;
+//                 nor does a socket that asked to stay out
+//                 (SKIFF_SO_NOCHANNEL: the seccomp agent's host sockets).
 //   skch_msg      sk_msg verdict of skch_socks: a send goes to the peer's
 //                 socket (the reversed 4-tuple) when the peer is in the
 //                 map and both ends' containers may take a channel
@@ -26,7 +28,8 @@
 //   skch_setsockopt cgroup/setsockopt on the cgroup v2 root: a socket that
 //                 asks for zero-copy sends (SO_ZEROCOPY: their completions
 //                 would never come from a channel) or an upper layer
-//                 protocol (TCP_ULP: kTLS) sends through TCP from then on.
+//                 protocol (TCP_ULP: kTLS) sends through TCP from then on;
+//                 one that sets SKIFF_SO_NOCHANNEL never joins (skch_out).
 //   skch_destroy  iter/tcp, run in a container's namespace: ends the
 //                 channelled connections a new policy denies
 //                 (bpf_sock_destroy), as the sockets layer ends its own.
@@ -38,6 +41,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "channels.h"
+#include "skiff_sockopt.h"
 
 char __license[] SEC("license") = "GPL";
 
@@ -110,6 +114,20 @@ struct {
 	__type(value, struct skch_sock);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skch_dir SEC(".maps");
+
+// Sockets that set SKIFF_SO_NOCHANNEL, and the connections a listener
+// among them accepts (BPF_F_CLONE): they never join skch_socks. The
+// sockets layer's seccomp agent sets it on each host socket it takes: a
+// channelled socket's blocking read can fail with a spurious EAGAIN on
+// this kernel, and a program under the seccomp profile has no shim to
+// retry it. Pinned: a restarted agent still leaves them out.
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
+	__type(key, int);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} skch_out SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -194,6 +212,11 @@ int skch_sockops(struct bpf_sock_ops *skops)
 		count(SKCH_REMOTE);
 		return 1;
 	}
+	struct bpf_sock *bsk = skops->sk;
+	if (bsk && bpf_sk_storage_get(&skch_out, bsk, 0, 0)) {
+		count(SKCH_OPTED_OUT);
+		return 1;
+	}
 	bool client = skops->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
 	struct skch_key k = {
 		.sip = skops->local_ip4,
@@ -203,7 +226,6 @@ int skch_sockops(struct bpf_sock_ops *skops)
 		.host = host,
 		.client = client,
 	};
-	struct bpf_sock *bsk = skops->sk;
 	struct skch_sock *s = bsk ? bpf_sk_storage_get(&skch_dir, bsk, 0, BPF_SK_STORAGE_GET_F_CREATE) : NULL;
 	if (!s || (host && bpf_map_update_elem(&skch_owners, &k, &ip, BPF_ANY))) {
 		count(SKCH_ADD_FAILED);
@@ -274,6 +296,18 @@ int skch_msg(struct sk_msg_md *msg)
 SEC("cgroup/setsockopt")
 int skch_setsockopt(struct bpf_sockopt *ctx)
 {
+	if (ctx->level == SKIFF_SOL && ctx->optname == SKIFF_SO_NOCHANNEL) {
+		// Taken here, never by the kernel (optlen -1), whatever the
+		// value; refused (EPERM) when the mark cannot be stored, so that
+		// the caller does not count on it.
+		struct bpf_sock *sk = ctx->sk;
+		__u8 *out = sk ? bpf_sk_storage_get(&skch_out, sk, 0, BPF_SK_STORAGE_GET_F_CREATE) : NULL;
+		if (!out)
+			return 0;
+		*out = 1;
+		ctx->optlen = -1;
+		return 1;
+	}
 	if (!(ctx->level == SOL_SOCKET && ctx->optname == SO_ZEROCOPY) && !(ctx->level == SOL_TCP && ctx->optname == TCP_ULP))
 		return 1;
 	struct bpf_sock *sk = ctx->sk;

@@ -46,5 +46,6 @@ enum skch_counter {
 	SKCH_DESTROYED = 5,    // channelled sockets ended: the policy denies their flow
 	SKCH_SOCKOPT = 6,      // sockets sent to TCP for an option a channel cannot honour
 	SKCH_REMOTE = 7,       // established sockets left out: the peer is not a local container
-	SKCH_NCOUNTERS = 8,
+	SKCH_OPTED_OUT = 8,    // established sockets left out: they set SKIFF_SO_NOCHANNEL (the seccomp agent's)
+	SKCH_NCOUNTERS = 9,
 };

@@ -24,7 +24,8 @@ const (
 	skchSkchCounterSKCH_DESTROYED   skchSkchCounter = 5
 	skchSkchCounterSKCH_SOCKOPT     skchSkchCounter = 6
 	skchSkchCounterSKCH_REMOTE      skchSkchCounter = 7
-	skchSkchCounterSKCH_NCOUNTERS   skchSkchCounter = 8
+	skchSkchCounterSKCH_OPTED_OUT   skchSkchCounter = 8
+	skchSkchCounterSKCH_NCOUNTERS   skchSkchCounter = 9
 )
 
 type skchSkchKey struct {
@@ -62,6 +63,7 @@ const (
 	skchMapSkchIps         = "skch_ips"
 	skchMapSkchKill        = "skch_kill"
 	skchMapSkchNetns       = "skch_netns"
+	skchMapSkchOut         = "skch_out"
 	skchMapSkchOwners      = "skch_owners"
 	skchMapSkchSocks       = "skch_socks"
 	skchMapSkchStats       = "skch_stats"
@@ -129,6 +131,7 @@ type skchMapSpecs struct {
 	SkchIps     *ebpf.MapSpec `ebpf:"skch_ips"`
 	SkchKill    *ebpf.MapSpec `ebpf:"skch_kill"`
 	SkchNetns   *ebpf.MapSpec `ebpf:"skch_netns"`
+	SkchOut     *ebpf.MapSpec `ebpf:"skch_out"`
 	SkchOwners  *ebpf.MapSpec `ebpf:"skch_owners"`
 	SkchSocks   *ebpf.MapSpec `ebpf:"skch_socks"`
 	SkchStats   *ebpf.MapSpec `ebpf:"skch_stats"`
@@ -166,6 +169,7 @@ type skchMaps struct {
 	SkchIps     *ebpf.Map `ebpf:"skch_ips"`
 	SkchKill    *ebpf.Map `ebpf:"skch_kill"`
 	SkchNetns   *ebpf.Map `ebpf:"skch_netns"`
+	SkchOut     *ebpf.Map `ebpf:"skch_out"`
 	SkchOwners  *ebpf.Map `ebpf:"skch_owners"`
 	SkchSocks   *ebpf.Map `ebpf:"skch_socks"`
 	SkchStats   *ebpf.Map `ebpf:"skch_stats"`
@@ -178,6 +182,7 @@ func (m *skchMaps) Close() error {
 		m.SkchIps,
 		m.SkchKill,
 		m.SkchNetns,
+		m.SkchOut,
 		m.SkchOwners,
 		m.SkchSocks,
 		m.SkchStats,

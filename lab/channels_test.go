@@ -319,8 +319,10 @@ func TestChannelsFull(t *testing.T) {
 // one host (the sockets layer's, through the shim) get a channel:
 // byte-exact both ways; a blocking reader after its own half-close gets
 // every byte (the shim retries the kernel's spurious EAGAIN); the last
-// bytes of 10 000 short connections arrive. Sockets of the containers'
-// own namespaces take none in auto; a limited container takes none; an
+// bytes of 10 000 short connections arrive. The host sockets of programs
+// under the seccomp profile (no shim to retry) stay out, and their
+// blocking reader gets every byte too. Sockets of the containers' own
+// namespaces take none in auto; a limited container takes none; an
 // agent restart keeps a channel; a deny rule ends a channelled connection
 // (the sockets layer ends it).
 func TestChannelsHostSockets(t *testing.T) {
@@ -351,6 +353,22 @@ func TestChannelsHostSockets(t *testing.T) {
 		t.Errorf("%d connections on host sockets, want 2", n)
 	}
 	shortConnectionsChannelled(t, l, dst)
+
+	// Programs under the seccomp profile get host sockets that stay out
+	// of the channels (SKIFF_SO_NOCHANNEL): a channelled blocking read can
+	// fail with EAGAIN, and they have no shim to retry it.
+	seccompServer(t, l, "h1/c1", "h1/c2", 7102, "python3", "-c", pyChanServer, "bulk", "7102")
+	for _, mode := range []string{"bulk", "blocking"} {
+		before, fast := channelsStatus(t, l, "h1").Counters, counter(t, l, "h1", "connect_fast")
+		if out := strings.TrimSpace(seccompRun(t, l, "h1/c2", time.Minute, "python3", "-c", pyChanClient, mode, dst.String(), "7102")); out != "ok" {
+			t.Errorf("%s transfer between programs under the seccomp profile: %s", mode, out)
+		}
+		after := channelsStatus(t, l, "h1").Counters
+		if n := counter(t, l, "h1", "connect_fast") - fast; n != 1 || after["opted_out"]-before["opted_out"] != 2 || after["added"] != before["added"] {
+			t.Errorf("%s: %d connections on host sockets, channels counters %v then %v; want one, its two sockets opted out, none joined",
+				mode, n, before, after)
+		}
+	}
 
 	// Without the shim (container sockets), auto joins nothing: a
 	// blocking reader there has no one to retry EAGAIN.

@@ -3,11 +3,13 @@
 // records, per socket, which of them the program set (bit i: the i-th
 // entry), and sks_getsockopt answers the set at (SKS_OPTSET_LEVEL,
 // SKS_OPTSET_NAME), so the broker reads and copies only those. Shared by
-// the eBPF program and the broker: plain numbers, no includes.
+// the eBPF program and the broker: plain numbers.
 #pragma once
 
-#define SKS_OPTSET_LEVEL 0x534b // "SK": no protocol's level
-#define SKS_OPTSET_NAME 1
+#include "skiff_sockopt.h"
+
+#define SKS_OPTSET_LEVEL SKIFF_SOL
+#define SKS_OPTSET_NAME SKIFF_SO_OPTSET
 
 // X(level, name, length of the value): SOL_SOCKET 1, SOL_IP 0, SOL_TCP 6.
 // Only options anyone may set, whose copy the broker's privileges change

@@ -8,7 +8,8 @@
  * the listener to skiffd, which passes it here (SKIFF_CTL_LISTENER). For each:
  *   connect(N, addr): addr in the cluster or loopback, N an unbound TCP/IPv4
  *     socket of the container's namespace in no epoll: the broker takes a
- *     host socket H (made in the container's cgroup), copies N's options,
+ *     host socket H (made in the container's cgroup; kept out of same-host
+ *     channels: take_host_socket), copies N's options,
  *     and connects H itself, non-blocking: the layer's connect4 gives the
  *     verdict on the broker's own copy of the address. Taken: H's flags
  *     become N's, ADDFD SETFD puts H at N (closing the container's socket),
@@ -255,6 +256,22 @@ static int copy_options(int s, int h)
 }
 
 
+/* A host socket for a program under the profile: from the pool, kept out of
+ * same-host channels (SKIFF_SO_NOCHANNEL): a channelled socket's blocking
+ * read can fail with a spurious EAGAIN, which only the shim retries. No
+ * channels layer (ENOPROTOOPT) changes nothing; any other refusal leaves the
+ * program its own socket. */
+static int take_host_socket(struct broker *b)
+{
+	int h = pool_take(b), one = 1;
+	if (h >= 0 && setsockopt(h, SKIFF_SOL, SKIFF_SO_NOCHANNEL, &one, sizeof one) < 0 && errno != ENOPROTOOPT) {
+		LOG("seccomp: host socket not kept out of channels: %s", strerror(errno));
+		close(h);
+		return -1;
+	}
+	return h;
+}
+
 static struct caller *caller(struct broker *b, pid_t tid)
 {
 	struct seccomp_agent *sc = b->sc;
@@ -414,7 +431,7 @@ static enum outcome on_connect(struct broker *b, int lfd, int32_t *error, uint32
 	struct caller *c = caller(b, tid);
 	if (c->privileged || in_epoll(c, n) || bound.sin_port || bound.sin_addr.s_addr)
 		return FALLBACK;
-	int h = pool_take(b);
+	int h = take_host_socket(b);
 	if (h < 0)
 		return FALLBACK;
 	sc->release[1] = h;
@@ -455,7 +472,7 @@ static enum outcome on_listen(struct broker *b, int lfd, int32_t *error, uint32_
 		why = "bound to another address";
 	else if (!sockopt_is(s, SOL_SOCKET, SO_REUSEPORT, 0))
 		why = "SO_REUSEPORT (the kernel shares the port in the container's namespace)";
-	else if ((h = sc->release[1] = pool_take(b)) < 0)
+	else if ((h = sc->release[1] = take_host_socket(b)) < 0)
 		why = "no host socket";
 	else if (copy_options(s, h) < 0)
 		why = "an option the broker does not copy";
