@@ -88,7 +88,7 @@ CNI_BIN_DIR ?= /opt/cni/bin
 CNI_NET_DIR ?= /etc/cni/net.d
 INSTALLED   := $(BINDIR)/skiff $(BINDIR)/skiffd $(BINDIR)/skiff-broker $(BINDIR)/skiff-seccomp-exec \
 	$(LIBDIR)/libskiff.so $(CNI_BIN_DIR)/skiff-cni $(CNI_NET_DIR)/10-skiff.conflist $(UNITDIR)/skiffd.service \
-	$(DOCDIR)/install.md
+	$(DOCDIR)/install.md $(LIBDIR)/installed
 
 # skiffd needs skiff-broker beside it; the config file is kept when there
 # is one (it is the host's).
@@ -104,9 +104,11 @@ install: build
 		deploy/systemd/skiffd.service.in > $(DESTDIR)$(UNITDIR)/skiffd.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/skiffd.service
 	test -e $(DESTDIR)$(SYSCONFDIR)/skiff/skiffd.conf || install -m 0644 deploy/skiffd.conf $(DESTDIR)$(SYSCONFDIR)/skiff/
+	printf '%s\n' $(INSTALLED) $(LIBDIR)/ $(DOCDIR)/ > $(DESTDIR)$(LIBDIR)/installed
 
 # Removes the installed files (the host's config file stays; skiffd
-# --cleanup removes what the agent made in the kernel first).
+# --cleanup removes what the agent made in the kernel first; skiff
+# uninstall does both, by the list install wrote).
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 	-rmdir $(DESTDIR)$(LIBDIR) $(DESTDIR)$(DOCDIR) 2>/dev/null

@@ -64,6 +64,7 @@ func init() {
 		"cert":            {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":           {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"doctor":          {summary: "what this host has and lacks for skiff and each layer, with the fix", run: cmdDoctor},
+		"uninstall":       {summary: "remove skiff from this host: what skiffd made (skiffd --cleanup), then make install's files", run: cmdUninstall},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", version.String())
 			return nil

@@ -6,17 +6,24 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/cgroup"
+	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/flagfile"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/store"
@@ -52,8 +59,14 @@ func cmdDoctor(ctx context.Context, env Env, args []string) error {
 	fs.StringVar(&creds.KeyFile, "etcd-keyfile", "", "key of the client certificate")
 	fs.BoolVar(&creds.Insecure, "etcd-insecure", false, "reach the store over plain HTTP")
 	jsonOut := fs.Bool("json", false, "print the findings as JSON")
+	config := fs.String("config", "", "take the flags above from skiffd's config file (e.g. /etc/skiff/skiffd.conf; its other keys are skipped); the command line overrides it")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *config != "" {
+		if err := flagfile.ApplyKnown(fs, *config); err != nil {
+			return err
+		}
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
@@ -205,7 +218,8 @@ func checkUnderlay(name string) []finding {
 }
 
 // checkStore reaches the store and, through the hosts it lists, says
-// whether each other host's underlay address has a route.
+// whether each other host's underlay address has a route and, when skiffd
+// runs here, whether the overlay reaches the host (checkOverlay).
 func checkStore(ctx context.Context, endpoints []string, creds store.TLS) []finding {
 	s, err := store.Open(endpoints, creds)
 	if err != nil {
@@ -219,7 +233,11 @@ func checkStore(ctx context.Context, endpoints []string, creds store.TLS) []find
 		return []finding{{Check: "store", Result: resultFail, Detail: err.Error(), Fix: "TCP 2379 open to the store's hosts; the certificate of this host (skiff cert issue)"}}
 	}
 	out := []finding{{Check: "store", Result: resultOK, Detail: fmt.Sprintf("%s: %d hosts", strings.Join(endpoints, ","), len(hosts))}}
+	_, vxErr := netlink.LinkByName(overlay.VXLANName)
 	for _, h := range hosts {
+		if local(h.UnderlayIP) {
+			continue
+		}
 		f := finding{Check: "route to " + h.Name, Result: resultOK}
 		routes, err := netlink.RouteGet(h.UnderlayIP.AsSlice())
 		if err != nil || len(routes) == 0 {
@@ -229,11 +247,85 @@ func checkStore(ctx context.Context, endpoints []string, creds store.TLS) []find
 			if lk, err := netlink.LinkByIndex(routes[0].LinkIndex); err == nil {
 				dev = lk.Attrs().Name
 			}
-			f.Detail = fmt.Sprintf("%s via %s (UDP 4789 must be open both ways)", h.UnderlayIP, dev)
+			f.Detail = fmt.Sprintf("%s via %s", h.UnderlayIP, dev)
 		}
 		out = append(out, f)
+		if f.Result == resultOK {
+			out = append(out, checkOverlay(h, vxErr))
+		}
 	}
 	return out
+}
+
+// checkOverlay pings host h's gateway (the first address of its subnet,
+// on its bridge) from this host through the overlay: the echo and its
+// reply cross the underlay as VXLAN (UDP 4789) both ways, so a reply says
+// that the port is open and both agents set up their side. It needs skiffd
+// running here (vxErr: no VXLAN device).
+func checkOverlay(h cluster.Host, vxErr error) finding {
+	f := finding{Check: "overlay to " + h.Name, Result: resultOK}
+	gw := cluster.Gateway(h.Subnet)
+	if os.Geteuid() != 0 {
+		f.Result, f.Detail, f.Fix = resultWarn, "not probed: an ICMP echo needs root", "run skiff doctor as root"
+		return f
+	}
+	if vxErr != nil {
+		f.Result, f.Detail, f.Fix = resultWarn, "not probed: skiffd does not run here ("+overlay.VXLANName+": "+vxErr.Error()+")",
+			"start skiffd, then run skiff doctor again"
+		return f
+	}
+	took, err := echo(gw, 2*time.Second)
+	if err != nil {
+		f.Result, f.Detail = resultFail, fmt.Sprintf("no echo from %s (%s's gateway): %v", gw, h.Name, err)
+		f.Fix = fmt.Sprintf("UDP 4789 open both ways between this host and %s; skiffd running on %s (skiff status there)", h.UnderlayIP, h.Name)
+		return f
+	}
+	f.Detail = fmt.Sprintf("echo from %s (%s's gateway) in %v over VXLAN (UDP 4789)", gw, h.Name, took.Round(10*time.Microsecond))
+	return f
+}
+
+// echo sends one ICMP echo request to dst and waits for its reply.
+func echo(dst netip.Addr, timeout time.Duration) (time.Duration, error) {
+	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	id := os.Getpid() & 0xffff
+	req, err := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("skiff doctor")}}).Marshal(nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := c.SetDeadline(start.Add(timeout)); err != nil {
+		return 0, err
+	}
+	if _, err := c.WriteTo(req, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return 0, err
+		}
+		m, err := icmp.ParseMessage(1, buf[:n]) // 1: ICMP for IPv4
+		if err != nil || m.Type != ipv4.ICMPTypeEchoReply || from.String() != dst.String() {
+			continue
+		}
+		if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == 1 {
+			return time.Since(start), nil
+		}
+	}
+}
+
+// local says whether a is one of this host's addresses.
+func local(a netip.Addr) bool {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(addrs, func(x netlink.Addr) bool { return x.IP.Equal(a.AsSlice()) })
 }
 
 // kernelConfig returns the value of a kernel build option from

@@ -200,7 +200,7 @@ func TestInstallGuide(t *testing.T) {
 		t.Fatalf("docs/install.md has %d blocks for the nodes", len(blocks))
 	}
 	removal := blocks[len(blocks)-1]
-	if !strings.Contains(removal.body, "--cleanup") {
+	if !strings.Contains(removal.body, "skiff uninstall") {
 		t.Fatalf("the guide's last block is not the removal:\n%s", removal.body)
 	}
 	outputs := map[string]string{}
@@ -247,8 +247,10 @@ func TestInstallGuide(t *testing.T) {
 	guideBlockRun(t, nodes, removal, repo, l.Config.BinDir, outputs)
 	for _, n := range nodes {
 		assertNothingLeft(t, l, n.netns)
-		if out, err := n.run("/", "ls /usr/local/bin/skiffd /opt/cni/bin/skiff-cni /etc/cni/net.d/10-skiff.conflist /etc/systemd/system/skiffd.service", ""); err == nil {
-			t.Errorf("%s: installed files left:\n%s", n.name, out)
+		const installed = "/usr/local/bin/skiff /usr/local/bin/skiffd /usr/local/bin/skiff-broker /usr/local/lib/skiff " +
+			"/usr/local/share/doc/skiff /opt/cni/bin/skiff-cni /etc/cni/net.d/10-skiff.conflist /etc/systemd/system/skiffd.service"
+		if out, err := n.run("/", "for f in "+installed+"; do test -e $f && echo $f; done; true", ""); err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("%s: installed files left (%v):\n%s", n.name, err, out)
 		}
 		if out, err := n.run("/", "test -f /etc/skiff/skiffd.conf && ! test -e /var/lib/skiff/skiffd.sock", ""); err != nil {
 			t.Errorf("%s: the config should stay: %v %s", n.name, err, out)

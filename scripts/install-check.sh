@@ -12,6 +12,10 @@ for f in usr/bin/skiff usr/bin/skiffd usr/bin/skiff-broker usr/bin/skiff-seccomp
 	usr/share/doc/skiff/install.md; do
 	[ -e "$dest/$f" ] || fail "$f not installed"
 done
+want=$(printf '%s\n' /usr/bin/skiff /usr/bin/skiffd /usr/bin/skiff-broker /usr/bin/skiff-seccomp-exec \
+	/usr/lib/skiff/libskiff.so /opt/cni/bin/skiff-cni /etc/cni/net.d/10-skiff.conflist /etc/systemd/system/skiffd.service \
+	/usr/share/doc/skiff/install.md /usr/lib/skiff/installed /usr/lib/skiff/ /usr/share/doc/skiff/)
+[ "$(cat "$dest/usr/lib/skiff/installed")" = "$want" ] || fail "the list for skiff uninstall: $(cat "$dest/usr/lib/skiff/installed")"
 unit="$dest/etc/systemd/system/skiffd.service"
 grep -q '^ExecStart=/usr/bin/skiffd --config /etc/skiff/skiffd.conf$' "$unit" || fail "unit ExecStart: $(grep ExecStart "$unit")"
 grep -q '^KillMode=process$' "$unit" || fail "unit KillMode"

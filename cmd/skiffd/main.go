@@ -23,6 +23,7 @@ import (
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cgroup"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/flagfile"
 	"github.com/skiffnet/skiff/kube"
 	"github.com/skiffnet/skiff/layer"
 	"github.com/skiffnet/skiff/overlay"
@@ -91,7 +92,7 @@ func run(args []string) error {
 	// A config file is read before --version, so that
 	// skiffd --config FILE --version checks the file.
 	if *config != "" {
-		if err := applyConfig(fs, *config); err != nil {
+		if err := flagfile.Apply(fs, *config); err != nil {
 			return err
 		}
 	}

@@ -87,3 +87,11 @@ func TestMemberFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDeployConfig: the config file make install puts in place is one
+// skiffd accepts.
+func TestDeployConfig(t *testing.T) {
+	if err := run([]string{"--config", "../../deploy/skiffd.conf", "--version"}); err != nil {
+		t.Fatal(err)
+	}
+}

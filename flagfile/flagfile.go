@@ -1,4 +1,6 @@
-package main
+// Package flagfile reads a program's flags from a file: one
+// "flag = value" a line (deploy/skiffd.conf is skiffd's).
+package flagfile
 
 import (
 	"bufio"
@@ -10,12 +12,18 @@ import (
 	"github.com/skiffnet/skiff/layer"
 )
 
-// applyConfig sets the flags a config file names (one "flag = value" a
-// line, the flag's name without dashes; "#" starts a comment) unless the
-// command line gave them: the file holds a host's settings, the command
-// line overrides one for a run. A key that is not a flag, or a value the
+// Apply sets the flags a config file names (one "flag = value" a line,
+// the flag's name without dashes; "#" starts a comment) unless the command
+// line gave them: the file holds a host's settings, the command line
+// overrides one for a run. A key that is not a flag of fs, or a value the
 // flag refuses, is an error naming its line.
-func applyConfig(fs *flag.FlagSet, path string) error {
+func Apply(fs *flag.FlagSet, path string) error { return apply(fs, path, true) }
+
+// ApplyKnown is Apply for another program's file (skiff doctor reading
+// skiffd's): keys that are not flags of fs are skipped.
+func ApplyKnown(fs *flag.FlagSet, path string) error { return apply(fs, path, false) }
+
+func apply(fs *flag.FlagSet, path string, strict bool) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
@@ -38,7 +46,10 @@ func applyConfig(fs *flag.FlagSet, path string) error {
 		}
 		key = strings.TrimLeft(key, "-")
 		if key == "config" || fs.Lookup(key) == nil {
-			return fmt.Errorf("%s:%d: %q is not a skiffd flag (skiffd --help lists them)", path, n, key)
+			if !strict {
+				continue
+			}
+			return fmt.Errorf("%s:%d: %q is not a %s flag (%s --help lists them)", path, n, key, fs.Name(), fs.Name())
 		}
 		if first, dup := seen[key]; dup {
 			return fmt.Errorf("%s:%d: %s given again (first on line %d)", path, n, key, first)

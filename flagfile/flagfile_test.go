@@ -1,4 +1,4 @@
-package main
+package flagfile
 
 import (
 	"flag"
@@ -9,7 +9,9 @@ import (
 	"testing"
 )
 
-func TestApplyConfig(t *testing.T) {
+// TestApply: a file's flags are set unless the command line set them;
+// bad lines are errors naming them; ApplyKnown skips other programs' keys.
+func TestApply(t *testing.T) {
 	write := func(s string) string {
 		p := filepath.Join(t.TempDir(), "skiffd.conf")
 		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
@@ -27,7 +29,7 @@ func TestApplyConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf := write("# a host's settings\nmode = cache   # the cache alone\n--vni = 9\nsockets-secure = false\n\n")
-	if err := applyConfig(fs, conf); err != nil {
+	if err := Apply(fs, conf); err != nil {
 		t.Fatal(err)
 	}
 	if *mode != "cache" || *vni != 7 || *secure {
@@ -42,20 +44,19 @@ func TestApplyConfig(t *testing.T) {
 	} {
 		fs, _, _, _ := newFlags()
 		fs.String("config", "", "")
-		err := applyConfig(fs, write(bad.conf))
+		err := Apply(fs, write(bad.conf))
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%q: %v, want an error with %q", bad.conf, err, bad.want)
 		}
 	}
-	if err := applyConfig(fs, "/nonexistent/skiffd.conf"); err == nil {
+	if err := Apply(fs, "/nonexistent/skiffd.conf"); err == nil {
 		t.Error("a missing file passed")
 	}
-}
-
-// TestDeployConfig: the config file make install puts in place is one
-// skiffd accepts.
-func TestDeployConfig(t *testing.T) {
-	if err := run([]string{"--config", "../../deploy/skiffd.conf", "--version"}); err != nil {
-		t.Fatal(err)
+	fs, mode, _, _ = newFlags()
+	if err := ApplyKnown(fs, write("name = node2\nmode = cache\n")); err != nil || *mode != "cache" {
+		t.Errorf("another program's file: %v, mode %q; want cache", err, *mode)
+	}
+	if err := Apply(fs, write("name = node2\n")); err == nil {
+		t.Error("a key of another program passed Apply")
 	}
 }
