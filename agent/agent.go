@@ -75,11 +75,22 @@ type Agent struct {
 	log   *slog.Logger
 	store source.Backend
 
-	mu      sync.Mutex // serialises data-plane changes
-	host    cluster.Host
-	cluster cluster.Config
-	overlay *overlay.Overlay
-	control overlay.ControlPlane // what the guard keeps containers from
+	// mu orders data-plane changes. A reconcile, which reads the store
+	// and judges the kernel by it, holds it alone (a listing read before
+	// an ADD that completes meanwhile would make the new endpoint look
+	// stale); ADD, CHECK and DEL hold it shared, each with its container's
+	// lock (containers), so that those of different containers run at
+	// once. admit makes an ADD's look at the other endpoints (unshared)
+	// and its record one step: two ADDs never both claim one cgroup or
+	// MAC, nor race for one address. Order: mu, then a container, then
+	// admit.
+	mu         sync.RWMutex
+	containers keyed
+	admit      sync.Mutex
+	host       cluster.Host
+	cluster    cluster.Config
+	overlay    *overlay.Overlay
+	control    overlay.ControlPlane // what the guard keeps containers from
 	// layers are the optional layers this start runs, in order; unwanted
 	// are the other registered ones, torn down at start.
 	layers   []running

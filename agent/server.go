@@ -349,29 +349,14 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	if !a.registered() {
 		return api.Attachment{}, fmt.Errorf("host %s is not registered yet: %w", a.host.Name, source.ErrUnavailable)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	defer a.containers.lock(req.ContainerID)()
 	locked := time.Now()
-	if err := a.unshared(ctx, req); err != nil {
+	e, fresh, moved, err := a.admitEndpoint(ctx, req, dev, ino, hidden)
+	if err != nil {
 		return api.Attachment{}, err
 	}
-	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
-		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
-		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit, Pod: req.Pod}
-	if req.IP.IsValid() {
-		want.IP = netip.PrefixFrom(req.IP, 32)
-	}
-	e, err := a.store.Allocate(ctx, a.host.Subnet, want)
-	if err != nil {
-		return api.Attachment{}, fmt.Errorf("allocate address: %w", err)
-	}
-	fresh := e.Created.Equal(want.Created)
-	// The same container and interface in a new namespace means the runtime
-	// recreated the sandbox; the endpoint follows it.
-	moved := e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
-		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit || !e.Pod.Equal(req.Pod)
-	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden, e.Limit = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden, req.Limit
-	e.Pod = req.Pod
 	// This request's way into the namespace (the record keeps the
 	// runtime's path), with the limit in force (a re-ADD keeps one set
 	// with skiff limit).
@@ -399,9 +384,9 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 			return api.Attachment{}, err
 		}
 	}
-	// Where an ADD's time went: waiting for the agent's lock, the store
-	// (allocation), the overlay (veth, addresses, routes), the layers, and
-	// writing the record.
+	// Where an ADD's time went: waiting for the agent's locks, the store
+	// (admission and allocation), the overlay (veth, addresses, routes),
+	// the layers, and writing the record.
 	done := time.Now()
 	a.log.Info("endpoint added", "container", e.ContainerID, "if", e.IfName, "ip", e.IP, "veth", e.Veth,
 		"took_ms", millis(start, done), "wait_ms", millis(start, locked), "store_ms", millis(locked, allocated),
@@ -409,9 +394,52 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	return a.attachment(e, att), nil
 }
 
+// admitEndpoint checks an ADD against this host's other endpoints
+// (unshared) and records it with its address, under a.admit: the
+// endpoint as recorded, whether it is new, and whether the runtime
+// recreated its sandbox (a re-ADD in another namespace, cgroup, ...),
+// whose record changes before the lock is let go.
+func (a *Agent) admitEndpoint(ctx context.Context, req api.AddRequest, dev, ino uint64, hidden bool) (e cluster.Endpoint, fresh, moved bool, err error) {
+	a.admit.Lock()
+	defer a.admit.Unlock()
+	if err := a.unshared(ctx, req); err != nil {
+		return e, false, false, err
+	}
+	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
+		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
+		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit, Pod: req.Pod}
+	if req.IP.IsValid() {
+		want.IP = netip.PrefixFrom(req.IP, 32)
+	}
+	e, err = a.store.Allocate(ctx, a.host.Subnet, want)
+	if err != nil {
+		return e, false, false, fmt.Errorf("allocate address: %w", err)
+	}
+	fresh = e.Created.Equal(want.Created)
+	// The same container and interface in a new namespace means the runtime
+	// recreated the sandbox; the endpoint follows it.
+	moved = e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
+		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit || !e.Pod.Equal(req.Pod) ||
+		req.MAC != "" && !strings.EqualFold(e.MAC, req.MAC)
+	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden, e.Limit = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden, req.Limit
+	e.Pod = req.Pod
+	if moved {
+		// What the next ADD's unshared reads: this one's cgroup and MAC
+		// (the attach may give another MAC; the record then follows it).
+		if req.MAC != "" {
+			e.MAC = req.MAC
+		}
+		if err := a.store.PutEndpoint(ctx, e); err != nil {
+			return e, fresh, moved, err
+		}
+	}
+	return e, fresh, moved, nil
+}
+
 // attachLayers gives a local endpoint every layer. The overlay carries it
 // either way; without a layer it is only slower, and the layer attaches it
-// again at a later sync. The caller holds a.mu.
+// again at a later sync. The caller holds a.mu (shared at least) and e's
+// container's lock.
 func (a *Agent) attachLayers(ctx context.Context, e cluster.Endpoint) {
 	for _, l := range a.layers {
 		if err := l.AddEndpoint(ctx, e); err != nil {
@@ -425,48 +453,61 @@ func (a *Agent) attachLayers(ctx context.Context, e cluster.Endpoint) {
 // layer to it again, as an ADD with that cgroupPath would have: each
 // interface of container id in the network namespace dev/ino.
 func (a *Agent) RecordCgroup(ctx context.Context, id string, dev, ino uint64, cg string) (cluster.Endpoint, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	eps, err := a.store.Endpoints(ctx, a.host.Name)
-	if err != nil {
-		return cluster.Endpoint{}, err
-	}
-	// As at ADD: no cgroup that holds skiffd or is another container's.
-	req := api.AddRequest{ContainerID: id, Cgroup: cg}
-	if err := holdsSkiffd(cg); err != nil {
-		return cluster.Endpoint{}, err
-	}
-	if err := unsharedAmong(eps, req); err != nil {
-		return cluster.Endpoint{}, err
-	}
-	var rec cluster.Endpoint
-	for _, e := range eps {
-		if e.ContainerID != id || e.NetnsDev != dev || e.NetnsIno != ino {
-			continue
-		}
-		if e.Cgroup != "" {
-			if cgroup.Rel(e.Cgroup) != cgroup.Rel(cg) {
-				return e, fmt.Errorf("container %s has the cgroup %s already, not %s", id, e.Cgroup, cg)
-			}
-			rec = e
-			continue
-		}
-		e.Cgroup = cg
-		if err := a.store.PutEndpoint(ctx, e); err != nil {
-			return e, err
-		}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	defer a.containers.lock(id)()
+	rec, changed, err := a.recordCgroup(ctx, id, dev, ino, cg)
+	for _, e := range changed {
 		here, err := a.store.LimitOf(ctx, e)
 		if err != nil { // the next reconcile applies it
 			here = e
 		}
 		a.attachLayers(ctx, here)
 		a.log.Info("endpoint cgroup recorded", "container", e.ContainerID, "if", e.IfName, "cgroup", cg)
+	}
+	return rec, err
+}
+
+// recordCgroup is RecordCgroup's check and records, under a.admit (what
+// unshared reads is written before the next ADD's look): an endpoint of
+// the container and those whose record changed.
+func (a *Agent) recordCgroup(ctx context.Context, id string, dev, ino uint64, cg string) (rec cluster.Endpoint, changed []cluster.Endpoint, err error) {
+	a.admit.Lock()
+	defer a.admit.Unlock()
+	eps, err := a.store.Endpoints(ctx, a.host.Name)
+	if err != nil {
+		return rec, nil, err
+	}
+	// As at ADD: no cgroup that holds skiffd or is another container's.
+	req := api.AddRequest{ContainerID: id, Cgroup: cg}
+	if err := holdsSkiffd(cg); err != nil {
+		return rec, nil, err
+	}
+	if err := unsharedAmong(eps, req); err != nil {
+		return rec, nil, err
+	}
+	for _, e := range eps {
+		if e.ContainerID != id || e.NetnsDev != dev || e.NetnsIno != ino {
+			continue
+		}
+		if e.Cgroup != "" {
+			if cgroup.Rel(e.Cgroup) != cgroup.Rel(cg) {
+				return e, changed, fmt.Errorf("container %s has the cgroup %s already, not %s", id, e.Cgroup, cg)
+			}
+			rec = e
+			continue
+		}
+		e.Cgroup = cg
+		if err := a.store.PutEndpoint(ctx, e); err != nil {
+			return e, changed, err
+		}
+		changed = append(changed, e)
 		rec = e
 	}
 	if rec.ContainerID == "" {
-		return rec, fmt.Errorf("no local endpoint of container %s in that network namespace", id)
+		return rec, changed, fmt.Errorf("no local endpoint of container %s in that network namespace", id)
 	}
-	return rec, nil
+	return rec, changed, nil
 }
 
 // CheckEndpoint verifies a container's attachment against the store and the kernel.
@@ -486,8 +527,9 @@ func (a *Agent) CheckEndpoint(ctx context.Context, req api.AddRequest) (api.Atta
 		return api.Attachment{}, err
 	}
 	e.Netns, e.NetnsHidden = nsPath, false
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	defer a.containers.lock(req.ContainerID)()
 	att, err := a.overlay.CheckEndpoint(e)
 	if err != nil {
 		return api.Attachment{}, err
@@ -502,8 +544,9 @@ func (a *Agent) DeleteEndpoint(ctx context.Context, req api.AddRequest) error {
 		return err
 	}
 	start := time.Now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	defer a.containers.lock(req.ContainerID)()
 	locked := time.Now()
 	e, err := a.store.Endpoint(ctx, a.host.Name, req.ContainerID, req.IfName)
 	if errors.Is(err, source.ErrNotFound) {

@@ -277,7 +277,7 @@ func checkOverlay(h cluster.Host, vxErr error) finding {
 	took, err := echo(gw, 2*time.Second)
 	if err != nil {
 		f.Result, f.Detail = resultFail, fmt.Sprintf("no echo from %s (%s's gateway): %v", gw, h.Name, err)
-		f.Fix = fmt.Sprintf("UDP 4789 open both ways between this host and %s; skiffd running on %s (skiff status there)", h.UnderlayIP, h.Name)
+		f.Fix = fmt.Sprintf("UDP 4789 open both ways between this host and %s, and ICMP echo to %s allowed there; skiffd running on %s (skiff status there)", h.UnderlayIP, gw, h.Name)
 		return f
 	}
 	f.Detail = fmt.Sprintf("echo from %s (%s's gateway) in %v over VXLAN (UDP 4789)", gw, h.Name, took.Round(10*time.Microsecond))

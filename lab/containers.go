@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -115,10 +116,61 @@ func (l *Lab) nextContainerIndex(host string) int {
 // skiff-cni through libcni, as containerd does. It returns the container's
 // name ("h1/c3").
 func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
-	if _, err := l.Host(host); err != nil {
+	names, _, err := l.AddContainers(ctx, host, 1)
+	if err != nil {
 		return "", err
 	}
-	i := l.nextContainerIndex(host)
+	return names[0], nil
+}
+
+// AddContainers creates n container namespaces on host and attaches them
+// all at once, each ADD in a goroutine of its own (a burst, as a runtime
+// starting many pods makes): their names, and how long each ADD took as
+// libcni saw it. The containers whose ADD failed are removed again; the
+// error names them.
+func (l *Lab) AddContainers(ctx context.Context, host string, n int) ([]string, []time.Duration, error) {
+	if _, err := l.Host(host); err != nil {
+		return nil, nil, err
+	}
+	first := l.nextContainerIndex(host)
+	cs := make([]Container, 0, n)
+	for i := first; i < first+n; i++ {
+		c, err := l.newContainer(host, i)
+		if err != nil {
+			for _, c := range cs {
+				l.dropContainer(c)
+			}
+			return nil, nil, err
+		}
+		cs = append(cs, c)
+	}
+	took := make([]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range cs {
+		wg.Go(func() {
+			start := time.Now()
+			cs[i].IP, errs[i] = l.cniAdd(ctx, cs[i])
+			took[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	var names []string
+	for i, c := range cs {
+		if errs[i] != nil {
+			l.dropContainer(c)
+			errs[i] = fmt.Errorf("attach %s: %w", c.Name, errs[i])
+			continue
+		}
+		l.Containers = append(l.Containers, c)
+		names = append(names, c.Name)
+	}
+	return names, took, errors.Join(append(errs, l.save())...)
+}
+
+// newContainer makes container i of host: its namespace, and its cgroup
+// when the lab runs host sockets.
+func (l *Lab) newContainer(host string, i int) (Container, error) {
 	c := Container{Name: fmt.Sprintf("%s/c%d", host, i), Host: host, Netns: fmt.Sprintf("%s%s-c%d", l.prefix(), host, i)}
 	c.ID = c.Netns
 	if l.Config.Runs("sockets") {
@@ -126,28 +178,30 @@ func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
 		// cgroupPath. Its broker creates the container's host sockets in it.
 		dir, err := l.cgroupDir()
 		if err != nil {
-			return "", err
+			return c, err
 		}
 		c.Cgroup = filepath.Join(dir, fmt.Sprintf("%s-c%d", host, i))
 		if err := os.MkdirAll(c.Cgroup, 0o755); err != nil {
-			return "", fmt.Errorf("cgroup for %s: %w", c.Name, err)
+			return c, fmt.Errorf("cgroup for %s: %w", c.Name, err)
 		}
 	}
 	if err := addNetns(c.Netns); err != nil {
-		return "", err
+		return c, err
 	}
 	if err := tuneNetns(c.Netns); err != nil {
 		run("ip", "netns", "del", c.Netns)
-		return "", err
+		return c, err
 	}
-	ip, err := l.cniAdd(ctx, c)
-	if err != nil {
-		run("ip", "netns", "del", c.Netns)
-		return "", fmt.Errorf("attach %s: %w", c.Name, err)
+	return c, nil
+}
+
+// dropContainer removes what newContainer made for a container that was
+// never attached.
+func (l *Lab) dropContainer(c Container) {
+	run("ip", "netns", "del", c.Netns)
+	if c.Cgroup != "" {
+		cgroup.Remove(c.Cgroup)
 	}
-	c.IP = ip
-	l.Containers = append(l.Containers, c)
-	return c.Name, l.save()
 }
 
 func (l *Lab) runtimeConf(c Container) *libcni.RuntimeConf {
@@ -219,27 +273,58 @@ func (l *Lab) CheckContainer(ctx context.Context, name string) error {
 
 // RemoveContainer detaches a container with CNI DEL and deletes its namespace.
 func (l *Lab) RemoveContainer(ctx context.Context, name string) error {
-	c, err := l.Container(name)
-	if err != nil {
-		return err
+	_, err := l.RemoveContainers(ctx, name)
+	return err
+}
+
+// RemoveContainers removes the containers named all at once, each DEL in
+// a goroutine of its own, and returns how long each DEL took as libcni saw
+// it. Those whose removal failed stay in the lab; the error names them.
+func (l *Lab) RemoveContainers(ctx context.Context, names ...string) ([]time.Duration, error) {
+	cs := make([]Container, len(names))
+	for i, name := range names {
+		c, err := l.Container(name)
+		if err != nil {
+			return nil, err
+		}
+		cs[i] = *c
 	}
+	took := make([]time.Duration, len(cs))
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	for i := range cs {
+		wg.Go(func() {
+			start := time.Now()
+			errs[i] = l.removeContainer(ctx, cs[i])
+			took[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	gone := map[string]bool{}
+	for i, c := range cs {
+		gone[c.Name] = errs[i] == nil
+	}
+	l.Containers = slices.DeleteFunc(l.Containers, func(x Container) bool { return gone[x.Name] })
+	return took, errors.Join(append(errs, l.save())...)
+}
+
+// removeContainer detaches c with CNI DEL and removes its namespace and
+// cgroup.
+func (l *Lab) removeContainer(ctx context.Context, c Container) error {
 	cc, list, err := l.cni(c.Host)
 	if err != nil {
 		return err
 	}
-	if err := cc.DelNetworkList(ctx, list, l.runtimeConf(*c)); err != nil {
-		return fmt.Errorf("CNI DEL %s: %w", name, err)
+	if err := cc.DelNetworkList(ctx, list, l.runtimeConf(c)); err != nil {
+		return fmt.Errorf("CNI DEL %s: %w", c.Name, err)
 	}
 	if err := l.killNetns(ctx, c.Netns); err != nil {
 		return err
 	}
 	if c.Cgroup != "" {
-		if err := cgroup.Remove(c.Cgroup); err != nil {
-			return err
-		}
+		return cgroup.Remove(c.Cgroup)
 	}
-	l.Containers = slices.DeleteFunc(l.Containers, func(x Container) bool { return x.Name == name })
-	return l.save()
+	return nil
 }
 
 // RemoveHost takes a host out of the cluster as an operator would: its agent

@@ -326,27 +326,7 @@ spec:
 		}
 	}
 	// The agents' view of each ADD and DEL: where its time went.
-	parts := map[string]map[string][]float64{"endpoint added": {}, "endpoint deleted": {}}
-	for _, h := range l.Hosts {
-		log, err := os.ReadFile(filepath.Join(l.hostDir(h.Name), "skiffd.log"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, line := range strings.Split(string(log), "\n") {
-			for msg, p := range parts {
-				if !strings.Contains(line, `msg="`+msg+`"`) {
-					continue
-				}
-				for _, f := range strings.Fields(line) {
-					if k, v, ok := strings.Cut(f, "="); ok && strings.HasSuffix(k, "_ms") {
-						if ms, err := strconv.ParseFloat(v, 64); err == nil {
-							p[k] = append(p[k], ms)
-						}
-					}
-				}
-			}
-		}
-	}
+	parts := agentTimes(b, l)
 	for _, what := range []struct {
 		msg, command string
 		parts        []string
@@ -382,6 +362,35 @@ spec:
 		b.Logf("%-9s %-11s %3d calls (%d failed): p50 %.1f ms, p99 %.1f ms, max %.1f ms%s",
 			c.Plugin, c.Command, c.Count, c.Failed, c.P50, c.P99, c.Max, verdict)
 	}
+}
+
+// agentTimes reads where the agents' ADDs and DELs spent their time from
+// their logs: by message ("endpoint added", "endpoint deleted"), by part
+// (took_ms, wait_ms, ...), in milliseconds.
+func agentTimes(tb testing.TB, l *Lab) map[string]map[string][]float64 {
+	tb.Helper()
+	parts := map[string]map[string][]float64{"endpoint added": {}, "endpoint deleted": {}}
+	for _, h := range l.Hosts {
+		log, err := os.ReadFile(filepath.Join(l.hostDir(h.Name), "skiffd.log"))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, line := range strings.Split(string(log), "\n") {
+			for msg, p := range parts {
+				if !strings.Contains(line, `msg="`+msg+`"`) {
+					continue
+				}
+				for _, f := range strings.Fields(line) {
+					if k, v, ok := strings.Cut(f, "="); ok && strings.HasSuffix(k, "_ms") {
+						if ms, err := strconv.ParseFloat(v, 64); err == nil {
+							p[k] = append(p[k], ms)
+						}
+					}
+				}
+			}
+		}
+	}
+	return parts
 }
 
 // kubeBurst is kube-burst.json: BenchmarkKubePodBurst's figures (ms).

@@ -52,8 +52,11 @@ import (
 	"github.com/skiffnet/skiff/policy"
 )
 
-// Layer is one running data-plane layer of a host. The agent calls its
-// methods one at a time (under its data-plane lock), except Status.
+// Layer is one running data-plane layer of a host. The agent calls Start,
+// Sync and Settle one at a time (under its data-plane lock, held alone);
+// AddEndpoint and RemoveEndpoint of different containers may run at once
+// (never with Sync or Settle, never two of one container); Endpoint and
+// Status at any time.
 type Layer interface {
 	// Start loads the layer (reusing what an earlier run pinned) and
 	// attaches its host-wide programs. Endpoints are attached by the first

@@ -18,6 +18,10 @@ import (
 // paths that pass no skiff qdisc: host sockets. The layer that gives a
 // container such a path attaches Programs to its cgroup and calls Set.
 type Cgroups struct {
+	// mu makes Set and Forget one at a time: both read which ingress
+	// classes are in use (freeClass, unclassify) before they change them,
+	// and the agent adds and removes containers at once.
+	mu       sync.Mutex
 	objs     sklObjects
 	underlay string // host sockets receive on it and on lo
 }
@@ -95,6 +99,8 @@ func entry(l cluster.Limit) sklSklLimit {
 // Set puts limit l in force for the cgroup id and paces its established
 // host connections to it; a zero limit lifts it. Attach Programs before.
 func (c *Cgroups) Set(id uint64, l cluster.Limit) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var cur sklSklLimit
 	found := c.objs.SklLimits.Lookup(id, &cur) == nil
 	want := entry(l)
@@ -120,7 +126,7 @@ func (c *Cgroups) Set(id uint64, l cluster.Limit) error {
 		}
 	}
 	if l.None() && !l.Marks() {
-		return c.Forget(id)
+		return c.forget(id)
 	}
 	if cur.Class != 0 && class == 0 {
 		return c.unclassify() // perhaps the last ingress class went
@@ -133,6 +139,12 @@ func onSockets(e sklSklLimit) [3]uint32 { return [3]uint32{e.Pace, e.Tos, e.Prio
 
 // Forget removes what the maps and the IFB hold for a cgroup.
 func (c *Cgroups) Forget(id uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.forget(id)
+}
+
+func (c *Cgroups) forget(id uint64) error {
 	var errs []error
 	var cur sklSklLimit
 	if c.objs.SklLimits.Lookup(id, &cur) == nil {

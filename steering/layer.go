@@ -113,12 +113,15 @@ const staleAfter = 200 * time.Millisecond
 
 // Layer is the steering layer as the agent drives it.
 type Layer struct {
-	opts  Options
-	objs  stxObjects
-	env   layer.Env
-	log   *slog.Logger
-	eps   layer.Attached
-	loads atomic.Pointer[stxStxLoad]
+	opts Options
+	objs stxObjects
+	env  layer.Env
+	log  *slog.Logger
+	eps  layer.Attached
+	// masksMu makes each read, change and save of the state file's masks
+	// one step: the agent adds and removes containers at once.
+	masksMu sync.Mutex
+	loads   atomic.Pointer[stxStxLoad]
 	// The load sampler: stopped and waited for by Close.
 	stop     context.CancelFunc
 	sampling sync.WaitGroup
@@ -293,8 +296,18 @@ func (l *Layer) attach(e cluster.Endpoint) error {
 	if err := inSysfs(&ns, func(sys string) error { return setRPS(sys, e.IfName, mask) }); err != nil {
 		return err
 	}
+	return l.masks(func(m map[string]string) bool { m[maskKey(e.Netns, e.IfName)] = mask; return true })
+}
+
+// masks applies change to the masks the state file records, and saves
+// them when it says they changed.
+func (l *Layer) masks(change func(map[string]string) bool) error {
+	l.masksMu.Lock()
+	defer l.masksMu.Unlock()
 	w := readWritten(l.env.StateDir, l.log)
-	w.Masks[maskKey(e.Netns, e.IfName)] = mask
+	if !change(w.Masks) {
+		return nil
+	}
 	return w.save(l.env.StateDir)
 }
 
@@ -306,9 +319,7 @@ func (l *Layer) AddEndpoint(_ context.Context, e cluster.Endpoint) error {
 // programs on them, go with it).
 func (l *Layer) RemoveEndpoint(_ context.Context, e cluster.Endpoint) error {
 	l.eps.Remove(e)
-	w := readWritten(l.env.StateDir, l.log)
-	delete(w.Masks, maskKey(e.Netns, e.IfName))
-	return w.save(l.env.StateDir)
+	return l.masks(func(m map[string]string) bool { delete(m, maskKey(e.Netns, e.IfName)); return true })
 }
 
 // prune forgets the masks of containers that are no longer local (removed
@@ -318,18 +329,16 @@ func (l *Layer) prune(local []cluster.Endpoint) error {
 	for _, e := range local {
 		masks[maskKey(e.Netns, e.IfName)] = true
 	}
-	w := readWritten(l.env.StateDir, l.log)
-	changed := false
-	for key := range w.Masks {
-		if ns, _, _ := strings.Cut(key, "|"); ns != "" && !masks[key] {
-			delete(w.Masks, key)
-			changed = true
+	return l.masks(func(m map[string]string) bool {
+		changed := false
+		for key := range m {
+			if ns, _, _ := strings.Cut(key, "|"); ns != "" && !masks[key] {
+				delete(m, key)
+				changed = true
+			}
 		}
-	}
-	if !changed {
-		return nil
-	}
-	return w.save(l.env.StateDir)
+		return changed
+	})
 }
 
 func (l *Layer) Endpoint(e cluster.Endpoint) (bool, string) {
