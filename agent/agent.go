@@ -471,6 +471,25 @@ func (a *Agent) follow(ctx context.Context, up <-chan bool) bool {
 	}
 }
 
+// waitAlone is how long a reconcile waits for the ADDs and DELs in flight
+// before it queues for the data-plane lock like any writer.
+const waitAlone = 10 * time.Second
+
+// lockAlone takes a.mu alone (a reconcile). Until waitAlone it tries
+// again every 10 ms rather than queue: a writer queued in a.mu holds up
+// every later ADD behind the one in flight, and one ADD can stall for
+// seconds on the kernel's RTNL lock in a burst of pods
+// (docs/kubernetes.md "Performance").
+func (a *Agent) lockAlone() {
+	for deadline := time.Now().Add(waitAlone); !a.mu.TryLock(); {
+		if time.Now().After(deadline) {
+			a.mu.Lock()
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // reconcile makes the data plane match the store.
 func (a *Agent) reconcile(ctx context.Context) error {
 	start := time.Now()
@@ -510,7 +529,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	}
 	// Read the store under the data-plane lock: a listing taken before an
 	// ADD that completes in between would make the new endpoint look stale.
-	a.mu.Lock()
+	a.lockAlone()
 	defer a.mu.Unlock()
 	hosts, err := a.store.Hosts(ctx)
 	if err != nil {

@@ -85,7 +85,7 @@ func (a *Agent) publishedListeners(ctx context.Context, hosts []cluster.Host) ([
 // runs on every change of either: a listener change reads nothing from the
 // store.
 func (a *Agent) syncListeners(ctx context.Context) {
-	a.mu.Lock()
+	a.lockAlone()
 	defer a.mu.Unlock()
 	if a.synced == nil {
 		return // the first reconcile syncs them

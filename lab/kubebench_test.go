@@ -325,8 +325,17 @@ spec:
 				P50: quantile(ms, 0.50), P99: quantile(ms, 0.99), Max: ms[len(ms)-1]})
 		}
 	}
-	// The agents' view of each ADD and DEL: where its time went.
+	// The agents' view of each ADD and DEL: where its time went, and the
+	// steps of the overlay's slow ones.
 	parts := agentTimes(b, l)
+	for _, h := range l.Hosts {
+		log, _ := os.ReadFile(filepath.Join(l.hostDir(h.Name), "skiffd.log"))
+		for _, line := range strings.Split(string(log), "\n") {
+			if strings.Contains(line, ` slow" `) {
+				b.Logf("%s: %s", h.Name, line)
+			}
+		}
+	}
 	for _, what := range []struct {
 		msg, command string
 		parts        []string
