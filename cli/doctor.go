@@ -234,9 +234,10 @@ func checkStore(ctx context.Context, endpoints []string, creds store.TLS) []find
 	}
 	out := []finding{{Check: "store", Result: resultOK, Detail: fmt.Sprintf("%s: %d hosts", strings.Join(endpoints, ","), len(hosts))}}
 	_, vxErr := netlink.LinkByName(overlay.VXLANName)
+	own, _ := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	for _, h := range hosts {
-		if local(h.UnderlayIP) {
-			continue
+		if slices.ContainsFunc(own, func(x netlink.Addr) bool { return x.IP.Equal(h.UnderlayIP.AsSlice()) }) {
+			continue // this host
 		}
 		f := finding{Check: "route to " + h.Name, Result: resultOK}
 		routes, err := netlink.RouteGet(h.UnderlayIP.AsSlice())
@@ -317,15 +318,6 @@ func echo(dst netip.Addr, timeout time.Duration) (time.Duration, error) {
 			return time.Since(start), nil
 		}
 	}
-}
-
-// local says whether a is one of this host's addresses.
-func local(a netip.Addr) bool {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return false
-	}
-	return slices.ContainsFunc(addrs, func(x netlink.Addr) bool { return x.IP.Equal(a.AsSlice()) })
 }
 
 // kernelConfig returns the value of a kernel build option from

@@ -78,25 +78,33 @@ func hostState(t *testing.T, l *Lab, host string) burstState {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := burstState{endpoints: len(eps), cache: len(cacheEntries(t, l, host).Ingress)}
+	return burstState{endpoints: len(eps), veths: containerVeths(t, l, host), cache: len(cacheEntries(t, l, host).Ingress)}
+}
+
+// containerVeths counts the containers' veths (skf*) in host's namespace.
+func containerVeths(t testing.TB, l *Lab, host string) int {
+	t.Helper()
+	n := 0
 	if err := l.Do(host, func() error {
 		links, err := netlink.LinkList()
 		for _, link := range links {
 			if strings.HasPrefix(link.Attrs().Name, "skf") && link.Type() == "veth" {
-				s.veths++
+				n++
 			}
 		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return n
 }
 
-// spread is p50, p99 and the longest of some durations.
+// spread is p50, p99 and the longest of some durations, in ms.
 func spread(ds []time.Duration) string {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	at := func(q float64) time.Duration { return s[max(0, min(len(s)-1, int(float64(len(s))*q+0.999999)-1))] }
-	return fmt.Sprintf("p50 %v, p99 %v, max %v", at(0.5).Round(time.Millisecond), at(0.99).Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = float64(d.Microseconds()) / 1000
+	}
+	slices.Sort(ms)
+	return fmt.Sprintf("p50 %.0f ms, p99 %.0f ms, max %.0f ms", quantile(ms, 0.5), quantile(ms, 0.99), ms[len(ms)-1])
 }

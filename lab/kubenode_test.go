@@ -796,17 +796,7 @@ func (k *kubeCluster) nodeStateOf(host string) nodeState {
 			s.Leases++
 		}
 	}
-	if err := l.Do(host, func() error {
-		links, err := netlink.LinkList()
-		for _, link := range links {
-			if strings.HasPrefix(link.Attrs().Name, "skf") && link.Type() == "veth" {
-				s.Veths++
-			}
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	s.Veths = containerVeths(t, l, host)
 	s.CacheIngress = len(cacheEntries(t, l, host).Ingress)
 	if st := socketsStatus(t, l, host); st != nil {
 		s.Brokers = len(st.Containers)
