@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 CMDS    := skiff skiffd skiff-cni
 
-.PHONY: all deps kube-deps build test unit run clean vet bench-check bench-kube install uninstall install-check check-generated
+.PHONY: scale all deps kube-deps build test unit run clean vet bench-check bench-kube install uninstall install-check check-generated
 
 all: build
 
@@ -69,6 +69,14 @@ bench-check: build
 	./bin/skiff bench --same-host --modes host,overlay,channels,sockets,auto,auto-plain --workloads $(CHECK_WORKLOADS) \
 		--cell 3s --repeat 5 --check --json docs/bench/check-same-host.json --markdown docs/bench/check-same-host.md; \
 	test $$cross -eq 0 -a $$? -eq 0
+
+# How the cost grows (docs/BENCHMARKS.md "How skiff scales"): pod bursts of
+# 10 to 200 on one host, labs of 2 to 50 hosts, 10 to 10 000 policy rules,
+# 1 000 to 100 000 concurrent flows, each part on a lab of its own, in
+# auto (bench/scale). About 15 minutes.
+scale: build
+	@mkdir -p docs/bench
+	./bin/skiff bench --scale --json docs/bench/scale.json --markdown docs/bench/scale.md --chart docs/bench/scale.svg
 
 # Kubernetes (docs/kubernetes.md): pods on two kube lab nodes, directly and
 # through a ClusterIP Service, beside the lab's host and auto containers

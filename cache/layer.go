@@ -268,6 +268,10 @@ func (l *Layer) Inspect() (layer.Report, error) {
 		return layer.Report{}, err
 	}
 	r := report(stats, conns, l.c.cfg.Capacity.Connections)
+	for _, n := range conns {
+		e.Connections += n
+	}
+	e.ConnectionCapacity = l.c.cfg.Capacity.Connections
 	r.Details = e
 	r.View = append(r.View, e.view()...)
 	return r, nil

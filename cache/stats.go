@@ -152,6 +152,10 @@ type Entries struct {
 	EgressHosts []EgressHost `json:"egressHosts"`
 	Ingress     []Ingress    `json:"ingress"`
 	Flows       []Flow       `json:"flows"`
+	// Connections is the connection table's use (Inspect's), of
+	// ConnectionCapacity.
+	Connections        int    `json:"connections"`
+	ConnectionCapacity uint32 `json:"connectionCapacity"`
 }
 
 // EgressIP maps a remote container to its host.

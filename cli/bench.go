@@ -8,12 +8,14 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/skiffnet/skiff/agent"
 	"github.com/skiffnet/skiff/bench"
+	"github.com/skiffnet/skiff/bench/scale"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/layer"
 )
@@ -52,11 +54,33 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	mdOut := fs.String("markdown", "", "write a Markdown table to FILE")
 	svgOut := fs.String("chart", "", "write an SVG bar chart of ratios to host to FILE")
 	check := fs.Bool("check", false, "judge the run against the regression floors (auto against host and its parts; make bench-check) and fail when one is missed")
+	scaleRun := fs.Bool("scale", false, "measure how the cost grows instead (make scale): pod bursts, hosts, policy rules, concurrent flows, each on a lab of its own")
+	scaleParts := fs.String("scale-parts", "", "with --scale, comma-separated parts (default all): "+strings.Join(scale.Parts, ", "))
+	scaleSmall := fs.Bool("scale-small", false, "with --scale, the smallest sizes of every part (a smoke run)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *scaleRun {
+		if *modes != "" || *workloads != "" || *quick || *sameHost || *labName != "" || *check {
+			return usagef("--scale brings up labs of its own in auto: no --modes, --workloads, --quick, --same-host, --lab or --check")
+		}
+		opts := scale.Full
+		if *scaleSmall {
+			opts = scale.Small
+		}
+		opts.Parts, opts.Progress = layer.SplitList(*scaleParts), env.Stderr
+		if *repeat > 0 {
+			opts.Repeat = *repeat
+		}
+		if *cell > 0 {
+			opts.Cell = *cell
+		}
+		return runScale(ctx, env, opts, *jsonOut, *mdOut, *svgOut)
+	} else if *scaleParts != "" || *scaleSmall {
+		return usagef("--scale-parts and --scale-small go with --scale")
 	}
 	if *modes == "" {
 		*modes = defaultModes
@@ -233,4 +257,25 @@ func writeFile(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// runScale runs skiff bench --scale and writes what it measured, also
+// when a part failed.
+func runScale(ctx context.Context, env Env, opts scale.Options, jsonOut, mdOut, svgOut string) error {
+	ctx, stop := signalContext(ctx)
+	defer stop()
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	opts.BinDir = filepath.Dir(exe)
+	report, runErr := scale.Run(ctx, opts)
+	if report == nil {
+		return runErr
+	}
+	return errors.Join(runErr,
+		report.WriteMarkdown(env.Stdout),
+		writeFile(jsonOut, report.WriteJSON),
+		writeFile(mdOut, report.WriteMarkdown),
+		writeFile(svgOut, report.WriteSVG))
 }

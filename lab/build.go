@@ -156,6 +156,9 @@ func (l *Lab) bpfDir(host string) string {
 	return filepath.Join(bpffs.Root, "skiff", "lab-"+l.Config.Name, host)
 }
 
+// AgentLog is the file host's agent logs to.
+func (l *Lab) AgentLog(host string) string { return filepath.Join(l.hostDir(host), "skiffd.log") }
+
 // hostDir is where a host keeps its socket, state and log.
 func (l *Lab) hostDir(host string) string { return filepath.Join(l.dir(), host) }
 
@@ -176,7 +179,7 @@ func (l *Lab) startAgent(h *Host) error {
 		args = append(args, "--broker", filepath.Join(l.Config.BinDir, "skiff-broker"),
 			"--seccomp-socket", l.SeccompSocket(h.Name))
 	}
-	pid, err := l.spawn(h.Netns, filepath.Join(dir, "skiffd.log"), filepath.Join(l.Config.BinDir, "skiffd"), args...)
+	pid, err := l.spawn(h.Netns, l.AgentLog(h.Name), filepath.Join(l.Config.BinDir, "skiffd"), args...)
 	if err != nil {
 		return fmt.Errorf("start agent on %s: %w", h.Name, err)
 	}

@@ -129,6 +129,14 @@ func (l *Lab) AddContainer(ctx context.Context, host string) (string, error) {
 // libcni saw it. The containers whose ADD failed are removed again; the
 // error names them.
 func (l *Lab) AddContainers(ctx context.Context, host string, n int) ([]string, []time.Duration, error) {
+	return l.AddContainersThen(ctx, host, n, nil)
+}
+
+// AddContainersThen is AddContainers with then run for each container
+// right after its own ADD returned, in the ADD's goroutine (a probe that
+// times how soon the container reaches another): took covers the ADD
+// only. A container whose then failed stays; the error names it.
+func (l *Lab) AddContainersThen(ctx context.Context, host string, n int, then func(Container) error) ([]string, []time.Duration, error) {
 	if _, err := l.Host(host); err != nil {
 		return nil, nil, err
 	}
@@ -145,13 +153,16 @@ func (l *Lab) AddContainers(ctx context.Context, host string, n int) ([]string, 
 		cs = append(cs, c)
 	}
 	took := make([]time.Duration, n)
-	errs := make([]error, n)
+	errs, thenErrs := make([]error, n), make([]error, n)
 	var wg sync.WaitGroup
 	for i := range cs {
 		wg.Go(func() {
 			start := time.Now()
 			cs[i].IP, errs[i] = l.cniAdd(ctx, cs[i])
 			took[i] = time.Since(start)
+			if errs[i] == nil && then != nil {
+				thenErrs[i] = then(cs[i])
+			}
 		})
 	}
 	wg.Wait()
@@ -161,6 +172,9 @@ func (l *Lab) AddContainers(ctx context.Context, host string, n int) ([]string, 
 			l.dropContainer(c)
 			errs[i] = fmt.Errorf("attach %s: %w", c.Name, errs[i])
 			continue
+		}
+		if thenErrs[i] != nil {
+			errs[i] = fmt.Errorf("%s: %w", c.Name, thenErrs[i])
 		}
 		l.Containers = append(l.Containers, c)
 		names = append(names, c.Name)

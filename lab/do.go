@@ -52,3 +52,7 @@ func inNetns(name string, f func() error) error {
 	}()
 	return <-errc
 }
+
+// Do runs f inside the container's network namespace, as Lab.Do does; for
+// a container not yet recorded in the lab (AddContainersThen's).
+func (c Container) Do(f func() error) error { return inNetns(c.Netns, f) }
