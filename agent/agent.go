@@ -82,11 +82,14 @@ type Agent struct {
 	// lock (containers), so that those of different containers run at
 	// once. admit makes an ADD's look at the other endpoints (unshared)
 	// and its record one step: two ADDs never both claim one cgroup or
-	// MAC, nor race for one address. Order: mu, then a container, then
-	// admit.
+	// MAC, nor race for one address; the ADDs that queue for it meanwhile
+	// (admitting) are admitted together (admit.go). Order: mu, then a
+	// container, then admit.
 	mu         sync.RWMutex
 	containers keyed
 	admit      sync.Mutex
+	admitting  queue[*admission]
+	maps       mapUse
 	host       cluster.Host
 	cluster    cluster.Config
 	overlay    *overlay.Overlay

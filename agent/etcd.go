@@ -14,7 +14,10 @@ import (
 // records, with subnets and addresses leased by package ipam.
 type etcdSource struct{ *store.Store }
 
-var _ source.Backend = etcdSource{}
+var (
+	_ source.Backend        = etcdSource{}
+	_ source.BatchAllocator = etcdSource{}
+)
 
 func (s etcdSource) Join(ctx context.Context, c cluster.Config, h cluster.Host) (cluster.Host, error) {
 	return ipam.Join(ctx, s.Store, c, h)
@@ -26,6 +29,10 @@ func (s etcdSource) Reclaim(ctx context.Context, c cluster.Config, h cluster.Hos
 
 func (s etcdSource) Allocate(ctx context.Context, subnet netip.Prefix, want cluster.Endpoint) (cluster.Endpoint, error) {
 	return ipam.Allocate(ctx, s.Store, subnet, want)
+}
+
+func (s etcdSource) AllocateAll(ctx context.Context, subnet netip.Prefix, wants []cluster.Endpoint) ([]cluster.Endpoint, []error) {
+	return ipam.AllocateAll(ctx, s.Store, subnet, wants)
 }
 
 func (s etcdSource) Release(ctx context.Context, e cluster.Endpoint) error {

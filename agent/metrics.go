@@ -92,6 +92,12 @@ func agentMetrics(st api.Status) []prometheus.Metric {
 	if len(st.QoS) > 0 {
 		m.Counters("qos_packets_total", "Underlay packets of QoS-classed containers marked, and of normal ones (docs/limits.md).", "outcome", st.QoS)
 	}
+	if len(st.Maps) > 0 {
+		m.Add("map_entries", "Entries in the host's eBPF maps whose entries come and go, by map (docs/maps.md: their sizes and what a full one does).", prometheus.GaugeValue,
+			[]string{"map"}, len(st.Maps), func(i int) float64 { return float64(st.Maps[i].Entries) }, func(i int) []string { return []string{st.Maps[i].Name} })
+		m.Add("map_capacity", "Capacity of the host's eBPF maps whose entries come and go, by map.", prometheus.GaugeValue,
+			[]string{"map"}, len(st.Maps), func(i int) float64 { return float64(st.Maps[i].Capacity) }, func(i int) []string { return []string{st.Maps[i].Name} })
+	}
 	return m.List()
 }
 

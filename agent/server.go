@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -202,6 +201,7 @@ func (a *Agent) status(ctx context.Context) (api.Status, []layer.Report) {
 		s.PolicyDenies, _ = overlay.PolicyDenies()
 		s.QoS, _ = a.overlay.QoSCounters()
 	}
+	s.Maps = a.maps.use(a.pinDir(), a.log)
 	s.Layers = slices.Clone(a.choices)
 	var reports []layer.Report
 	for _, l := range a.layers {
@@ -276,26 +276,6 @@ func validate(req api.AddRequest, del bool) error {
 	return nil
 }
 
-// unshared refuses an ADD whose cgroup or MAC is another local
-// endpoint's, or whose cgroup holds skiffd itself: the sockets layer knows
-// a container by its cgroup (one container would get another's identity,
-// or the host's processes would all count as a container), the cache and
-// the source check by its MAC. The same container's other interfaces
-// share its cgroup.
-func (a *Agent) unshared(ctx context.Context, req api.AddRequest) error {
-	if err := holdsSkiffd(req.Cgroup); err != nil {
-		return badRequest(err)
-	}
-	if req.Cgroup == "" && req.MAC == "" {
-		return nil
-	}
-	eps, err := a.store.Endpoints(ctx, a.host.Name)
-	if err != nil {
-		return fmt.Errorf("read this host's endpoints: %w", err)
-	}
-	return unsharedAmong(eps, req)
-}
-
 // holdsSkiffd refuses a container cgroup (a path as CNI passes it; ""
 // is none) that is skiffd's own or above it.
 func holdsSkiffd(cg string) error {
@@ -305,8 +285,13 @@ func holdsSkiffd(cg string) error {
 	return nil
 }
 
-// unsharedAmong is unshared's check of the other endpoints, eps this
-// host's (req's cgroup already known not to hold skiffd).
+// unsharedAmong refuses an ADD whose cgroup or MAC is another local
+// endpoint's (eps: this host's; holdsSkiffd has refused a cgroup holding
+// skiffd itself): the sockets layer knows
+// a container by its cgroup (one container would get another's identity,
+// or the host's processes would all count as a container), the cache and
+// the source check by its MAC. The same container's other interfaces
+// share its cgroup.
 func unsharedAmong(eps []cluster.Endpoint, req api.AddRequest) error {
 	for _, e := range eps {
 		if e.ContainerID == req.ContainerID && e.IfName == req.IfName {
@@ -392,48 +377,6 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 		"took_ms", millis(start, done), "wait_ms", millis(start, locked), "store_ms", millis(locked, allocated),
 		"overlay_ms", millis(allocated, attached), "layers_ms", millis(attached, layered), "record_ms", millis(layered, done))
 	return a.attachment(e, att), nil
-}
-
-// admitEndpoint checks an ADD against this host's other endpoints
-// (unshared) and records it with its address, under a.admit: the
-// endpoint as recorded, whether it is new, and whether the runtime
-// recreated its sandbox (a re-ADD in another namespace, cgroup, ...),
-// whose record changes before the lock is let go.
-func (a *Agent) admitEndpoint(ctx context.Context, req api.AddRequest, dev, ino uint64, hidden bool) (e cluster.Endpoint, fresh, moved bool, err error) {
-	a.admit.Lock()
-	defer a.admit.Unlock()
-	if err := a.unshared(ctx, req); err != nil {
-		return e, false, false, err
-	}
-	want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
-		Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
-		Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit, Pod: req.Pod}
-	if req.IP.IsValid() {
-		want.IP = netip.PrefixFrom(req.IP, 32)
-	}
-	e, err = a.store.Allocate(ctx, a.host.Subnet, want)
-	if err != nil {
-		return e, false, false, fmt.Errorf("allocate address: %w", err)
-	}
-	fresh = e.Created.Equal(want.Created)
-	// The same container and interface in a new namespace means the runtime
-	// recreated the sandbox; the endpoint follows it.
-	moved = e.Netns != req.Netns || e.NetnsDev != dev || e.NetnsIno != ino || e.Cgroup != req.Cgroup ||
-		e.ClusterRoute != req.ClusterRoute || e.NetnsHidden != hidden || e.Limit != req.Limit || !e.Pod.Equal(req.Pod) ||
-		req.MAC != "" && !strings.EqualFold(e.MAC, req.MAC)
-	e.Netns, e.NetnsDev, e.NetnsIno, e.Cgroup, e.ClusterRoute, e.NetnsHidden, e.Limit = req.Netns, dev, ino, req.Cgroup, req.ClusterRoute, hidden, req.Limit
-	e.Pod = req.Pod
-	if moved {
-		// What the next ADD's unshared reads: this one's cgroup and MAC
-		// (the attach may give another MAC; the record then follows it).
-		if req.MAC != "" {
-			e.MAC = req.MAC
-		}
-		if err := a.store.PutEndpoint(ctx, e); err != nil {
-			return e, fresh, moved, err
-		}
-	}
-	return e, fresh, moved, nil
 }
 
 // attachLayers gives a local endpoint every layer. The overlay carries it

@@ -92,6 +92,17 @@ type Status struct {
 	// QoS counts the underlay packets of QoS-classed containers marked
 	// (marked) and the overlay packets of normal ones (unclassed).
 	QoS map[string]uint64 `json:"qos,omitempty"`
+	// Maps is the use of every pinned eBPF map of this host whose entries
+	// come and go (docs/maps.md), read at most every 10 s.
+	Maps []MapUse `json:"maps,omitempty"`
+}
+
+// MapUse is how full one eBPF map is.
+type MapUse struct {
+	Name     string `json:"name"` // its pin below the agent's directory (cache/skc_flows)
+	Type     string `json:"type"` // Hash, LRUHash, LPMTrie, SockHash, ...
+	Entries  int    `json:"entries"`
+	Capacity int    `json:"capacity"`
 }
 
 // EndpointStatus is an endpoint and, on its own host, which layers carry

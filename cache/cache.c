@@ -93,8 +93,11 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } skc_egress_host SEC(".maps");
 
+// Written by the agent alone (at ADD, removed at DEL): a plain hash, so
+// that no entry is ever evicted behind its back; a full map fails the
+// ADD's attach and the container takes the overlay.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __be32); // local container address
 	__type(value, struct ingress_ep);
 	__uint(max_entries, 1024);

@@ -36,8 +36,10 @@ type Capacity struct {
 	Connections uint32 // TCP connections the fast path owns from their SYN
 }
 
-// DefaultCapacity fits a few thousand containers and tens of thousands of flows.
-var DefaultCapacity = Capacity{EgressIPs: 4096, EgressHosts: 1024, Ingress: 1024, Filter: 16384, Connections: 65536}
+// DefaultCapacity fits every address of a /16 cluster network (the
+// agent preloads every remote container's), 1 024 remote hosts, 1 024
+// local containers and 65 536 connections (docs/maps.md).
+var DefaultCapacity = Capacity{EgressIPs: 65536, EgressHosts: 1024, Ingress: 1024, Filter: 16384, Connections: 65536}
 
 // config describes the host the cache runs on.
 type config struct {
@@ -56,6 +58,7 @@ type fastPath struct {
 	log      *slog.Logger
 	ctl      skcControl     // what skc_control holds
 	policy   policymap.Maps // the policy the table's SYNs are judged by
+	unloaded int            // remote addresses the last Sync left out of skc_egress_ip (no room)
 	remote   struct {       // the remote hosts, for refreshHeaders
 		sync.Mutex
 		hosts []cluster.Host

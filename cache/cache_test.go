@@ -826,3 +826,40 @@ func BenchmarkSync(b *testing.B) {
 		}
 	}
 }
+
+// More remote containers than skc_egress_ip holds: Sync preloads as many
+// as fit and leaves the rest to the programs' learning, and a second Sync
+// writes nothing (it would evict, at every sync, what flows are using).
+func TestSyncEgressBeyondCapacity(t *testing.T) {
+	capacity := DefaultCapacity
+	capacity.EgressIPs = 64
+	c := newTestCache(t, capacity)
+	hosts := []cluster.Host{{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24")},
+		{Name: "r1", UnderlayIP: ulPeer, Subnet: netip.MustParsePrefix("10.244.2.0/24")}}
+	var eps []cluster.Endpoint
+	for i := range 100 {
+		ip := netip.AddrFrom4([4]byte{10, 244, 2, byte(2 + i)})
+		eps = append(eps, cluster.Endpoint{Host: "r1", IP: netip.PrefixFrom(ip, 24)})
+	}
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	first, err := bpfmap.Entries[[4]byte, [4]byte](c.objs.SkcEgressIp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 101 remote addresses (100 containers and r1's VTEP) for 64 places
+	if len(first) != 64 || c.unloaded != 101-64 {
+		t.Fatalf("%d entries, %d unloaded; want 64 and 37", len(first), c.unloaded)
+	}
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	second, err := bpfmap.Entries[[4]byte, [4]byte](c.objs.SkcEgressIp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(first, second) {
+		t.Errorf("a second sync changed the entries: %d of them, was %d", len(second), len(first))
+	}
+}

@@ -142,8 +142,13 @@ func (c *fastPath) syncEgressIPs(owner map[netip.Addr]netip.Addr, remote map[net
 			doomed = append(doomed, ip)
 		}
 	}
-	_, err = bpfmap.Delete(c.objs.SkcEgressIp, doomed)
+	deleted, err := bpfmap.Delete(c.objs.SkcEgressIp, doomed)
 	errs := []error{err}
+	// Never more than fits: an LRU map takes every Put by evicting, and
+	// preloading more than its size would evict, at every sync, the
+	// entries flows are using. What does not fit the programs learn from
+	// the overlay's packets as flows start.
+	room, unloaded := int(c.cfg.Capacity.EgressIPs)-(len(have)-deleted), 0
 	for ip, host := range owner {
 		if !remote[host] {
 			continue
@@ -151,8 +156,20 @@ func (c *fastPath) syncEgressIPs(owner map[netip.Addr]netip.Addr, remote map[net
 		if h, ok := have[ip.As4()]; ok && addr(h) == host {
 			continue
 		}
+		if room <= 0 {
+			unloaded++
+			continue
+		}
 		if err := c.objs.SkcEgressIp.Put(ip.As4(), host.As4()); err != nil {
 			errs = append(errs, fmt.Errorf("egress entry %s: %w", ip, err))
+		}
+		room--
+	}
+	if unloaded != c.unloaded {
+		c.unloaded = unloaded
+		if unloaded > 0 {
+			c.log.Warn("remote addresses beyond the egress map's capacity: their first packets take the overlay until the cache learns them (--cache-capacity)",
+				"unloaded", unloaded, "capacity", c.cfg.Capacity.EgressIPs)
 		}
 	}
 	return errors.Join(errs...)

@@ -197,69 +197,138 @@ func freeSubnet(c cluster.Config, holders map[netip.Prefix]store.Claim, prefer n
 // round-robin from the last one given. Asking again for an endpoint that
 // exists returns it unchanged.
 func Allocate(ctx context.Context, s *store.Store, subnet netip.Prefix, e cluster.Endpoint) (cluster.Endpoint, error) {
-	epKey := store.KeyOf(e)
-	want := e.IP.Addr()
-	if first, last := cluster.Gateway(subnet).Next(), cluster.Broadcast(subnet).Prev(); e.IP.IsValid() && (want.Less(first) || last.Less(want)) {
-		return cluster.Endpoint{}, fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet, first, last)
-	}
-	for attempt := 0; attempt < 16; attempt++ {
-		existing, err := s.Endpoint(ctx, e.Host, e.ContainerID, e.IfName)
-		if err == nil {
-			if want.IsValid() && existing.IP.Addr() != want {
-				return cluster.Endpoint{}, fmt.Errorf("container %s has %s already, not %s: %w", e.ContainerID, existing.IP.Addr(), want, ErrInUse)
-			}
-			return existing, nil
-		}
-		if !errors.Is(err, store.ErrNotFound) {
-			return cluster.Endpoint{}, err
-		}
-		addr := want
-		if !want.IsValid() {
-			if addr, err = nextFree(ctx, s, e.Host, subnet); err != nil {
-				return cluster.Endpoint{}, err
-			}
-		}
-		e.IP = netip.PrefixFrom(addr, subnet.Bits())
-		val, _ := json.Marshal(e)
-		addrKey := store.AddrKey(e.Host, subnet, addr)
-		ops := []clientv3.Op{clientv3.OpPut(addrKey, epKey), clientv3.OpPut(epKey, string(val))}
-		if !want.IsValid() {
-			ops = append(ops, clientv3.OpPut(store.LastAddrKey(e.Host, subnet), addr.String()))
-		}
-		resp, err := s.Txn(ctx,
-			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(addrKey), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(epKey), "=", 0),
-			}, ops, clientv3.OpGet(addrKey))
-		if err != nil {
-			return cluster.Endpoint{}, err
-		}
-		if resp.Succeeded {
-			return e, nil
-		}
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; want.IsValid() && len(kvs) == 1 && string(kvs[0].Value) != epKey {
-			return cluster.Endpoint{}, fmt.Errorf("%s: %w (by %s)", want, ErrInUse, kvs[0].Value)
-		}
-	}
-	return cluster.Endpoint{}, fmt.Errorf("allocate address for %s: too much contention", epKey)
+	out, errs := AllocateAll(ctx, s, subnet, []cluster.Endpoint{e})
+	return out[0], errs[0]
 }
 
-func nextFree(ctx context.Context, s *store.Store, host string, subnet netip.Prefix) (netip.Addr, error) {
-	resp, err := s.Txn(ctx, nil, []clientv3.Op{
-		clientv3.OpGet(store.AddrSubnetPrefix(host, subnet), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(store.LastAddrKey(host, subnet)),
-	})
-	if err != nil {
-		return netip.Addr{}, err
+// chunk is how many endpoints one transaction allocates: etcd takes up to
+// 128 operations in one (--max-txn-ops), and each takes two and two
+// comparisons.
+const chunk = 40
+
+// AllocateAll is Allocate for endpoints of one host at once (the ADDs a
+// burst of pods makes together): two round trips for every chunk of
+// them, a read of the host's leases and of the endpoints' records, and a
+// transaction that leases every new one's address and records it, which
+// fails and is tried again when another writer got in between. Each
+// endpoint's outcome is its own: one error does not fail the others.
+func AllocateAll(ctx context.Context, s *store.Store, subnet netip.Prefix, es []cluster.Endpoint) ([]cluster.Endpoint, []error) {
+	out, errs := make([]cluster.Endpoint, len(es)), make([]error, len(es))
+	for i := 0; i < len(es); i += chunk {
+		j := min(i+chunk, len(es))
+		allocateChunk(ctx, s, subnet, es[i:j], out[i:j], errs[i:j])
 	}
-	used := map[string]bool{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		used[string(kv.Key)] = true
+	return out, errs
+}
+
+func allocateChunk(ctx context.Context, s *store.Store, subnet netip.Prefix, es, out []cluster.Endpoint, errs []error) {
+	first, last := cluster.Gateway(subnet).Next(), cluster.Broadcast(subnet).Prev()
+	var pending []int
+	seen := map[string]bool{}
+	for i, e := range es {
+		want := e.IP.Addr()
+		switch {
+		case e.Host != es[0].Host:
+			errs[i] = fmt.Errorf("endpoint %s is not of host %s: one host's endpoints at a time", store.KeyOf(e), es[0].Host)
+		case seen[store.KeyOf(e)]:
+			errs[i] = fmt.Errorf("endpoint %s asked for twice at once", store.KeyOf(e))
+		case e.IP.IsValid() && (want.Less(first) || last.Less(want)):
+			errs[i] = fmt.Errorf("%s: %w %s (containers here get %s to %s)", want, ErrNotInSubnet, subnet, first, last)
+		default:
+			pending = append(pending, i)
+		}
+		seen[store.KeyOf(e)] = true
 	}
-	var last netip.Addr
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
-		last, _ = netip.ParseAddr(string(kvs[0].Value))
+	host := es[0].Host
+	for attempt := 0; attempt < 16 && len(pending) > 0; attempt++ {
+		reads := []clientv3.Op{clientv3.OpGet(store.AddrSubnetPrefix(host, subnet), clientv3.WithPrefix()), clientv3.OpGet(store.LastAddrKey(host, subnet))}
+		for _, i := range pending {
+			reads = append(reads, clientv3.OpGet(store.KeyOf(es[i])))
+		}
+		resp, err := s.Txn(ctx, nil, reads)
+		if err != nil {
+			for _, i := range pending {
+				errs[i] = err
+			}
+			return
+		}
+		leases := map[string]string{} // address key → endpoint key
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			leases[string(kv.Key)] = string(kv.Value)
+		}
+		var next netip.Addr
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			next, _ = netip.ParseAddr(string(kvs[0].Value))
+		}
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		var fresh []int
+		roundRobin := false
+		for k, i := range pending {
+			e := es[i]
+			epKey, want := store.KeyOf(e), e.IP.Addr()
+			if kvs := resp.Responses[2+k].GetResponseRange().Kvs; len(kvs) == 1 {
+				var existing cluster.Endpoint
+				if err := json.Unmarshal(kvs[0].Value, &existing); err != nil {
+					errs[i] = fmt.Errorf("endpoint %s: %w", epKey, err)
+				} else if want.IsValid() && existing.IP.Addr() != want {
+					errs[i] = fmt.Errorf("container %s has %s already, not %s: %w", e.ContainerID, existing.IP.Addr(), want, ErrInUse)
+				} else {
+					out[i] = existing
+				}
+				continue
+			}
+			addr := want
+			if !want.IsValid() {
+				if addr, err = nextFree(leases, host, subnet, next); err != nil {
+					errs[i] = err
+					continue
+				}
+				next, roundRobin = addr, true
+			} else if by, taken := leases[store.AddrKey(host, subnet, want)]; taken {
+				errs[i] = fmt.Errorf("%s: %w (by %s)", want, ErrInUse, by)
+				continue
+			}
+			addrKey := store.AddrKey(host, subnet, addr)
+			leases[addrKey] = epKey
+			e.IP = netip.PrefixFrom(addr, subnet.Bits())
+			val, _ := json.Marshal(e)
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(addrKey), "=", 0), clientv3.Compare(clientv3.CreateRevision(epKey), "=", 0))
+			ops = append(ops, clientv3.OpPut(addrKey, epKey), clientv3.OpPut(epKey, string(val)))
+			out[i] = e
+			fresh = append(fresh, i)
+		}
+		if len(fresh) == 0 {
+			return
+		}
+		if roundRobin {
+			ops = append(ops, clientv3.OpPut(store.LastAddrKey(host, subnet), next.String()))
+		}
+		resp, err = s.Txn(ctx, cmps, ops)
+		if err != nil {
+			for _, i := range fresh {
+				out[i], errs[i] = cluster.Endpoint{}, err
+			}
+			return
+		}
+		if resp.Succeeded {
+			return
+		}
+		// another writer leased an address or recorded an endpoint in
+		// between: read again
+		for _, i := range fresh {
+			out[i] = cluster.Endpoint{}
+		}
+		pending = fresh
 	}
+	for _, i := range pending {
+		errs[i] = fmt.Errorf("allocate address for %s: too much contention", store.KeyOf(es[i]))
+	}
+}
+
+// nextFree is the first address of subnet after last that leases does
+// not hold, round the subnet.
+func nextFree(leases map[string]string, host string, subnet netip.Prefix, last netip.Addr) (netip.Addr, error) {
 	addrs := cluster.ContainerAddrs(subnet)
 	start := 0
 	for i, a := range addrs {
@@ -270,7 +339,7 @@ func nextFree(ctx context.Context, s *store.Store, host string, subnet netip.Pre
 	}
 	for i := range addrs {
 		a := addrs[(start+i)%len(addrs)]
-		if !used[store.AddrKey(host, subnet, a)] {
+		if _, used := leases[store.AddrKey(host, subnet, a)]; !used {
 			return a, nil
 		}
 	}

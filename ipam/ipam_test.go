@@ -203,3 +203,72 @@ func TestAllocateAsked(t *testing.T) {
 		t.Errorf("next free after an asked-for address: %v %v, want 10.244.7.2", n.IP, err)
 	}
 }
+
+// TestAllocateAll: endpoints allocated together get distinct addresses in
+// one step each, an asked-for address among them included; the ones that
+// cannot be allocated (twice in the batch, another host's, outside the
+// subnet, a taken address, a full subnet) fail alone; batches racing each
+// other never hand out one address twice; and an existing endpoint comes
+// back unchanged.
+func TestAllocateAll(t *testing.T) {
+	s, _ := storetest.New(t)
+	ctx := context.Background()
+	subnet := netip.MustParsePrefix("10.244.7.0/26") // 61 container addresses
+	ep := func(id string) cluster.Endpoint { return cluster.Endpoint{Host: "h1", ContainerID: id, IfName: "eth0"} }
+	asked := ep("asked")
+	asked.IP = netip.MustParsePrefix("10.244.7.9/32")
+	other := ep("other")
+	other.Host = "h2"
+	outside := ep("outside")
+	outside.IP = netip.MustParsePrefix("10.244.8.9/32")
+	taken := ep("taken")
+	taken.IP = asked.IP
+	batch := []cluster.Endpoint{ep("a"), asked, ep("b"), ep("a"), other, outside, taken}
+	out, errs := AllocateAll(ctx, s, subnet, batch)
+	for i, wantErr := range []bool{false, false, false, true, true, true, true} {
+		if (errs[i] != nil) != wantErr {
+			t.Errorf("%s: err %v", batch[i].ContainerID, errs[i])
+		}
+	}
+	if out[1].IP.Addr() != asked.IP.Addr() || out[0].IP == out[2].IP || out[0].IP.Addr() == asked.IP.Addr() || out[2].IP.Addr() == asked.IP.Addr() {
+		t.Errorf("addresses %v %v %v", out[0].IP, out[1].IP, out[2].IP)
+	}
+	if !errors.Is(errs[5], ErrNotInSubnet) || !errors.Is(errs[6], ErrInUse) {
+		t.Errorf("errors %v, %v", errs[5], errs[6])
+	}
+	// three batches at once fill the rest of the subnet (58 addresses)
+	var mu sync.Mutex
+	got := map[netip.Addr]string{out[0].IP.Addr(): "a", out[1].IP.Addr(): "asked", out[2].IP.Addr(): "b"}
+	var wg sync.WaitGroup
+	for g := range 3 {
+		wg.Go(func() {
+			var es []cluster.Endpoint
+			for i := range 20 {
+				es = append(es, ep(fmt.Sprintf("g%d-%d", g, i)))
+			}
+			out, errs := AllocateAll(ctx, s, subnet, es)
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range es {
+				if errs[i] != nil {
+					if !errors.Is(errs[i], ErrExhausted) {
+						t.Errorf("%s: %v", es[i].ContainerID, errs[i])
+					}
+					continue
+				}
+				if prev, dup := got[out[i].IP.Addr()]; dup {
+					t.Errorf("%s handed to %s and %s", out[i].IP, prev, es[i].ContainerID)
+				}
+				got[out[i].IP.Addr()] = es[i].ContainerID
+			}
+		})
+	}
+	wg.Wait()
+	if len(got) != 61 {
+		t.Errorf("%d addresses handed out, want all 61", len(got))
+	}
+	again, errs := AllocateAll(ctx, s, subnet, []cluster.Endpoint{ep("b")})
+	if errs[0] != nil || again[0].IP != out[2].IP || !again[0].Created.Equal(out[2].Created) {
+		t.Errorf("b again: %v %v, want %v", again[0], errs[0], out[2])
+	}
+}

@@ -94,3 +94,10 @@ type Backend interface {
 	// each change.
 	WatchListeners(ctx context.Context) (Lister[cluster.Listener], <-chan struct{}, error)
 }
+
+// BatchAllocator is a Backend that leases many endpoints of one host in
+// one step (Allocate's outcome for each, in order): the agent admits the
+// ADDs of a burst of pods together.
+type BatchAllocator interface {
+	AllocateAll(ctx context.Context, subnet netip.Prefix, wants []cluster.Endpoint) ([]cluster.Endpoint, []error)
+}
