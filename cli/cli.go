@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/bench/scale"
 	"github.com/skiffnet/skiff/lab"
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policy"
@@ -64,7 +65,10 @@ func init() {
 		"cert":            {summary: "cert issue: an etcd client certificate for another host (or the administrator)", run: cmdCert},
 		"bench":           {summary: "measure every data-plane mode against the host network", run: cmdBench},
 		"doctor":          {summary: "what this host has and lacks for skiff and each layer, with the fix", run: cmdDoctor},
-		"uninstall":       {summary: "remove skiff from this host: what skiffd made (skiffd --cleanup), then make install's files", run: cmdUninstall},
+		"scale-flows": {summary: "a worker process of skiff bench --scale (flows)", hidden: true, run: func(ctx context.Context, env Env, args []string) error {
+			return scale.Worker(ctx, args, env.Stdin, env.Stdout)
+		}},
+		"uninstall": {summary: "remove skiff from this host: what skiffd made (skiffd --cleanup), then make install's files", run: cmdUninstall},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", version.String())
 			return nil
@@ -280,6 +284,9 @@ func cmdStatus(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintf(w, "sync error: %s\n", st.SyncError)
 	}
 	fmt.Fprintf(w, "endpoints:  %d local; %d remote hosts\n", st.Endpoints, st.RemoteHosts)
+	if len(st.Maps) > 0 {
+		fmt.Fprintf(w, "maps:       %s\n", mapsLine(st.Maps))
+	}
 	if st.SourceDrops != nil {
 		var rows [][]string
 		for _, r := range overlay.SourceReasons() {
@@ -422,4 +429,19 @@ func removeHost(ctx context.Context, admin func() (*store.Store, error), name st
 	return withStore(admin, func(s *store.Store) error {
 		return errors.Join(s.RemoveHost(ctx, name), s.RevokeHost(ctx, name))
 	})
+}
+
+// mapsLine is the fullest of the host's maps, and every one at least
+// 80 % full but the LRU maps, which fill by design (docs/maps.md says
+// what a full one does).
+func mapsLine(use []api.MapUse) string {
+	share := func(u api.MapUse) float64 { return float64(u.Entries) / float64(max(u.Capacity, 1)) }
+	fullest := slices.MaxFunc(use, func(a, b api.MapUse) int { return cmp.Compare(share(a), share(b)) })
+	line := fmt.Sprintf("%d counted, fullest %s (%d of %d)", len(use), fullest.Name, fullest.Entries, fullest.Capacity)
+	for _, u := range use {
+		if share(u) >= 0.8 && !strings.HasPrefix(u.Type, "LRU") {
+			line += fmt.Sprintf("; NEARLY FULL: %s %d of %d", u.Name, u.Entries, u.Capacity)
+		}
+	}
+	return line
 }

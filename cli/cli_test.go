@@ -212,3 +212,12 @@ func TestFindEndpoint(t *testing.T) {
 		}
 	}
 }
+
+func TestMapsLine(t *testing.T) {
+	got := mapsLine([]api.MapUse{{Name: "cache/skc_flows", Type: "Hash", Entries: 100, Capacity: 65536}, {Name: "sockets/sks_listen", Type: "SockHash", Entries: 15000, Capacity: 16384},
+		{Name: "skv_sources", Type: "Hash", Entries: 3, Capacity: 16384}, {Name: "channels/skch_owners", Type: "LRUHash", Entries: 15000, Capacity: 16384}})
+	want := "4 counted, fullest sockets/sks_listen (15000 of 16384); NEARLY FULL: sockets/sks_listen 15000 of 16384"
+	if got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}

@@ -22,6 +22,13 @@ type BurstPoint struct {
 	Add   Spread `json:"add"`
 	Reach Spread `json:"reach"`
 	Del   Spread `json:"del"`
+	// ReachAfterAdd is from each ADD's return until its pod connected.
+	ReachAfterAdd Spread `json:"reachAfterAdd"`
+	// CPUMs is the machine's CPU time (every core) from the burst's start
+	// until every pod connected, per pod; AgentCPUMs the host's agent's
+	// part of it. On C cores, N pods' ADDs take at least N × CPUMs / C.
+	CPUMs      float64 `json:"cpuMsPerPod"`
+	AgentCPUMs float64 `json:"agentCPUMsPerPod"`
 	// Agent is the agent's own account of each ADD and DEL (its log):
 	// "add took", "add wait" (for its locks), "add store" (the address),
 	// "add overlay" (veth, addresses, routes), "add layers", "del took".
@@ -66,14 +73,27 @@ func burst(ctx context.Context, l *lab.Lab, n int, dst netip.AddrPort) (BurstPoi
 	p := BurstPoint{N: n}
 	logFile := l.AgentLog("h1")
 	offset := fileSize(logFile)
+	h, err := l.Host("h1")
+	if err != nil {
+		return p, err
+	}
+	busy, err := busyTicks()
+	if err != nil {
+		return p, err
+	}
+	agent, err := readProc(h.AgentPID)
+	if err != nil {
+		return p, err
+	}
 	var mu sync.Mutex
-	var reached []float64
+	var reached, after []float64
 	start := time.Now()
 	names, took, err := l.AddContainersThen(ctx, "h1", n, func(c lab.Container) error {
+		added := time.Now()
 		d, err := reach(c.Do, dst, start, 30*time.Second)
 		if err == nil {
 			mu.Lock()
-			reached = append(reached, millis(d))
+			reached, after = append(reached, millis(d)), append(after, millis(d-added.Sub(start)))
 			mu.Unlock()
 		}
 		return err
@@ -82,7 +102,13 @@ func burst(ctx context.Context, l *lab.Lab, n int, dst netip.AddrPort) (BurstPoi
 		p.Failed = n - len(reached)
 		p.Errors = append(p.Errors, err.Error())
 	}
-	p.Add, p.Reach = spreadOf(durationsMs(took)), spreadOf(reached)
+	busy2, berr := busyTicks()
+	agent2, aerr := readProc(h.AgentPID)
+	if berr == nil && aerr == nil {
+		p.CPUMs = float64(busy2-busy) * 10 / float64(n) // USER_HZ ticks of 10 ms
+		p.AgentCPUMs = millis(agent2.cpu-agent.cpu) / float64(n)
+	}
+	p.Add, p.Reach, p.ReachAfterAdd = spreadOf(durationsMs(took)), spreadOf(reached), spreadOf(after)
 	delTook, err := l.RemoveContainers(ctx, names...)
 	if err != nil {
 		return p, err
@@ -124,6 +150,29 @@ func agentParts(path string, offset int64) map[string][]float64 {
 		}
 	}
 	return parts
+}
+
+// busyTicks is the machine's busy CPU time in USER_HZ ticks: user, nice,
+// system, irq and softirq of /proc/stat's cpu line.
+func busyTicks() (uint64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: %q", line)
+	}
+	var sum uint64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		v, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		sum += v
+	}
+	return sum, nil
 }
 
 func fileSize(path string) int64 {

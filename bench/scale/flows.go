@@ -1,21 +1,19 @@
 package scale
 
 import (
-	"cmp"
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/skiffnet/skiff/api"
 	"github.com/skiffnet/skiff/cache"
@@ -49,18 +47,12 @@ type FlowsPoint struct {
 	// agent's memory.
 	Conntrack   int     `json:"conntrack"`
 	AgentRSSMiB float64 `json:"agentRSSMiB"`
+	// Errors are the connections that could not be opened (how many, the
+	// first error), by client process.
+	Errors []string `json:"errors,omitempty"`
 }
 
-const flowPorts = 4 // server ports: one client address has ~55 000 ephemeral ports per port
-
 func runFlows(ctx context.Context, o Options) ([]FlowsPoint, error) {
-	most := 0
-	for _, n := range o.Flows {
-		most = max(most, n)
-	}
-	if err := raiseFiles(2*most + 10000); err != nil {
-		return nil, err
-	}
 	var out []FlowsPoint
 	for _, n := range o.Flows {
 		p, err := flows(ctx, o, n)
@@ -85,26 +77,59 @@ func flows(ctx context.Context, o Options, n int) (FlowsPoint, error) {
 		return p, err
 	}
 	defer down(o, name)
-	srv, err := newEchoServer(l, "h2/c1")
-	if err != nil {
-		return p, err
-	}
-	defer srv.close()
 	dst, err := l.IP("h2/c1")
 	if err != nil {
 		return p, err
+	}
+	var workers []*worker
+	defer func() {
+		for _, w := range workers {
+			w.stop()
+		}
+	}()
+	start := func(target string, args ...string) (*worker, error) {
+		w, err := startWorker(ctx, l, o, target, args...)
+		if err == nil {
+			workers = append(workers, w)
+		}
+		return w, err
+	}
+	// a server and a client process for every perWorker connections, each
+	// pair on a port of its own
+	var dialers []*worker
+	for i := range (n + perWorker - 1) / perWorker {
+		port := 7200 + i
+		srv, err := start("h2/c1", "serve", strconv.Itoa(port))
+		if err != nil {
+			return p, err
+		}
+		if line, err := srv.line(); err != nil || line != "listening" {
+			return p, fmt.Errorf("server on port %d: %q %v", port, line, err)
+		}
+		dialers = append(dialers, nil) // started below, all at once
 	}
 	before, err := counters(ctx, l, "h1")
 	if err != nil {
 		return p, err
 	}
-	start := time.Now()
-	conns, err := dialMany(l, "h1/c1", dst, n)
-	defer closeAll(conns)
-	p.Opened, p.OpenSeconds = len(conns), time.Since(start).Seconds()
-	if err != nil {
-		return p, err
+	began := time.Now()
+	for i := range dialers {
+		count := min(perWorker, n-i*perWorker)
+		if dialers[i], err = start("h1/c1", "dial", netip.AddrPortFrom(dst, uint16(7200+i)).String(), strconv.Itoa(count)); err != nil {
+			return p, err
+		}
 	}
+	for _, d := range dialers {
+		opened, failed, err := d.opened()
+		if err != nil {
+			return p, err
+		}
+		p.Opened += opened
+		if failed != "" {
+			p.Errors = append(p.Errors, failed)
+		}
+	}
+	p.OpenSeconds = time.Since(began).Seconds()
 	opened, err := counters(ctx, l, "h1")
 	if err != nil {
 		return p, err
@@ -113,17 +138,27 @@ func flows(ctx context.Context, o Options, n int) (FlowsPoint, error) {
 	if p.Table, p.TableSize, err = tableEntries(ctx, l, "h1"); err != nil {
 		return p, err
 	}
-	more, err := dialMany(l, "h1/c1", dst, 100)
-	closeAll(more)
+	// 100 more, with every connection open: the fast path or not?
+	more, err := start("h1/c1", "dial", netip.AddrPortFrom(dst, 7200).String(), "100")
 	if err != nil {
 		return p, err
 	}
+	if _, failed, err := more.opened(); err != nil || failed != "" {
+		return p, fmt.Errorf("100 more connections: %v %s", err, failed)
+	}
+	more.stop()
 	after, err := counters(ctx, l, "h1")
 	if err != nil {
 		return p, err
 	}
 	p.NewSYNs = synOutcomes(opened, after)
-	p.Echoed = echoAll(conns)
+	for _, d := range dialers {
+		echoed, err := d.echo()
+		if err != nil {
+			return p, err
+		}
+		p.Echoed += echoed
+	}
 	if p.Conntrack, err = conntrack(l, "h1"); err != nil {
 		return p, err
 	}
@@ -134,146 +169,6 @@ func flows(ctx context.Context, o Options, n int) (FlowsPoint, error) {
 	pr, err := readProc(h.AgentPID)
 	p.AgentRSSMiB = pr.rssMiB
 	return p, err
-}
-
-// echoServer echoes every byte on flowPorts ports inside a container.
-type echoServer struct {
-	lns   []net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newEchoServer(l *lab.Lab, target string) (*echoServer, error) {
-	s := &echoServer{}
-	err := l.Do(target, func() error {
-		for i := range flowPorts {
-			ln, err := net.Listen("tcp4", ":"+strconv.Itoa(7200+i))
-			if err != nil {
-				return err
-			}
-			s.lns = append(s.lns, ln)
-		}
-		return nil
-	})
-	if err != nil {
-		s.close()
-		return nil, fmt.Errorf("echo server in %s: %w", target, err)
-	}
-	for _, ln := range s.lns {
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				s.mu.Lock()
-				s.conns = append(s.conns, c)
-				s.mu.Unlock()
-				go func() {
-					var b [1]byte
-					for {
-						if _, err := c.Read(b[:]); err != nil {
-							return
-						}
-						if _, err := c.Write(b[:]); err != nil {
-							return
-						}
-					}
-				}()
-			}
-		}()
-	}
-	return s, nil
-}
-
-func (s *echoServer) close() {
-	for _, ln := range s.lns {
-		ln.Close()
-	}
-	s.mu.Lock()
-	closeAll(s.conns)
-	s.mu.Unlock()
-}
-
-// dialMany opens n connections from target to dst's flowPorts, 64 at a
-// time, and keeps them open.
-func dialMany(l *lab.Lab, target string, dst netip.Addr, n int) ([]net.Conn, error) {
-	var mu sync.Mutex
-	var conns []net.Conn
-	var next atomic.Int64
-	var failed atomic.Int64
-	var errMu sync.Mutex
-	var firstErr error
-	note := func(err error) {
-		errMu.Lock()
-		firstErr = cmp.Or(firstErr, err)
-		errMu.Unlock()
-	}
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Go(func() {
-			err := l.Do(target, func() error {
-				for {
-					i := next.Add(1) - 1
-					if i >= int64(n) {
-						return nil
-					}
-					to := netip.AddrPortFrom(dst, uint16(7200+i%flowPorts))
-					c, err := net.DialTimeout("tcp4", to.String(), 10*time.Second)
-					if err != nil {
-						failed.Add(1)
-						note(err)
-						continue
-					}
-					mu.Lock()
-					conns = append(conns, c)
-					mu.Unlock()
-				}
-			})
-			if err != nil {
-				note(err)
-			}
-		})
-	}
-	wg.Wait()
-	if f := failed.Load(); f > 0 || firstErr != nil {
-		return conns, fmt.Errorf("%d of %d connections failed: %v", f, n, firstErr)
-	}
-	return conns, nil
-}
-
-// echoAll sends a byte on every connection and counts those it came back
-// on, 64 at a time.
-func echoAll(conns []net.Conn) int {
-	var ok atomic.Int64
-	work := make(chan net.Conn)
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Go(func() {
-			var b [1]byte
-			for c := range work {
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := c.Write([]byte{'x'}); err != nil {
-					continue
-				}
-				if _, err := io.ReadFull(c, b[:]); err == nil && b[0] == 'x' {
-					ok.Add(1)
-				}
-			}
-		})
-	}
-	for _, c := range conns {
-		work <- c
-	}
-	close(work)
-	wg.Wait()
-	return int(ok.Load())
-}
-
-func closeAll(conns []net.Conn) {
-	for _, c := range conns {
-		c.Close()
-	}
 }
 
 // synOutcomes are the new-flow counters of the cache that moved from
@@ -334,18 +229,89 @@ func conntrack(l *lab.Lab, host string) (int, error) {
 	return n, err
 }
 
-// raiseFiles lets this process hold n open files.
-func raiseFiles(n int) error {
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		return err
+// worker is a running skiff scale-flows process (Worker).
+type worker struct {
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Scanner
+	stderr bytes.Buffer
+}
+
+// startWorker runs skiff scale-flows args in target (a lab container: its
+// namespace and cgroup).
+func startWorker(ctx context.Context, l *lab.Lab, o Options, target string, args ...string) (*worker, error) {
+	cmd, err := l.Command(ctx, target, filepath.Join(o.BinDir, "skiff"), append([]string{"scale-flows"}, args...)...)
+	if err != nil {
+		return nil, err
 	}
-	if lim.Cur >= uint64(n) {
-		return nil
+	w := &worker{cmd: cmd}
+	cmd.Stderr = &w.stderr
+	if w.in, err = cmd.StdinPipe(); err != nil {
+		return nil, err
 	}
-	lim.Cur, lim.Max = uint64(n), max(lim.Max, uint64(n))
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		return fmt.Errorf("open files limit %d (fs.nr_open?): %w", n, err)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	w.out = bufio.NewScanner(out)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("scale-flows %v in %s: %w", args, target, err)
+	}
+	return w, nil
+}
+
+// line is the worker's next line of output.
+func (w *worker) line() (string, error) {
+	if w.out.Scan() {
+		return w.out.Text(), nil
+	}
+	return "", fmt.Errorf("scale-flows %v ended: %v %s", w.cmd.Args, w.out.Err(), strings.TrimSpace(w.stderr.String()))
+}
+
+// opened reads a dialling worker's report: how many it opened, and how
+// many it could not with the first error ("" when none failed).
+func (w *worker) opened() (int, string, error) {
+	line, err := w.line()
+	if err != nil {
+		return 0, "", err
+	}
+	f := strings.SplitN(line, " ", 4)
+	if len(f) < 3 || f[0] != "opened" {
+		return 0, "", fmt.Errorf("scale-flows: %q", line)
+	}
+	n, _ := strconv.Atoi(f[1])
+	if f[2] != "0" {
+		return n, f[2] + " failed: " + strings.Join(f[3:], " "), nil
+	}
+	return n, "", nil
+}
+
+// echo has a dialling worker send a byte on every connection: how many
+// came back.
+func (w *worker) echo() (int, error) {
+	if _, err := io.WriteString(w.in, "echo\n"); err != nil {
+		return 0, err
+	}
+	line, err := w.line()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	if _, err := fmt.Sscanf(line, "echoed %d", &n); err != nil {
+		return 0, fmt.Errorf("scale-flows: %q", line)
+	}
+	return n, nil
+}
+
+// stop ends the worker (its input closed), killing it after 10 s.
+func (w *worker) stop() {
+	w.in.Close()
+	done := make(chan struct{})
+	go func() { w.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		w.cmd.Process.Kill()
+		<-done
+	}
 }

@@ -31,12 +31,12 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "Commit %s, %s, Linux %s, %d CPUs; the run took %.0f s.\n", short(r.Commit), r.Date, r.Kernel, r.CPUs, r.Seconds)
 	if len(r.Burst) > 0 {
 		b.WriteString("\n**Pod burst** (N ADDs at once on one host, auto; ms, p50 / p99 / max)\n\n")
-		b.WriteString("| pods | ADD | reaches another host | DEL | agent: ADD | wait | store | overlay | layers | DEL | failed |\n")
-		b.WriteString("|---:|---|---|---|---|---|---|---|---|---|---:|\n")
+		b.WriteString("| pods | ADD | reaches another host | of which after the ADD | DEL | agent: ADD | wait | store | overlay | layers | DEL | CPU per pod (ms): all / agent | failed |\n")
+		b.WriteString("|---:|---|---|---|---|---|---|---|---|---|---|---|---:|\n")
 		for _, p := range r.Burst {
 			a := p.Agent
-			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", p.N, p.Add, p.Reach, p.Del,
-				a["add took"], a["add wait"], a["add store"], a["add overlay"], a["add layers"], a["del took"], p.Failed)
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f / %.0f | %d |\n", p.N, p.Add, p.Reach, p.ReachAfterAdd, p.Del,
+				a["add took"], a["add wait"], a["add store"], a["add overlay"], a["add layers"], a["del took"], p.CPUMs, p.AgentCPUMs, p.Failed)
 		}
 	}
 	if len(r.Hosts) > 0 {
