@@ -26,6 +26,7 @@ import (
 	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/source"
 	"github.com/skiffnet/skiff/store"
+	"github.com/skiffnet/skiff/timing"
 )
 
 // Modes the agent can run the data plane in: auto, overlay, and each of
@@ -493,6 +494,10 @@ func (a *Agent) lockAlone() {
 	}
 }
 
+// slowReconcile is how long a reconcile may take before the agent logs
+// where its time went ("reconcile slow": the lock, the store, each layer).
+const slowReconcile = time.Second
+
 // reconcile makes the data plane match the store.
 func (a *Agent) reconcile(ctx context.Context) error {
 	start := time.Now()
@@ -532,8 +537,11 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 	}
 	// Read the store under the data-plane lock: a listing taken before an
 	// ADD that completes in between would make the new endpoint look stale.
+	steps := timing.Start(a.log, "reconcile slow", slowReconcile)
+	defer steps.Done()
 	a.lockAlone()
 	defer a.mu.Unlock()
+	steps.Step("lock")
 	hosts, err := a.store.Hosts(ctx)
 	if err != nil {
 		return err
@@ -566,8 +574,10 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		v.Listeners, listenErr = a.publishedListeners(ctx, hosts)
 	}
 	a.synced = v
+	steps.Step("store")
 	eps = a.collectGarbage(ctx, eps)
 	v.Local = eps
+	steps.Step("garbage")
 	errs := errors.Join(
 		listenErr,
 		a.overlay.SyncHosts(hosts),
@@ -577,6 +587,7 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		a.overlay.SyncSources(eps),
 	)
 	a.overlay.SyncLimits(eps)
+	steps.Step("overlay")
 	// The order with the layers is layer's package comment's: whether the
 	// policy changed is known before the overlay applies it.
 	v.PolicyChanged = a.overlay.PolicyChanged(rules)
@@ -586,12 +597,15 @@ func (a *Agent) reconcileOnce(ctx context.Context) error {
 		err := l.Sync(ctx, v)
 		hold = hold || errors.Is(err, layer.ErrHoldPolicy)
 		errs = errors.Join(errs, layerErr(l.name, err))
+		steps.Step(l.name)
 	}
 	if !hold {
 		errs = errors.Join(errs, a.overlay.SyncPolicy(rules, eps))
+		steps.Step("overlay policy")
 	}
 	for _, l := range layers {
 		errs = errors.Join(errs, layerErr(l.name, l.Settle(ctx, v)))
+		steps.Step(l.name + " settle")
 	}
 	a.stateMu.Lock()
 	a.remotes, a.endpoints, a.local = len(hosts)-1, len(eps), eps

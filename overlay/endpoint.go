@@ -16,6 +16,7 @@ import (
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/limits"
 	"github.com/skiffnet/skiff/netlinksafe"
+	"github.com/skiffnet/skiff/timing"
 )
 
 // Attachment is what AddEndpoint built.
@@ -115,9 +116,9 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 		return Attachment{}, errNoSourceCheck
 	}
 	steps := o.stepsOf("endpoint attach slow", e)
-	defer steps.done()
+	defer steps.Done()
 	a, err := o.checkLinks(e)
-	steps.step("check")
+	steps.Step("check")
 	if err == nil {
 		host, err := netlink.LinkByName(e.Veth)
 		if err == nil {
@@ -140,7 +141,7 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 		return Attachment{}, err
 	}
 	defer done()
-	steps.step("netns")
+	steps.Step("netns")
 	if err := deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth); err != nil {
 		return Attachment{}, err
 	}
@@ -160,11 +161,11 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 	if mac, err := net.ParseMAC(e.MAC); err == nil {
 		veth.PeerHardwareAddr = mac
 	}
-	steps.step("lookups")
+	steps.Step("lookups")
 	if err := netlink.LinkAdd(veth); err != nil {
 		return Attachment{}, fmt.Errorf("create veth %s/%s: %w", e.Veth, e.IfName, err)
 	}
-	steps.step("veth")
+	steps.Step("veth")
 	a, err = o.configure(h, e, steps)
 	if err != nil {
 		_ = deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth)
@@ -173,7 +174,7 @@ func (o *Overlay) AddEndpoint(e cluster.Endpoint) (Attachment, error) {
 	return a, nil
 }
 
-func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint, steps *steps) (Attachment, error) {
+func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint, steps *timing.Steps) (Attachment, error) {
 	host, err := netlink.LinkByName(e.Veth)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("host veth %s: %w", e.Veth, err)
@@ -186,14 +187,14 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint, steps *steps)
 	if err := o.src.guard(host, e.IP.Addr(), c.Attrs().HardwareAddr); err != nil {
 		return Attachment{}, err
 	}
-	steps.step("source check")
+	steps.Step("source check")
 	if err := hairpin(host); err != nil {
 		return Attachment{}, err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return Attachment{}, fmt.Errorf("set %s up: %w", e.Veth, err)
 	}
-	steps.step("host veth")
+	steps.Step("host veth")
 	if err := h.AddrReplace(c, &netlink.Addr{IPNet: prefixNet(e.IP)}); err != nil {
 		return Attachment{}, fmt.Errorf("address %s on container %s: %w", e.IP, e.IfName, err)
 	}
@@ -211,7 +212,7 @@ func (o *Overlay) configure(h *netlink.Handle, e cluster.Endpoint, steps *steps)
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: c.Attrs().Index, Dst: prefixNet(dst), Gw: gw.AsSlice()}); err != nil {
 		return Attachment{}, fmt.Errorf("route to %s via %s in container: %w", dst, gw, err)
 	}
-	steps.step("container side")
+	steps.Step("container side")
 	if !e.Limit.None() { // a new veth pair has no qdisc of skiff's to remove
 		if err := o.shape(h, c, host, e.Limit); err != nil {
 			return Attachment{}, err
@@ -336,7 +337,7 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 // (which takes its peer with it, wherever it is).
 func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	steps := o.stepsOf("endpoint removal slow", e)
-	defer steps.done()
+	defer steps.Done()
 	var ifindex uint32
 	if l, err := netlink.LinkByName(e.Veth); err == nil {
 		ifindex = uint32(l.Attrs().Index)
@@ -344,7 +345,7 @@ func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 	if e.NetnsIno != 0 {
 		if h, _, done, err := inNetns(e); err == nil {
 			defer done()
-			steps.step("netns")
+			steps.Step("netns")
 			if err := deleteLink(h.LinkByName, h.LinkDel, e.IfName); err != nil {
 				return err
 			}
@@ -354,11 +355,11 @@ func (o *Overlay) RemoveEndpoint(e cluster.Endpoint) error {
 			return err
 		}
 	}
-	steps.step("container side")
+	steps.Step("container side")
 	if err := deleteLink(netlink.LinkByName, netlink.LinkDel, e.Veth); err != nil {
 		return err
 	}
-	steps.step("host veth")
+	steps.Step("host veth")
 	if o.src == nil || ifindex == 0 {
 		return nil
 	}
@@ -421,32 +422,8 @@ func hairpin(host netlink.Link) error {
 // seconds: docs/kubernetes.md "Performance").
 const slowSteps = time.Second
 
-// steps times the steps of one endpoint change and logs them when the
+// stepsOf times the steps of one endpoint change and logs them when the
 // change was slow.
-type steps struct {
-	o     *Overlay
-	msg   string
-	e     cluster.Endpoint
-	start time.Time
-	last  time.Time
-	took  []any // step name, milliseconds, ...
-}
-
-func (o *Overlay) stepsOf(msg string, e cluster.Endpoint) *steps {
-	now := time.Now()
-	return &steps{o: o, msg: msg, e: e, start: now, last: now}
-}
-
-// step ends the step called name.
-func (s *steps) step(name string) {
-	now := time.Now()
-	s.took = append(s.took, strings.ReplaceAll(name, " ", "_")+"_ms", float64(now.Sub(s.last).Microseconds())/1000)
-	s.last = now
-}
-
-// done logs the steps if the whole took longer than slowSteps.
-func (s *steps) done() {
-	if total := time.Since(s.start); total >= slowSteps && s.o.log != nil {
-		s.o.log.Warn(s.msg, append([]any{"container", s.e.ContainerID, "if", s.e.IfName, "took_ms", total.Milliseconds()}, s.took...)...)
-	}
+func (o *Overlay) stepsOf(msg string, e cluster.Endpoint) *timing.Steps {
+	return timing.Start(o.log, msg, slowSteps, "container", e.ContainerID, "if", e.IfName)
 }

@@ -96,9 +96,10 @@ func Compile(set policy.Set, local []netip.Addr, ids map[string]uint32) Entries 
 			nodes, ok := done[which.String()]
 			if !ok {
 				prefixes := otherPrefixes(rules, dir)
+				index := indexOther(rules, dir)
 				tables := make([]map[cell]uint8, 0, len(prefixes))
 				for _, p := range prefixes {
-					if t := nodeTable(rules, dir, p); t != nil {
+					if t := nodeTable(index.covering(p)); t != nil {
 						tables = append(tables, t)
 					}
 				}
@@ -171,17 +172,49 @@ func sides(r policy.Rule, dir Direction) (fixed, other netip.Prefix) {
 // ports than this (wide ranges) is not compiled — the overlay judges it.
 const MaxPortCells = 1024
 
-// nodeTable is the verdict table of the addresses whose longest prefix
-// among the rules' is p: the rules whose other-end prefix covers p match
-// every one of them, and only those. nil: the rules name more than
-// MaxPortCells ports.
-func nodeTable(rules []policy.Rule, dir Direction, p netip.Prefix) map[cell]uint8 {
-	var apply []policy.Rule
-	for _, r := range rules {
-		if _, other := sides(r, dir); !other.IsValid() || other.Bits() <= p.Bits() && other.Contains(p.Addr()) {
-			apply = append(apply, r)
+// byOther finds the rules whose other-end prefix covers a prefix among
+// its 33 ancestors, not by a look at every rule: compiling is O(prefixes
+// × ancestors), not O(prefixes × rules) (10 000 rules of a /32 each took
+// 1.9 s a compile).
+type byOther struct {
+	rules []policy.Rule
+	at    map[netip.Prefix][]int // other-end prefix → its rules' indexes
+	any   []int                  // the rules with no other-end prefix
+}
+
+func indexOther(rules []policy.Rule, dir Direction) byOther {
+	x := byOther{rules: rules, at: map[netip.Prefix][]int{}}
+	for i, r := range rules {
+		if _, other := sides(r, dir); other.IsValid() {
+			x.at[other] = append(x.at[other], i)
+		} else {
+			x.any = append(x.any, i)
 		}
 	}
+	return x
+}
+
+// covering returns the rules whose other-end prefix covers p (p or a
+// shorter prefix of its address; or none: any address), in their order.
+func (x byOther) covering(p netip.Prefix) []policy.Rule {
+	idx := slices.Clone(x.any)
+	for bits := 0; bits <= p.Bits(); bits++ {
+		q, _ := p.Addr().Prefix(bits)
+		idx = append(idx, x.at[q]...)
+	}
+	slices.Sort(idx)
+	out := make([]policy.Rule, len(idx))
+	for i, j := range idx {
+		out[i] = x.rules[j]
+	}
+	return out
+}
+
+// nodeTable is the verdict table of the addresses whose longest prefix
+// among the rules' is p, from apply: the rules whose other-end prefix
+// covers p (covering), which match every one of them, and only those.
+// nil: the rules name more than MaxPortCells ports.
+func nodeTable(apply []policy.Rule) map[cell]uint8 {
 	cells := []cell{{protocols[policy.TCP], 0}, {protocols[policy.UDP], 0}, {protocols[policy.ICMP], 0}, {0, 0}}
 	seen := map[cell]bool{}
 	for _, r := range apply {

@@ -272,6 +272,27 @@ func BenchmarkCompileOne(b *testing.B) {
 	}
 }
 
+// BenchmarkCompileDistinct: 10 000 rules, each on a /32 source of its
+// own (skiff bench --scale's), for three local containers: 10 001 nodes a
+// direction. 1.9 s a compile before the rules were indexed by prefix
+// (byOther), 85 ms after.
+func BenchmarkCompileDistinct(b *testing.B) {
+	var rules []policy.Rule
+	for i := range 10000 {
+		src := netip.AddrFrom4([4]byte{10, 244, byte(200 + i/256%50), byte(i % 256)})
+		rules = append(rules, policy.Rule{ID: fmt.Sprintf("r%d", i), Priority: 1000 + i, Action: policy.Deny,
+			Src: netip.PrefixFrom(src, 32), Proto: policy.TCP, Port: uint16(1 + i%60000)})
+	}
+	set, err := policy.NewSet(rules)
+	if err != nil {
+		b.Fatal(err)
+	}
+	local := []netip.Addr{netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("10.244.1.3"), netip.MustParseAddr("10.244.1.4")}
+	for b.Loop() {
+		Compile(set, local, map[string]uint32{})
+	}
+}
+
 // TestAddRemove: a container added to synced maps (its share of the rules
 // only) is judged as a full sync would judge it, the others as before;
 // removed, it is not judged at all; a full sync afterwards keeps every
