@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -96,9 +99,14 @@ func (a *Agent) admitAll(ctx context.Context, batch []*admission) {
 			ad.done <- admitted{err: err}
 			continue
 		}
+		// The record is complete from the start — its namespace, and a MAC
+		// (the runtime's, or one chosen here for the attach to give the
+		// container) — so that a new endpoint is one write to the store:
+		// one watch event, one reconcile on every other host.
 		want := cluster.Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, Host: a.host.Name,
-			Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, Created: time.Now().UTC(),
-			Cgroup: req.Cgroup, MAC: req.MAC, ClusterRoute: req.ClusterRoute, Limit: req.Limit, Pod: req.Pod}
+			Veth: overlay.VethName(req.ContainerID, req.IfName), Netns: req.Netns, NetnsDev: ad.dev, NetnsIno: ad.ino,
+			NetnsHidden: ad.hidden, Created: time.Now().UTC(), Cgroup: req.Cgroup, MAC: cmp.Or(req.MAC, newMAC()),
+			ClusterRoute: req.ClusterRoute, Limit: req.Limit, Pod: req.Pod}
 		if req.IP.IsValid() {
 			want.IP = netip.PrefixFrom(req.IP, 32)
 		}
@@ -109,6 +117,14 @@ func (a *Agent) admitAll(ctx context.Context, batch []*admission) {
 	for i, ad := range admits {
 		ad.done <- a.admitted(ctx, ad, wants[i], got[i], errs[i])
 	}
+}
+
+// newMAC is a random locally administered unicast MAC address.
+func newMAC() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	b[0] = b[0]&^1 | 2
+	return net.HardwareAddr(b).String()
 }
 
 // allocate leases addresses for wants, at once where the store can.

@@ -363,7 +363,7 @@ func (a *Agent) AddEndpoint(ctx context.Context, req api.AddRequest) (api.Attach
 	attached := time.Now()
 	a.attachLayers(ctx, here)
 	layered := time.Now()
-	if e.MAC != att.ContainerMAC || moved || fresh {
+	if !strings.EqualFold(e.MAC, att.ContainerMAC) || moved {
 		e.MAC = att.ContainerMAC
 		if err := a.store.PutEndpoint(ctx, e); err != nil {
 			return api.Attachment{}, err

@@ -2,10 +2,12 @@ package scale
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -83,6 +85,9 @@ func rules(ctx context.Context, o Options, l *lab.Lab, n int) (RulesPoint, error
 	// the deny in force on both hosts: the flow fails
 	to := netip.AddrPortFrom(dst, changePort)
 	if err := waitDenied(l, to, 60*time.Second); err != nil {
+		return p, err
+	}
+	if err := quiet(ctx, l, 60*time.Second); err != nil {
 		return p, err
 	}
 	allow := probe
@@ -189,16 +194,44 @@ func clearRules(ctx context.Context, l *lab.Lab) error {
 	})
 }
 
-// waitDenied waits until a connection from h1/c2 to to fails.
+// waitDenied waits until connections from h1/c2 to to are refused, three
+// in a row (the deny's REJECT; a timeout is not the policy's answer).
 func waitDenied(l *lab.Lab, to netip.AddrPort, timeout time.Duration) error {
 	return l.Do("h1/c2", func() error {
+		refused := 0
 		for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			c, err := netDial(to)
-			if err != nil {
-				return nil
+			switch {
+			case err == nil:
+				c.Close()
+				refused = 0
+			case errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH):
+				if refused++; refused == 3 {
+					return nil
+				}
+			default:
+				refused = 0
 			}
-			c.Close()
 		}
-		return fmt.Errorf("%s still connects %s after the deny", to, timeout)
+		return fmt.Errorf("%s not refused three times in a row in %s after the deny", to, timeout)
 	})
+}
+
+// quiet waits until no agent of the lab has reconciled for a second (at
+// most timeout): a change is then timed alone, not behind the backlog of
+// the ones before.
+func quiet(ctx context.Context, l *lab.Lab, timeout time.Duration) error {
+	last, err := reconciles(ctx, l)
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		n, err := reconciles(ctx, l)
+		if err != nil {
+			return err
+		}
+		if n == last {
+			return nil
+		}
+		last = n
+	}
+	return err
 }
