@@ -64,16 +64,38 @@ func (q *queue[T]) take() []T {
 func (a *Agent) admitEndpoint(ctx context.Context, req api.AddRequest, dev, ino uint64, hidden bool) (cluster.Endpoint, bool, bool, error) {
 	ad := &admission{req: req, dev: dev, ino: ino, hidden: hidden, done: make(chan admitted, 1)}
 	a.admitting.add(ad)
-	a.admit.Lock()
-	if batch := a.admitting.take(); len(batch) > 0 {
-		// the batch is every waiting ADD's: one caller leaving does not
-		// cancel the others' (the store bounds each call)
-		a.admitAll(context.WithoutCancel(ctx), batch)
+	for {
+		// its answer, or a.admit to admit the waiting batch (its own among
+		// them, unless a batch being admitted took it)
+		select {
+		case r := <-ad.done:
+			return r.e, r.fresh, r.moved, r.err
+		case a.admit.c() <- struct{}{}:
+			if batch := a.admitting.take(); len(batch) > 0 {
+				// the batch is every waiting ADD's: one caller leaving
+				// does not cancel the others' (the store bounds each call)
+				a.admitAll(context.WithoutCancel(ctx), batch)
+			}
+			a.admit.Unlock()
+		}
 	}
-	a.admit.Unlock()
-	r := <-ad.done
-	return r.e, r.fresh, r.moved, r.err
 }
+
+// gate is a lock a select can wait for beside something else: an ADD
+// waits for its answer or for the lock, whichever comes first, not behind
+// a batch it is not in.
+type gate struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (g *gate) c() chan struct{} {
+	g.once.Do(func() { g.ch = make(chan struct{}, 1) })
+	return g.ch
+}
+
+func (g *gate) Lock()   { g.c() <- struct{}{} }
+func (g *gate) Unlock() { <-g.c() }
 
 // admitAll admits a batch, answering each admission.
 func (a *Agent) admitAll(ctx context.Context, batch []*admission) {

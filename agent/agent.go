@@ -88,7 +88,7 @@ type Agent struct {
 	// container, then admit.
 	mu         sync.RWMutex
 	containers keyed
-	admit      sync.Mutex
+	admit      gate
 	admitting  queue[*admission]
 	maps       mapUse
 	host       cluster.Host

@@ -81,6 +81,11 @@ func TestCommands(t *testing.T) {
 		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "2"}, 1, "", "2 etcd members: choose 1, 3, 5 or 7"},
 		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "9"}, 1, "", "9 etcd members: choose 1, 3, 5 or 7"},
 		{[]string{"lab", "up", "--name", "tnope", "--etcd-members", "three"}, 2, "", "invalid value"},
+		{[]string{"bench", "--scale", "--quick"}, 2, "", "--scale brings up labs of its own"},
+		{[]string{"bench", "--scale-small"}, 2, "", "go with --scale"},
+		{[]string{"bench", "--scale", "--scale-parts", "planets"}, 1, "", `scale part "planets"`},
+		{[]string{"scale-flows", "orbit"}, 1, "", "want serve PORT or dial ADDR:PORT N"},
+		{[]string{"scale-flows", "dial", "10.0.0.1:80", "none"}, 1, "", `count "none"`},
 	} {
 		code, out, errOut := run(t, tc.args...)
 		if code != tc.code || !strings.Contains(out, tc.wantOut) || !strings.Contains(errOut, tc.wantStderr) {
