@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -133,7 +135,11 @@ func TestOptOut(t *testing.T) {
 		}
 		return strings.TrimSpace(string(out))
 	}
-	if got, want := run(false, "probe"), fmt.Sprintf("refused %d", unix.ENOPROTOOPT); got != want {
+	if above := setsockoptAbove(t); above > 0 {
+		// an auto lab of another package's test, run beside this one,
+		// attaches its channels layer at the cgroup root
+		t.Logf("the option outside the layer's cgroups not checked: %d setsockopt programs already apply to this process's cgroup", above)
+	} else if got, want := run(false, "probe"), fmt.Sprintf("refused %d", unix.ENOPROTOOPT); got != want {
 		t.Errorf("the option outside the layer's cgroups: %s, want %s", got, want)
 	}
 	if got := run(true, "probe"); got != "taken" {
@@ -159,4 +165,24 @@ func TestOptOut(t *testing.T) {
 				c.which, added, out, redirected, c.added, c.optedOut, c.channelled)
 		}
 	}
+}
+
+// setsockoptAbove counts the setsockopt programs in force for this
+// process's cgroup (attached to it or above it).
+func setsockoptAbove(t *testing.T) int {
+	t.Helper()
+	root, err := cgroup.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(filepath.Join(root, cgroup.Own()), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: ebpf.AttachCGroupSetsockopt, QueryFlags: unix.BPF_F_QUERY_EFFECTIVE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(res.Programs)
 }
