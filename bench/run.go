@@ -440,7 +440,7 @@ func (r *runner) measure(ctx context.Context, c cell, env cellEnv, target string
 			return sample{}, 0, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	before, err := readBusyTicks()
+	before, err := BusyTicks()
 	if err != nil {
 		return sample{}, 0, err
 	}
@@ -448,7 +448,7 @@ func (r *runner) measure(ctx context.Context, c cell, env cellEnv, target string
 	if err != nil {
 		return sample{}, 0, fmt.Errorf("client: %w", err)
 	}
-	after, err := readBusyTicks()
+	after, err := BusyTicks()
 	if err != nil {
 		return sample{}, 0, err
 	}

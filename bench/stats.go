@@ -126,7 +126,9 @@ func parseBusyTicks(data []byte) (uint64, error) {
 	return 0, errors.New("/proc/stat: no aggregate cpu line")
 }
 
-func readBusyTicks() (uint64, error) {
+// BusyTicks is the machine's busy CPU time so far, in USER_HZ ticks
+// (parseBusyTicks).
+func BusyTicks() (uint64, error) {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0, fmt.Errorf("read CPU times: %w", err)

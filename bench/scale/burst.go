@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skiffnet/skiff/bench"
 	"github.com/skiffnet/skiff/lab"
 )
 
@@ -77,7 +78,7 @@ func burst(ctx context.Context, l *lab.Lab, n int, dst netip.AddrPort) (BurstPoi
 	if err != nil {
 		return p, err
 	}
-	busy, err := busyTicks()
+	busy, err := bench.BusyTicks()
 	if err != nil {
 		return p, err
 	}
@@ -102,7 +103,7 @@ func burst(ctx context.Context, l *lab.Lab, n int, dst netip.AddrPort) (BurstPoi
 		p.Failed = n - len(reached)
 		p.Errors = append(p.Errors, err.Error())
 	}
-	busy2, berr := busyTicks()
+	busy2, berr := bench.BusyTicks()
 	agent2, aerr := readProc(h.AgentPID)
 	if berr == nil && aerr == nil {
 		p.CPUMs = float64(busy2-busy) * 10 / float64(n) // USER_HZ ticks of 10 ms
@@ -150,29 +151,6 @@ func agentParts(path string, offset int64) map[string][]float64 {
 		}
 	}
 	return parts
-}
-
-// busyTicks is the machine's busy CPU time in USER_HZ ticks: user, nice,
-// system, irq and softirq of /proc/stat's cpu line.
-func busyTicks() (uint64, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return 0, fmt.Errorf("/proc/stat: %q", line)
-	}
-	var sum uint64
-	for _, i := range []int{1, 2, 3, 6, 7} {
-		v, err := strconv.ParseUint(f[i], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/stat: %w", err)
-		}
-		sum += v
-	}
-	return sum, nil
 }
 
 func fileSize(path string) int64 {
