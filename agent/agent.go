@@ -204,7 +204,8 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 		a.needs.Endpoints = a.needs.Endpoints || l.needs.Endpoints
 		a.needs.Listeners = a.needs.Listeners || l.needs.Listeners
 	}
-	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served}
+	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served,
+		Features: features(chosen, cfg.LayerOptions)}
 	return a, nil
 }
 

@@ -106,3 +106,15 @@ func (a *Agent) syncListeners(ctx context.Context) {
 		}
 	}
 }
+
+// features are what the chosen layers announce in the host record.
+func features(chosen []layer.Registration, options map[string]any) []string {
+	var fs []string
+	for _, r := range chosen {
+		if r.Features != nil {
+			fs = append(fs, r.Features(options[r.Name])...)
+		}
+	}
+	slices.Sort(fs)
+	return slices.Compact(fs)
+}

@@ -74,3 +74,25 @@ func TestAutoLeavesOutWhatCannotRun(t *testing.T) {
 		}
 	}
 }
+
+// TestFeatures: a host announces what its layers offer peers with their
+// options: the cache's rewriting tunnel, only when it rewrites.
+func TestFeatures(t *testing.T) {
+	chosen, _, err := layer.Choose("cache", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tunnel, want := range map[string][]string{
+		cache.TunnelVXLAN:   nil,
+		"":                  nil,
+		cache.TunnelRewrite: {cache.FeatureRewrite},
+	} {
+		got := features(chosen, map[string]any{"cache": cache.Options{Tunnel: tunnel}})
+		if !slices.Equal(got, want) {
+			t.Errorf("tunnel %q announces %v, want %v", tunnel, got, want)
+		}
+	}
+	if _, _, err := newLayers(chosen, map[string]any{"cache": cache.Options{Tunnel: "gre"}}); err == nil {
+		t.Error("the cache layer took an unknown tunnel")
+	}
+}

@@ -33,6 +33,9 @@ func (c *fastPath) Setup() error {
 	if err := attach(h, c.underlay, c.objs.ToUnderlay, netlink.HANDLE_MIN_EGRESS); err != nil {
 		return err
 	}
+	if err := c.setVXLAN(); err != nil {
+		return err
+	}
 	// The fast path takes packets conntrack never sees; without liberal
 	// window tracking conntrack would call the flow's FIN or RST invalid
 	// (out of window) and never end the flow.
@@ -146,7 +149,7 @@ func (c *fastPath) RemoveEndpoint(e cluster.Endpoint) error {
 	ip := be32(e.IP.Addr())
 	_, err1 := c.purgeFlows(func(k skcFlowKey) bool { return k.Laddr == ip || k.Raddr == ip })
 	_, err2 := c.purgeConnections(func(k skcFlowKey, _ skcFlowState) bool { return k.Laddr == ip || k.Raddr == ip })
-	return errors.Join(err1, err2)
+	return errors.Join(err1, err2, c.forgetTunnel(ip))
 }
 
 // pinned reports whether a fast path's maps are pinned in dir.

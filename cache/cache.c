@@ -332,13 +332,14 @@ static __always_inline void clear_forged_marks(struct __sk_buff *skb)
 // reply can take the fast path too (the local container's ingress entry is
 // complete), so the overlay's conntrack never sees one direction of a flow
 // without the other; NULL otherwise, with the missing piece counted.
-static __always_inline struct egress_host *egress_path(struct flow_key *k, enum reason *miss)
+static __always_inline struct egress_host *egress_path(struct flow_key *k, enum reason *miss, __be32 *peer)
 {
 	__be32 *host = bpf_map_lookup_elem(&skc_egress_ip, &k->raddr);
 	if (!host) {
 		*miss = EG_MISS_EGRESS_IP;
 		return NULL;
 	}
+	*peer = *host;
 	struct egress_host *eh = bpf_map_lookup_elem(&skc_egress_host, host);
 	if (!eh) {
 		*miss = EG_MISS_EGRESS_HOST;
@@ -353,8 +354,9 @@ static __always_inline struct egress_host *egress_path(struct flow_key *k, enum 
 }
 
 // encapsulate puts eh's headers in front of a container's packet and sends
-// it out of the underlay device.
-static __always_inline int encapsulate(struct __sk_buff *skb, struct egress_host *eh)
+// it out of the underlay device; vx and adv go in the VXLAN header's
+// reserved bytes (tunnel.h).
+static __always_inline int encapsulate(struct __sk_buff *skb, struct egress_host *eh, __u8 vx, __u16 adv)
 {
 	__u32 ifindex = eh->ifindex;
 	__u32 hash = bpf_get_hash_recalc(skb);
@@ -387,14 +389,29 @@ static __always_inline int encapsulate(struct __sk_buff *skb, struct egress_host
 	ouh->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
 	ouh->source = flow_src_port(hash);
 	ouh->check = 0; // the overlay device sends zero UDP checksums too
+	__u8 *vxh = (void *)(ouh + 1);
+	vxh[1] = vx;
+	vxh[2] = adv >> 8;
+	vxh[3] = adv;
 	decrease_ttl(data + INNER_IP_OFF);
 	return bpf_redirect(ifindex, 0);
 }
 
+static __always_inline bool is_underlay_mac(const __u8 *mac)
+{
+	bool same = true;
+#pragma unroll
+	for (int i = 0; i < ETH_ALEN; i++)
+		same &= mac[i] == cfg_underlay_mac[i];
+	return same;
+}
+
+#include "tunnel.h"
+
 // egress_open judges the first packet of a local container's flow to a
 // remote one (a SYN, a datagram, an echo request) and opens the flow in
 // the table; NULL sends the packet to the overlay.
-static __always_inline struct egress_host *egress_open(struct __sk_buff *skb, struct flow_key *k)
+static __always_inline struct egress_host *egress_open(struct __sk_buff *skb, struct flow_key *k, __be32 *peer)
 {
 	if (!first_packet()) {
 		count(EG_NEW_UNJUDGED);
@@ -406,7 +423,7 @@ static __always_inline struct egress_host *egress_open(struct __sk_buff *skb, st
 		return NULL;
 	}
 	enum reason miss;
-	struct egress_host *eh = egress_path(k, &miss);
+	struct egress_host *eh = egress_path(k, &miss, peer);
 	if (!eh) {
 		count(EG_NO_PATH);
 		return NULL;
@@ -460,9 +477,10 @@ int from_container(struct __sk_buff *skb)
 	// packet that may open one is judged.
 	enum reason miss;
 	struct egress_host *eh;
+	__be32 peer = 0;
 	struct flow_state *s = bpf_map_lookup_elem(&skc_flows, &key);
 	if (s && rides(s, key.proto, fl, true)) {
-		eh = egress_path(&key, &miss);
+		eh = egress_path(&key, &miss, &peer);
 		if (!eh) {
 			count(EG_NO_PATH);
 			return TC_ACT_UNSPEC;
@@ -470,14 +488,14 @@ int from_container(struct __sk_buff *skb)
 		track(&key, s, fl, 1);
 		count(EG_HIT);
 		count(EG_TABLE_HIT);
-		return encapsulate(skb, eh);
+		return send_remote(skb, eh, peer, &key);
 	}
 	if (!s && opens(key.proto, p == PARSE_START, fl)) {
-		eh = egress_open(skb, &key);
+		eh = egress_open(skb, &key, &peer);
 		if (eh) {
 			count(EG_HIT);
 			count(EG_TABLE_HIT);
-			return encapsulate(skb, eh);
+			return send_remote(skb, eh, peer, &key);
 		}
 		if (p == PARSE_START)
 			return TC_ACT_UNSPEC; // the overlay's conntrack must see it
@@ -490,7 +508,7 @@ int from_container(struct __sk_buff *skb)
 		miss = EG_MISS_FILTER;
 		goto mark;
 	}
-	eh = egress_path(&key, &miss);
+	eh = egress_path(&key, &miss, &peer);
 	if (!eh) {
 		if (miss == EG_PASS_REVERSE) {
 			count(EG_PASS_REVERSE);
@@ -499,22 +517,13 @@ int from_container(struct __sk_buff *skb)
 		goto mark;
 	}
 	count(EG_HIT);
-	return encapsulate(skb, eh);
+	return send_remote(skb, eh, peer, &key);
 
 mark:
 	count(miss);
 	if (!(tos & MARK_MISS))
 		set_tos(skb, ETH_HLEN, tos, tos | MARK_MISS);
 	return TC_ACT_UNSPEC;
-}
-
-static __always_inline bool is_underlay_mac(const __u8 *mac)
-{
-	bool same = true;
-#pragma unroll
-	for (int i = 0; i < ETH_ALEN; i++)
-		same &= mac[i] == cfg_underlay_mac[i];
-	return same;
 }
 
 // vxlan_inner checks that the packet is VXLAN for this host's overlay and
@@ -547,7 +556,7 @@ static __always_inline bool vxlan_inner(struct __sk_buff *skb, struct iphdr *out
 
 // deliver takes the outer headers off a packet for a local container and
 // hands it to the container's namespace.
-static __always_inline int deliver(struct __sk_buff *skb, struct ingress_ep *ep)
+static __always_inline int deliver(struct __sk_buff *skb, struct ingress_ep *ep, bool rewritten)
 {
 	__u32 ifindex = ep->ifindex;
 	bool shaped = ep->shaped;
@@ -557,7 +566,8 @@ static __always_inline int deliver(struct __sk_buff *skb, struct ingress_ep *ep)
 	// Pop outer IPv4, UDP, VXLAN and the inner Ethernet header; the outer
 	// Ethernet header stays (both carry IPv4) and gets the container's MACs.
 	// FIXED_GSO: the inner segments' MSS does not change with decapsulation.
-	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO)) {
+	// A restored packet (tunnel.h) has no outer headers.
+	if (!rewritten && bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO)) {
 		count(IN_ERR_DECAP);
 		return TC_ACT_UNSPEC;
 	}
@@ -625,38 +635,61 @@ static __always_inline struct ingress_ep *ingress_open(struct __sk_buff *skb, st
 	return ep;
 }
 
+// pass leaves a packet the fast path does not carry to the stack: a
+// restored one (rewritten) to the overlay's VXLAN device, from peer.
+static __always_inline int pass(struct __sk_buff *skb, bool rewritten, __be32 peer)
+{
+	return rewritten ? to_overlay(skb, peer) : TC_ACT_UNSPEC;
+}
+
 SEC("tc")
 int from_underlay(struct __sk_buff *skb)
 {
-	struct iphdr outer;
-	if (!vxlan_inner(skb, &outer)) {
-		count(IN_PASS_NOT_VXLAN);
-		return TC_ACT_UNSPEC;
-	}
-	struct ethhdr *eth = (void *)(long)skb->data;
-	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
-		return TC_ACT_UNSPEC;
-	if (outer.daddr != cfg_underlay_ip || !is_underlay_mac(eth->h_dest)) {
-		count(IN_PASS_NOT_MINE);
-		return TC_ACT_UNSPEC;
+	struct iphdr outer = {};
+	__u32 off = INNER_IP_OFF;
+	__u8 vx = 0;
+	__u16 adv = 0;
+	bool rw = false;
+	if (vxlan_inner(skb, &outer)) {
+		struct ethhdr *eth = (void *)(long)skb->data;
+		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+			return TC_ACT_UNSPEC;
+		if (outer.daddr != cfg_underlay_ip || !is_underlay_mac(eth->h_dest)) {
+			count(IN_PASS_NOT_MINE);
+			return TC_ACT_UNSPEC;
+		}
+		if (cfg_rewrite)
+			vx_flags(skb, &vx, &adv);
+	} else {
+		enum restored r = cfg_rewrite ? restore(skb, &outer.saddr) : RS_NOT;
+		if (r == RS_NOT) {
+			count(IN_PASS_NOT_VXLAN);
+			return TC_ACT_UNSPEC;
+		}
+		if (r == RS_DROP)
+			return TC_ACT_SHOT;
+		off = ETH_HLEN;
+		rw = true;
 	}
 	struct flow_key key = {};
 	__u8 tos = 0, ttl = 0, fl = 0;
-	enum parse p = parse_ip(skb, INNER_IP_OFF, &key, &tos, &ttl, &fl);
+	enum parse p = parse_ip(skb, off, &key, &tos, &ttl, &fl);
 	if (p == PARSE_UNSUPPORTED) {
 		count(IN_PASS_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
+		return pass(skb, rw, outer.saddr);
 	}
 	swap_key(&key); // local side is the destination
 	if (!is_local(key.laddr)) {
 		count(IN_PASS_NOT_MINE);
-		return TC_ACT_UNSPEC;
+		return pass(skb, rw, outer.saddr);
 	}
 	// Anti-spoofing: the inner source must be a container this host would
 	// send to through the very host the packet came from. Nothing else
-	// changes state or takes the fast path.
+	// changes state or takes the fast path. (restore checked it already.)
 	__be32 *from = bpf_map_lookup_elem(&skc_egress_ip, &key.raddr);
 	bool checked = from && *from == outer.saddr;
+	if (cfg_rewrite && checked && (rw || (vx & VX_PEER)))
+		heard(&key, rw, vx, adv);
 	// A SYN forgets its flow only when it may come from where it claims:
 	// a forged SYN must not take a live flow off the fast path. With no
 	// entry for the source, the flow takes no fast path either way.
@@ -664,7 +697,7 @@ int from_underlay(struct __sk_buff *skb)
 		forget_flow(&key, IN_FLOW_FORGOTTEN);
 	if (ttl <= 1) {
 		count(IN_PASS_TTL);
-		return TC_ACT_UNSPEC;
+		return pass(skb, rw, outer.saddr);
 	}
 	struct ingress_ep *ep;
 	if (checked) {
@@ -673,27 +706,27 @@ int from_underlay(struct __sk_buff *skb)
 			ep = ingress_path(&key, from);
 			if (!ep) {
 				count(IN_NO_PATH);
-				return TC_ACT_UNSPEC;
+				return pass(skb, rw, outer.saddr);
 			}
 			track(&key, s, fl, 2);
 			count(IN_HIT);
 			count(IN_TABLE_HIT);
-			return deliver(skb, ep);
+			return deliver(skb, ep, rw);
 		}
 		if (!s && opens(key.proto, p == PARSE_START, fl)) {
 			ep = ingress_open(skb, &key, from);
 			if (ep) {
 				count(IN_HIT);
 				count(IN_TABLE_HIT);
-				return deliver(skb, ep);
+				return deliver(skb, ep, rw);
 			}
 			if (p == PARSE_START)
-				return TC_ACT_UNSPEC;
+				return pass(skb, rw, outer.saddr);
 		}
 	}
 	if (p != PARSE_OK) {
 		count(IN_PASS_CONTROL);
-		return TC_ACT_UNSPEC;
+		return pass(skb, rw, outer.saddr);
 	}
 	enum reason miss;
 	if (!filter_open(&key)) {
@@ -710,22 +743,25 @@ int from_underlay(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	count(IN_HIT);
-	return deliver(skb, ep);
+	return deliver(skb, ep, rw);
 
 mark:
 	count(miss);
 	if (!(tos & MARK_MISS)) {
-		set_tos(skb, INNER_IP_OFF, tos, tos | MARK_MISS);
+		set_tos(skb, off, tos, tos | MARK_MISS);
 		// The inner header changed: a UDP checksum over it would be wrong.
 		__be16 zero = 0;
-		bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct iphdr) + offsetof(struct udphdr, check), &zero, 2, 0);
+		if (!rw)
+			bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct iphdr) + offsetof(struct udphdr, check), &zero, 2, 0);
 	}
-	return TC_ACT_UNSPEC;
+	return pass(skb, rw, outer.saddr);
 }
 
 SEC("tc")
 int to_underlay(struct __sk_buff *skb)
 {
+	if (cfg_rewrite)
+		scrub(skb);
 	struct iphdr outer;
 	if (!vxlan_inner(skb, &outer)) {
 		count(EI_PASS);

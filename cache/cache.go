@@ -48,6 +48,7 @@ type config struct {
 	Underlay string // underlay device
 	PinDir   string // bpffs directory for the maps
 	Capacity Capacity
+	Tunnel   string // TunnelVXLAN (""), or TunnelRewrite
 }
 
 // fastPath is the loaded fast path of one host.
@@ -150,6 +151,7 @@ func configure(spec *ebpf.CollectionSpec, cfg config, under netlink.Link) error 
 		s.CfgVni.Set(uint32(cfg.Cluster.VNI)),
 		s.CfgPortMin.Set(lo),
 		s.CfgPortMax.Set(hi),
+		s.CfgRewrite.Set(b32(cfg.Tunnel == TunnelRewrite)),
 	)
 }
 

@@ -58,6 +58,37 @@ struct flow_state {
 struct control {
 	__u32 paused; // learning paused (delete-and-reinitialize in progress)
 	__u32 policy; // policymap.h's maps hold the current policy: SYNs may open connections
+	__u32 vxlan;  // the overlay's VXLAN device (ifindex): restored packets the fast path cannot carry go there
+	__u32 pad;
+};
+
+// The rewriting tunnel (tunnel.h). A pair is a local container and a
+// remote one; each host gives the other a key for the pair's packets to it.
+struct rw_pair_key {
+	__be32 local;
+	__be32 remote;
+};
+
+struct rw_pair {
+	__u64 heard;  // bpf_ktime_get_coarse_ns() of a recent packet of the pair from the peer
+	__u16 send;   // the peer's key for this host's packets of the pair (0: none)
+	__u16 recv;   // this host's key for the peer's packets of the pair (0: none)
+	__u8 pending; // recv not yet acknowledged: advertised on the pair's VXLAN packets
+	__u8 pad[3];
+};
+
+struct rw_key_key {
+	__be32 peer; // the host that sends with the key
+	__u16 key;
+	__u16 pad;
+};
+
+struct rw_key {
+	__u64 seen;    // allocation, or (dead) the last packet that carried it
+	__be32 remote; // the pair the key restores to
+	__be32 local;
+	__u8 dead;     // no pair: packets with it are dropped until the agent frees it
+	__u8 pad[7];
 };
 
 // Counters, one per program outcome. Names in Go: cache/stats.go.
@@ -112,6 +143,14 @@ enum reason {
 	IN_NEW_NO_LISTENER, // an allowed SYN to no socket of the container's namespace
 	IN_TABLE_FULL,
 	IN_NEW_TRACKED,
+	IN_RESTORED,       // besides the outcome: a rewritten packet, restored
+	IN_RW_TO_OVERLAY,  // a restored packet the fast path does not carry: into the VXLAN device
+	IN_RW_UNKNOWN_KEY, // a peer's rewritten packet with a key this host never gave: dropped
+	IN_RW_DEAD_KEY,    // with a key whose pair is gone: dropped
+	IN_RW_SPOOFED,     // the key's remote container does not live on the sending host: dropped
+	EG_REWRITTEN,      // besides the hit: sent rewritten, not in VXLAN
+	EG_RW_KEYS_FULL,   // no key left for a pair (the peer's packets of it stay VXLAN)
+	EI_SCRUBBED,       // a DF packet to a peer that is not rewritten: ID bit 15 set
 	EI_LEARN,
 	EI_PAUSED,
 	EI_CLEARED,

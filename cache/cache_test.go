@@ -34,6 +34,11 @@ const (
 // 10.244.1.0/24) into a private bpffs directory, without attaching them.
 func newTestCache(t testing.TB, capacity Capacity) *fastPath {
 	t.Helper()
+	return loadTestCache(t, capacity, TunnelVXLAN)
+}
+
+func loadTestCache(t testing.TB, capacity Capacity, tunnel string) *fastPath {
+	t.Helper()
 	dir := bpffstest.Dir(t)
 	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay}}
 	c, err := loadOn(config{
@@ -42,6 +47,7 @@ func newTestCache(t testing.TB, capacity Capacity) *fastPath {
 			VTEPMAC: macVTEP.String()},
 		PinDir:   dir,
 		Capacity: capacity,
+		Tunnel:   tunnel,
 	}, under, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -26,12 +26,47 @@ func init() {
 		New:      newLayer,
 		Teardown: teardownLayer,
 		Flags:    flags,
+		Features: features,
 	})
 }
 
-// flags: --cache-capacity, --cache-connections.
+// Options are the cache layer's options (Capacity alone is taken too:
+// the VXLAN tunnel).
+type Options struct {
+	Capacity Capacity
+	Tunnel   string // TunnelVXLAN (""), or TunnelRewrite
+}
+
+// options reads the layer's options (nil: defaults).
+func options(o any) (Options, error) {
+	switch o := o.(type) {
+	case nil:
+		return Options{Capacity: DefaultCapacity}, nil
+	case Capacity:
+		return Options{Capacity: o}, nil
+	case Options:
+		if o.Tunnel != "" && o.Tunnel != TunnelVXLAN && o.Tunnel != TunnelRewrite {
+			return Options{}, fmt.Errorf("cache tunnel %q: want %s or %s", o.Tunnel, TunnelVXLAN, TunnelRewrite)
+		}
+		return o, nil
+	}
+	return Options{}, fmt.Errorf("cache layer options are a cache.Options, not %T", o)
+}
+
+// features: a host whose cache rewrites announces it, so that its peers
+// rewrite their packets to it and restore its.
+func features(o any) []string {
+	if opts, err := options(o); err == nil && opts.Tunnel == TunnelRewrite {
+		return []string{FeatureRewrite}
+	}
+	return nil
+}
+
+// flags: --cache-capacity, --cache-connections, --cache-tunnel.
 func flags(fs *flag.FlagSet) layer.FlagOptions {
 	capacity := DefaultCapacity
+	tunnel := fs.String("cache-tunnel", TunnelVXLAN, "cache layer: how fast-path packets cross between hosts: "+TunnelVXLAN+
+		" (VXLAN headers), or "+TunnelRewrite+" (ONCache-t: the packet's own headers rewritten, between hosts that both rewrite; docs/cache.md)")
 	fs.Func("cache-capacity", fmt.Sprintf("cache layer: sizes as egress-ips,egress-hosts,ingress,flows (default %d,%d,%d,%d)",
 		capacity.EgressIPs, capacity.EgressHosts, capacity.Ingress, capacity.Filter), func(v string) error {
 		_, err := fmt.Sscanf(v, "%d,%d,%d,%d", &capacity.EgressIPs, &capacity.EgressHosts, &capacity.Ingress, &capacity.Filter)
@@ -42,12 +77,17 @@ func flags(fs *flag.FlagSet) layer.FlagOptions {
 		_, err := fmt.Sscanf(v, "%d", &capacity.Connections)
 		return err
 	})
-	return func(layer.Settings) (any, error) { return capacity, nil }
+	return func(layer.Settings) (any, error) {
+		o := Options{Capacity: capacity, Tunnel: *tunnel}
+		_, err := options(o)
+		return o, err
+	}
 }
 
 // Layer is the cache as the agent drives it (package layer).
 type Layer struct {
 	capacity Capacity
+	tunnel   string
 	c        *fastPath
 	// state is the view the caches were last made coherent with (nil:
 	// never); reconciles that find it unchanged leave the caches alone.
@@ -114,24 +154,20 @@ func conntrack() error {
 	return nil
 }
 
-// newLayer takes the caches' Capacity (nil: DefaultCapacity).
-func newLayer(options any) (layer.Layer, error) {
-	l := &Layer{capacity: DefaultCapacity}
-	switch o := options.(type) {
-	case nil:
-	case Capacity:
-		l.capacity = o
-	default:
-		return nil, fmt.Errorf("cache layer options are a cache.Capacity, not %T", options)
+// newLayer takes Options, or a Capacity (nil: defaults).
+func newLayer(o any) (layer.Layer, error) {
+	opts, err := options(o)
+	if err != nil {
+		return nil, err
 	}
-	return l, nil
+	return &Layer{capacity: opts.Capacity, tunnel: opts.Tunnel}, nil
 }
 
 // Start loads the fast path (reusing pinned maps from an earlier run) and
 // attaches it to the underlay.
 func (l *Layer) Start(ctx context.Context, env layer.Env) error {
 	c, err := load(config{Cluster: env.Cluster, Host: env.Host, Underlay: env.Underlay,
-		PinDir: env.PinDir, Capacity: l.capacity}, env.Log)
+		PinDir: env.PinDir, Capacity: l.capacity, Tunnel: l.tunnel}, env.Log)
 	if err != nil {
 		return err
 	}

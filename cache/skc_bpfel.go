@@ -17,6 +17,8 @@ type skcControl struct {
 	_      structs.HostLayout
 	Paused uint32
 	Policy uint32
+	Vxlan  uint32
+	Pad    uint32
 }
 
 type skcEgressHost struct {
@@ -116,17 +118,56 @@ const (
 	skcReasonIN_NEW_NO_LISTENER  skcReason = 47
 	skcReasonIN_TABLE_FULL       skcReason = 48
 	skcReasonIN_NEW_TRACKED      skcReason = 49
-	skcReasonEI_LEARN            skcReason = 50
-	skcReasonEI_PAUSED           skcReason = 51
-	skcReasonEI_CLEARED          skcReason = 52
-	skcReasonEI_PASS             skcReason = 53
-	skcReasonEI_PASS_NOT_OVERLAY skcReason = 54
-	skcReasonII_LEARN            skcReason = 55
-	skcReasonII_PAUSED           skcReason = 56
-	skcReasonII_CLEARED          skcReason = 57
-	skcReasonII_PASS             skcReason = 58
-	skcReasonNR_REASONS          skcReason = 59
+	skcReasonIN_RESTORED         skcReason = 50
+	skcReasonIN_RW_TO_OVERLAY    skcReason = 51
+	skcReasonIN_RW_UNKNOWN_KEY   skcReason = 52
+	skcReasonIN_RW_DEAD_KEY      skcReason = 53
+	skcReasonIN_RW_SPOOFED       skcReason = 54
+	skcReasonEG_REWRITTEN        skcReason = 55
+	skcReasonEG_RW_KEYS_FULL     skcReason = 56
+	skcReasonEI_SCRUBBED         skcReason = 57
+	skcReasonEI_LEARN            skcReason = 58
+	skcReasonEI_PAUSED           skcReason = 59
+	skcReasonEI_CLEARED          skcReason = 60
+	skcReasonEI_PASS             skcReason = 61
+	skcReasonEI_PASS_NOT_OVERLAY skcReason = 62
+	skcReasonII_LEARN            skcReason = 63
+	skcReasonII_PAUSED           skcReason = 64
+	skcReasonII_CLEARED          skcReason = 65
+	skcReasonII_PASS             skcReason = 66
+	skcReasonNR_REASONS          skcReason = 67
 )
+
+type skcRwKey struct {
+	_      structs.HostLayout
+	Seen   uint64
+	Remote uint32
+	Local  uint32
+	Dead   uint8
+	Pad    [7]uint8
+}
+
+type skcRwKeyKey struct {
+	_    structs.HostLayout
+	Peer uint32
+	Key  uint16
+	Pad  uint16
+}
+
+type skcRwPair struct {
+	_       structs.HostLayout
+	Heard   uint64
+	Send    uint16
+	Recv    uint16
+	Pending uint8
+	Pad     [3]uint8
+}
+
+type skcRwPairKey struct {
+	_      structs.HostLayout
+	Local  uint32
+	Remote uint32
+}
 
 type skcSkpLpmKey struct {
 	_         structs.HostLayout
@@ -153,6 +194,9 @@ const (
 	skcMapSkcFilter      = "skc_filter"
 	skcMapSkcFlows       = "skc_flows"
 	skcMapSkcIngress     = "skc_ingress"
+	skcMapSkcPeers       = "skc_peers"
+	skcMapSkcRwKeys      = "skc_rw_keys"
+	skcMapSkcRwPairs     = "skc_rw_pairs"
 	skcMapSkcStats       = "skc_stats"
 	skcMapSkpEgress      = "skp_egress"
 	skcMapSkpIngress     = "skp_ingress"
@@ -167,6 +211,7 @@ const (
 	skcVarCfgLocalNet    = "cfg_local_net"
 	skcVarCfgPortMax     = "cfg_port_max"
 	skcVarCfgPortMin     = "cfg_port_min"
+	skcVarCfgRewrite     = "cfg_rewrite"
 	skcVarCfgUnderlayIp  = "cfg_underlay_ip"
 	skcVarCfgUnderlayMac = "cfg_underlay_mac"
 	skcVarCfgVni         = "cfg_vni"
@@ -232,6 +277,9 @@ type skcMapSpecs struct {
 	SkcFilter     *ebpf.MapSpec `ebpf:"skc_filter"`
 	SkcFlows      *ebpf.MapSpec `ebpf:"skc_flows"`
 	SkcIngress    *ebpf.MapSpec `ebpf:"skc_ingress"`
+	SkcPeers      *ebpf.MapSpec `ebpf:"skc_peers"`
+	SkcRwKeys     *ebpf.MapSpec `ebpf:"skc_rw_keys"`
+	SkcRwPairs    *ebpf.MapSpec `ebpf:"skc_rw_pairs"`
 	SkcStats      *ebpf.MapSpec `ebpf:"skc_stats"`
 	SkpEgress     *ebpf.MapSpec `ebpf:"skp_egress"`
 	SkpIngress    *ebpf.MapSpec `ebpf:"skp_ingress"`
@@ -248,6 +296,7 @@ type skcVariableSpecs struct {
 	CfgLocalNet    *ebpf.VariableSpec `ebpf:"cfg_local_net"`
 	CfgPortMax     *ebpf.VariableSpec `ebpf:"cfg_port_max"`
 	CfgPortMin     *ebpf.VariableSpec `ebpf:"cfg_port_min"`
+	CfgRewrite     *ebpf.VariableSpec `ebpf:"cfg_rewrite"`
 	CfgUnderlayIp  *ebpf.VariableSpec `ebpf:"cfg_underlay_ip"`
 	CfgUnderlayMac *ebpf.VariableSpec `ebpf:"cfg_underlay_mac"`
 	CfgVni         *ebpf.VariableSpec `ebpf:"cfg_vni"`
@@ -281,6 +330,9 @@ type skcMaps struct {
 	SkcFilter     *ebpf.Map `ebpf:"skc_filter"`
 	SkcFlows      *ebpf.Map `ebpf:"skc_flows"`
 	SkcIngress    *ebpf.Map `ebpf:"skc_ingress"`
+	SkcPeers      *ebpf.Map `ebpf:"skc_peers"`
+	SkcRwKeys     *ebpf.Map `ebpf:"skc_rw_keys"`
+	SkcRwPairs    *ebpf.Map `ebpf:"skc_rw_pairs"`
 	SkcStats      *ebpf.Map `ebpf:"skc_stats"`
 	SkpEgress     *ebpf.Map `ebpf:"skp_egress"`
 	SkpIngress    *ebpf.Map `ebpf:"skp_ingress"`
@@ -295,6 +347,9 @@ func (m *skcMaps) Close() error {
 		m.SkcFilter,
 		m.SkcFlows,
 		m.SkcIngress,
+		m.SkcPeers,
+		m.SkcRwKeys,
+		m.SkcRwPairs,
 		m.SkcStats,
 		m.SkpEgress,
 		m.SkpIngress,
@@ -312,6 +367,7 @@ type skcVariables struct {
 	CfgLocalNet    *ebpf.Variable `ebpf:"cfg_local_net"`
 	CfgPortMax     *ebpf.Variable `ebpf:"cfg_port_max"`
 	CfgPortMin     *ebpf.Variable `ebpf:"cfg_port_min"`
+	CfgRewrite     *ebpf.Variable `ebpf:"cfg_rewrite"`
 	CfgUnderlayIp  *ebpf.Variable `ebpf:"cfg_underlay_ip"`
 	CfgUnderlayMac *ebpf.Variable `ebpf:"cfg_underlay_mac"`
 	CfgVni         *ebpf.Variable `ebpf:"cfg_vni"`

@@ -154,6 +154,11 @@ func (c *fastPath) maintain(ctx context.Context, every time.Duration) {
 			} else if n > 0 {
 				c.log.Debug("expired idle fast-path connections", "connections", n)
 			}
+			if n, err := c.sweepKeys(); err != nil {
+				c.log.Warn("free the rewriting tunnel's dead keys", "err", err)
+			} else if n > 0 {
+				c.log.Debug("freed dead tunnel keys", "keys", n)
+			}
 		}
 	}
 }

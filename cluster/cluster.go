@@ -47,12 +47,15 @@ type Host struct {
 	// containers away from it. An unspecified address means all of the
 	// host's addresses.
 	Control []netip.AddrPort `json:"control,omitempty"`
+	// Features are what the host's data plane offers its peers beyond the
+	// overlay (cache.FeatureRewrite: it restores rewritten packets).
+	Features []string `json:"features,omitempty"`
 }
 
 // Equal reports whether h and o are the same record.
 func (h Host) Equal(o Host) bool {
 	return h.Name == o.Name && h.UnderlayIP == o.UnderlayIP && h.Subnet == o.Subnet && h.VTEPMAC == o.VTEPMAC &&
-		slices.Equal(h.Control, o.Control)
+		slices.Equal(h.Control, o.Control) && slices.Equal(h.Features, o.Features)
 }
 
 // Endpoint is one container interface attached to the overlay.

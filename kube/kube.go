@@ -47,7 +47,10 @@ import (
 // Annotations skiff sets on its own Node.
 const (
 	AnnotationVTEPMAC = "skiff.dev/vtep-mac" // the VXLAN device's MAC
-	AnnotationControl = "skiff.dev/control"  // what the host serves the control plane: addr:port, comma-separated
+	// AnnotationFeatures lists what the node's data plane offers its peers
+	// (cluster.Host.Features), comma-separated.
+	AnnotationFeatures = "skiff.dev/features"
+	AnnotationControl  = "skiff.dev/control" // what the host serves the control plane: addr:port, comma-separated
 )
 
 // ConfigMapName holds the cluster's overlay configuration in skiff's
@@ -543,6 +546,11 @@ func nodeHost(n *corev1.Node) (cluster.Host, bool) {
 			h.Control = append(h.Control, ap)
 		}
 	}
+	for _, f := range strings.Split(n.Annotations[AnnotationFeatures], ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			h.Features = append(h.Features, f)
+		}
+	}
 	return h, true
 }
 
@@ -643,7 +651,8 @@ func (b *Backend) register(ctx context.Context, c cluster.Config, h cluster.Host
 	for _, ap := range h.Control {
 		control = append(control, ap.String())
 	}
-	want := map[string]string{AnnotationVTEPMAC: h.VTEPMAC, AnnotationControl: strings.Join(control, ",")}
+	want := map[string]string{AnnotationVTEPMAC: h.VTEPMAC, AnnotationControl: strings.Join(control, ","),
+		AnnotationFeatures: strings.Join(h.Features, ",")}
 	var changed []string
 	for k, v := range want {
 		if n.Annotations[k] != v {

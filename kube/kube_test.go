@@ -78,7 +78,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestJoin(t *testing.T) {
 	ctx := context.Background()
 	b, client, _ := backend(t, node("h1", "10.99.0.1", "", 0, nil))
-	me := cluster.Host{Name: "h1", UnderlayIP: netip.MustParseAddr("10.99.0.1"), VTEPMAC: "0e:5f:c0:00:00:01",
+	me := cluster.Host{Name: "h1", UnderlayIP: netip.MustParseAddr("10.99.0.1"), VTEPMAC: "0e:5f:c0:00:00:01", Features: []string{"cache-rewrite"},
 		Control: []netip.AddrPort{netip.MustParseAddrPort("10.99.0.1:9473")}}
 	if _, err := b.Join(ctx, testCluster, me); !errors.Is(err, source.ErrUnavailable) || !strings.Contains(err.Error(), "no pod CIDR") {
 		t.Fatalf("without a pod CIDR: %v", err)
@@ -105,7 +105,7 @@ func TestJoin(t *testing.T) {
 		t.Fatalf("join: %v %v", h.Subnet, err)
 	}
 	n, _ := client.CoreV1().Nodes().Get(ctx, "h1", metav1.GetOptions{})
-	if n.Annotations[AnnotationVTEPMAC] != me.VTEPMAC || n.Annotations[AnnotationControl] != "10.99.0.1:9473" {
+	if n.Annotations[AnnotationVTEPMAC] != me.VTEPMAC || n.Annotations[AnnotationControl] != "10.99.0.1:9473" || n.Annotations[AnnotationFeatures] != "cache-rewrite" {
 		t.Fatalf("annotations %v", n.Annotations)
 	}
 	if repaired, err := b.Reclaim(ctx, testCluster, h); err != nil || repaired != "" {
@@ -142,7 +142,7 @@ func TestHosts(t *testing.T) {
 	joined := func(mac string) map[string]string { return map[string]string{AnnotationVTEPMAC: mac} }
 	b, client, _ := backend(t,
 		node("h1", "10.99.0.1", "10.244.1.0/24", time.Hour, joined("m1")),
-		node("h2", "10.99.0.2", "10.244.2.0/24", time.Hour, map[string]string{AnnotationVTEPMAC: "m2", AnnotationControl: "10.99.0.2:2379,10.99.0.2:9473"}),
+		node("h2", "10.99.0.2", "10.244.2.0/24", time.Hour, map[string]string{AnnotationVTEPMAC: "m2", AnnotationControl: "10.99.0.2:2379,10.99.0.2:9473", AnnotationFeatures: "cache-rewrite"}),
 		node("old", "10.99.0.3", "10.244.3.0/24", 2*time.Hour, joined("m3")),
 		node("young", "10.99.0.3", "10.244.4.0/24", time.Minute, joined("m4")),
 		node("noagent", "10.99.0.5", "10.244.5.0/24", time.Hour, nil),
@@ -162,7 +162,7 @@ func TestHosts(t *testing.T) {
 	if want := []string{"h1", "h2", "old"}; !slices.Equal(names, want) {
 		t.Fatalf("hosts %v, want %v", names, want)
 	}
-	if h := hosts[1]; h.UnderlayIP.String() != "10.99.0.2" || h.Subnet.String() != "10.244.2.0/24" || h.VTEPMAC != "m2" || len(h.Control) != 2 {
+	if h := hosts[1]; h.UnderlayIP.String() != "10.99.0.2" || h.Subnet.String() != "10.244.2.0/24" || h.VTEPMAC != "m2" || len(h.Control) != 2 || !slices.Equal(h.Features, []string{"cache-rewrite"}) {
 		t.Fatalf("h2 as %+v", h)
 	}
 	if err := client.CoreV1().Nodes().Delete(ctx, "h2", metav1.DeleteOptions{}); err != nil {

@@ -118,8 +118,14 @@ func TestCacheDenyStopsCachedFlow(t *testing.T) {
 	if after := cacheStats(t, l, "h1")["from_container/hit"]; after == before {
 		t.Fatal("the flow is not on the fast path")
 	}
-	dst, _ := l.IP("h2/c1")
-	rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: 7300}
+	denyStops(t, l, s, "h2/c1", 7300)
+}
+
+// denyStops denies the stream s to target's port and checks it stops.
+func denyStops(t *testing.T, l *Lab, s *stream, target string, port uint16) {
+	t.Helper()
+	dst, _ := l.IP(target)
+	rule := policy.Rule{ID: "cut", Priority: 1, Action: policy.Deny, Dst: netip.PrefixFrom(dst, 32), Proto: policy.TCP, Port: port}
 	if err := l.PutPolicy(context.Background(), rule); err != nil {
 		t.Fatal(err)
 	}

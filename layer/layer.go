@@ -188,6 +188,10 @@ type Registration struct {
 	// and returns what makes its options from them once fs is parsed.
 	// Nil: no flags, and nil options (the defaults).
 	Flags func(fs *flag.FlagSet) FlagOptions
+	// Features names what the layer, with options, offers other hosts:
+	// the agent announces them in its host record (cluster.Host.Features),
+	// and every host's layers read them in View.Hosts. Nil: none.
+	Features func(options any) []string
 }
 
 var (
