@@ -75,6 +75,8 @@ type Agent struct {
 	cfg   Config
 	log   *slog.Logger
 	store source.Backend
+	// fullMTU: a layer gives containers the underlay's MTU (overlay.Config.FullMTU).
+	fullMTU bool
 
 	// mu orders data-plane changes. A reconcile, which reads the store
 	// and judges the kernel by it, holds it alone (a listing read before
@@ -206,6 +208,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a.host = cluster.Host{Name: cfg.Name, UnderlayIP: under.Addr(), VTEPMAC: overlay.VTEPMAC(under.Addr()).String(), Control: served,
 		Features: features(chosen, cfg.LayerOptions)}
+	a.fullMTU = fullMTU(chosen, cfg.LayerOptions)
 	return a, nil
 }
 
@@ -224,7 +227,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.join(ctx); err != nil {
 		return err
 	}
-	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay, PinDir: a.pinDir(), UnderlayRate: a.cfg.UnderlayRate}, a.log)
+	ov, err := overlay.New(overlay.Config{Cluster: a.cluster, Host: a.host, Underlay: a.cfg.Underlay, PinDir: a.pinDir(), UnderlayRate: a.cfg.UnderlayRate, FullMTU: a.fullMTU}, a.log)
 	if err != nil {
 		return err
 	}

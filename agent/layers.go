@@ -107,6 +107,11 @@ func (a *Agent) syncListeners(ctx context.Context) {
 	}
 }
 
+// fullMTU says whether a chosen layer gives containers the underlay's MTU.
+func fullMTU(chosen []layer.Registration, options map[string]any) bool {
+	return slices.ContainsFunc(chosen, func(r layer.Registration) bool { return r.FullMTU != nil && r.FullMTU(options[r.Name]) })
+}
+
 // features are what the chosen layers announce in the host record.
 func features(chosen []layer.Registration, options map[string]any) []string {
 	var fs []string

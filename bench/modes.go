@@ -41,6 +41,11 @@ type Mode struct {
 	// LabMode is the lab data-plane mode this mode needs (Lab.Mode());
 	// empty means the mode runs on any lab (host mode uses the underlay only).
 	LabMode string
+	// LabArgs are extra skiffd flags of the mode's lab, a variant of
+	// LabMode named LabVariant (the cache's rewriting tunnel: "cache" with
+	// --cache-tunnel rewrite, variant "rw"): modes of one variant share a lab.
+	LabArgs    []string
+	LabVariant string
 	// Placement gives the server and client targets.
 	Placement Placement
 	// Wrap, when set, adjusts every server and client command of the mode
@@ -95,6 +100,26 @@ var Modes = map[string]Mode{
 		LabMode:     "cache",
 		Placement:   ContainerPlacement,
 		Description: "containers on the overlay with the ONCache eBPF fast path",
+	},
+	// The cache with ONCache's rewriting tunnel in place of VXLAN.
+	"cache-rewrite": {
+		Name:        "cache-rewrite",
+		LabMode:     "cache",
+		LabArgs:     []string{"--cache-tunnel", "rewrite"},
+		LabVariant:  "rw",
+		Placement:   ContainerPlacement,
+		Description: "the cache with ONCache's rewriting tunnel (--cache-tunnel rewrite): no VXLAN headers",
+		Explicit:    true,
+	},
+	"auto-plain-rewrite": {
+		Name:        "auto-plain-rewrite",
+		LabMode:     "auto",
+		LabArgs:     []string{"--cache-tunnel", "rewrite"},
+		LabVariant:  "rw",
+		Placement:   ContainerPlacement,
+		Wrap:        func(cmd *exec.Cmd) { UnsetEnv(cmd, "LD_PRELOAD") },
+		Description: "auto-plain with the cache's rewriting tunnel",
+		Explicit:    true,
 	},
 	// Every layer at once: TCP between preloaded processes on host
 	// sockets, the rest on the cache (lab.Command preloads the shim).
@@ -162,6 +187,9 @@ var Modes = map[string]Mode{
 	},
 }
 
+// Lab names the lab the mode runs in: its lab mode and variant.
+func (m Mode) Lab() string { return m.LabMode + m.LabVariant }
+
 // Endpoints returns the server and client targets for the placement asked for.
 func (m Mode) Endpoints(sameHost bool) Endpoints {
 	if sameHost {
@@ -181,7 +209,7 @@ func (m Mode) Fits(labMode string) bool {
 		return true
 	}
 	for _, lm := range strings.Split(labMode, "+") {
-		if lm == m.LabMode {
+		if lm == m.Lab() {
 			return true
 		}
 	}
@@ -193,7 +221,7 @@ func (m Mode) Fits(labMode string) bool {
 func (m Mode) targets(sameHost bool, labMode string) Endpoints {
 	e := m.Endpoints(sameHost)
 	if m.LabMode != "" && strings.Contains(labMode, "+") {
-		e.Server, e.Client = m.LabMode+":"+e.Server, m.LabMode+":"+e.Client
+		e.Server, e.Client = m.Lab()+":"+e.Server, m.Lab()+":"+e.Client
 	}
 	return e
 }
@@ -258,7 +286,7 @@ func resolveModes(requested []string, labMode string) ([]Mode, error) {
 			return nil, fmt.Errorf("unknown mode %q (valid: %s)", name, strings.Join(ModeNames(), ", "))
 		}
 		if !m.Fits(labMode) {
-			return nil, fmt.Errorf("mode %q needs a lab in %q mode, but the lab is in %q mode", name, m.LabMode, labMode)
+			return nil, fmt.Errorf("mode %q needs a lab in %q mode, but the lab is in %q mode", name, m.Lab(), labMode)
 		}
 		if seen[name] {
 			continue

@@ -89,7 +89,7 @@ func TestResolveModes(t *testing.T) {
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
 		{"default on a sockets lab: no host-sockets", nil, "sockets", []string{"host", "sockets"}, ""},
 		{"host-sockets asked for", []string{"host", "sockets", "host-sockets"}, "overlay+sockets", []string{"host", "sockets", "host-sockets"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, auto-plain, auto-seccomp, cache, channels, host-sockets, overlay, sockets, sockets-seccomp, steering)`},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, auto-plain, auto-plain-rewrite, auto-seccomp, cache, cache-rewrite, channels, host-sockets, overlay, sockets, sockets-seccomp, steering)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {

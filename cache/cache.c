@@ -486,14 +486,12 @@ int from_container(struct __sk_buff *skb)
 			return TC_ACT_UNSPEC;
 		}
 		track(&key, s, fl, 1);
-		count(EG_HIT);
 		count(EG_TABLE_HIT);
 		return send_remote(skb, eh, peer, &key);
 	}
 	if (!s && opens(key.proto, p == PARSE_START, fl)) {
 		eh = egress_open(skb, &key, &peer);
 		if (eh) {
-			count(EG_HIT);
 			count(EG_TABLE_HIT);
 			return send_remote(skb, eh, peer, &key);
 		}
@@ -516,7 +514,6 @@ int from_container(struct __sk_buff *skb)
 		}
 		goto mark;
 	}
-	count(EG_HIT);
 	return send_remote(skb, eh, peer, &key);
 
 mark:

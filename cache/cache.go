@@ -23,6 +23,7 @@ import (
 
 	"github.com/skiffnet/skiff/bpffs"
 	"github.com/skiffnet/skiff/cluster"
+	"github.com/skiffnet/skiff/overlay"
 	"github.com/skiffnet/skiff/policymap"
 )
 
@@ -152,6 +153,7 @@ func configure(spec *ebpf.CollectionSpec, cfg config, under netlink.Link) error 
 		s.CfgPortMin.Set(lo),
 		s.CfgPortMax.Set(hi),
 		s.CfgRewrite.Set(b32(cfg.Tunnel == TunnelRewrite)),
+		s.CfgVxlanMax.Set(uint32(under.Attrs().MTU-overlay.Overhead)),
 	)
 }
 

@@ -150,6 +150,7 @@ enum reason {
 	IN_RW_SPOOFED,     // the key's remote container does not live on the sending host: dropped
 	EG_REWRITTEN,      // besides the hit: sent rewritten, not in VXLAN
 	EG_RW_KEYS_FULL,   // no key left for a pair (the peer's packets of it stay VXLAN)
+	EG_TOO_BIG,        // a packet that cannot go rewritten and does not fit VXLAN: the overlay's
 	EI_SCRUBBED,       // a DF packet to a peer that is not rewritten: ID bit 15 set
 	EI_LEARN,
 	EI_PAUSED,

@@ -40,7 +40,7 @@ func newTestCache(t testing.TB, capacity Capacity) *fastPath {
 func loadTestCache(t testing.TB, capacity Capacity, tunnel string) *fastPath {
 	t.Helper()
 	dir := bpffstest.Dir(t)
-	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay}}
+	under := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ul0", Index: 1, HardwareAddr: macUnderlay, MTU: 1500}}
 	c, err := loadOn(config{
 		Cluster: cluster.Config{CIDR: netip.MustParsePrefix("10.244.0.0/16"), HostPrefix: 24, VNI: testVNI, VXLANPort: 4789},
 		Host: cluster.Host{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24"),

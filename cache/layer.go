@@ -27,6 +27,7 @@ func init() {
 		Teardown: teardownLayer,
 		Flags:    flags,
 		Features: features,
+		FullMTU:  func(o any) bool { return len(features(o)) > 0 },
 	})
 }
 

@@ -125,17 +125,18 @@ const (
 	skcReasonIN_RW_SPOOFED       skcReason = 54
 	skcReasonEG_REWRITTEN        skcReason = 55
 	skcReasonEG_RW_KEYS_FULL     skcReason = 56
-	skcReasonEI_SCRUBBED         skcReason = 57
-	skcReasonEI_LEARN            skcReason = 58
-	skcReasonEI_PAUSED           skcReason = 59
-	skcReasonEI_CLEARED          skcReason = 60
-	skcReasonEI_PASS             skcReason = 61
-	skcReasonEI_PASS_NOT_OVERLAY skcReason = 62
-	skcReasonII_LEARN            skcReason = 63
-	skcReasonII_PAUSED           skcReason = 64
-	skcReasonII_CLEARED          skcReason = 65
-	skcReasonII_PASS             skcReason = 66
-	skcReasonNR_REASONS          skcReason = 67
+	skcReasonEG_TOO_BIG          skcReason = 57
+	skcReasonEI_SCRUBBED         skcReason = 58
+	skcReasonEI_LEARN            skcReason = 59
+	skcReasonEI_PAUSED           skcReason = 60
+	skcReasonEI_CLEARED          skcReason = 61
+	skcReasonEI_PASS             skcReason = 62
+	skcReasonEI_PASS_NOT_OVERLAY skcReason = 63
+	skcReasonII_LEARN            skcReason = 64
+	skcReasonII_PAUSED           skcReason = 65
+	skcReasonII_CLEARED          skcReason = 66
+	skcReasonII_PASS             skcReason = 67
+	skcReasonNR_REASONS          skcReason = 68
 )
 
 type skcRwKey struct {
@@ -215,6 +216,7 @@ const (
 	skcVarCfgUnderlayIp  = "cfg_underlay_ip"
 	skcVarCfgUnderlayMac = "cfg_underlay_mac"
 	skcVarCfgVni         = "cfg_vni"
+	skcVarCfgVxlanMax    = "cfg_vxlan_max"
 	skcVarCfgVxlanPort   = "cfg_vxlan_port"
 	skcVarUnusedReason   = "unused_reason"
 )
@@ -300,6 +302,7 @@ type skcVariableSpecs struct {
 	CfgUnderlayIp  *ebpf.VariableSpec `ebpf:"cfg_underlay_ip"`
 	CfgUnderlayMac *ebpf.VariableSpec `ebpf:"cfg_underlay_mac"`
 	CfgVni         *ebpf.VariableSpec `ebpf:"cfg_vni"`
+	CfgVxlanMax    *ebpf.VariableSpec `ebpf:"cfg_vxlan_max"`
 	CfgVxlanPort   *ebpf.VariableSpec `ebpf:"cfg_vxlan_port"`
 	UnusedReason   *ebpf.VariableSpec `ebpf:"unused_reason"`
 }
@@ -371,6 +374,7 @@ type skcVariables struct {
 	CfgUnderlayIp  *ebpf.Variable `ebpf:"cfg_underlay_ip"`
 	CfgUnderlayMac *ebpf.Variable `ebpf:"cfg_underlay_mac"`
 	CfgVni         *ebpf.Variable `ebpf:"cfg_vni"`
+	CfgVxlanMax    *ebpf.Variable `ebpf:"cfg_vxlan_max"`
 	CfgVxlanPort   *ebpf.Variable `ebpf:"cfg_vxlan_port"`
 	UnusedReason   *ebpf.Variable `ebpf:"unused_reason"`
 }

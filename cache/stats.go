@@ -91,6 +91,7 @@ var reasons = [skcReasonNR_REASONS]Reason{
 	skcReasonIN_RW_SPOOFED:       r("from_underlay", "rewrite_spoofed"),
 	skcReasonEG_REWRITTEN:        r("from_container", "rewritten"),
 	skcReasonEG_RW_KEYS_FULL:     r("from_container", "rewrite_keys_full"),
+	skcReasonEG_TOO_BIG:          r("from_container", "too_big_for_vxlan"),
 	skcReasonEI_SCRUBBED:         r("to_underlay", "scrubbed"),
 	skcReasonEI_LEARN:            r("to_underlay", "learn"),
 	skcReasonEI_PAUSED:           r("to_underlay", "paused"),

@@ -40,7 +40,8 @@
 #define VX_ACK 0x40  // the sender holds the receiver's key for the pair
 #define VX_ADV 0x80  // bytes 2-3: the sender's key for the receiver's packets of the pair
 
-volatile const __u32 cfg_rewrite; // --cache-tunnel rewrite
+volatile const __u32 cfg_rewrite;   // --cache-tunnel rewrite
+volatile const __u32 cfg_vxlan_max; // the largest inner IPv4 packet VXLAN fits in the underlay's MTU
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -159,9 +160,33 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct egress_host *eh
 	return bpf_redirect(ifindex, 0);
 }
 
-// send_remote sends a fast-path packet to a remote container's host: rewritten
-// when the pair has the peer's key and hears from it, else in VXLAN with
-// the pair's adverts (peer: the host's underlay address).
+// fits_vxlan says whether the container's packet (each segment of a GSO
+// one) fits the underlay in VXLAN. With the rewriting tunnel containers
+// have the underlay's MTU: a packet that cannot go rewritten and does not
+// fit is the overlay's, whose VXLAN device sends it in outer fragments.
+static __always_inline bool fits_vxlan(struct __sk_buff *skb)
+{
+	__u32 len = skb->len - ETH_HLEN;
+	if (skb->gso_size) {
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct iphdr *ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > end)
+			return false;
+		len = skb->gso_size + sizeof(struct iphdr) + sizeof(struct udphdr);
+		if (ip->protocol == IPPROTO_TCP) {
+			struct tcphdr *th = (void *)(ip + 1);
+			if ((void *)(th + 1) > end)
+				return false;
+			len = skb->gso_size + sizeof(struct iphdr) + th->doff * 4;
+		}
+	}
+	return len <= cfg_vxlan_max;
+}
+
+// send_remote sends a fast-path packet (a hit) to a remote container's
+// host: rewritten when the pair has the peer's key and hears from it, else
+// in VXLAN with the pair's adverts (peer: the host's underlay address).
 static __always_inline int send_remote(struct __sk_buff *skb, struct egress_host *eh, __be32 peer, struct flow_key *k)
 {
 	__u8 vx = 0;
@@ -175,13 +200,20 @@ static __always_inline int send_remote(struct __sk_buff *skb, struct egress_host
 			}
 			if (p->send && !p->pending && bpf_ktime_get_coarse_ns() - p->heard < RW_HEARD_NS) {
 				int ret = rewrite(skb, eh, peer, p->send, k->proto);
-				if (ret >= 0)
+				if (ret >= 0) {
+					count(EG_HIT);
 					return ret;
+				}
 			}
 			vx = VX_PEER | (p->pending ? VX_ADV : 0) | (p->send ? VX_ACK : 0);
 			adv = p->recv;
 		}
+		if (!fits_vxlan(skb)) {
+			count(EG_TOO_BIG);
+			return TC_ACT_UNSPEC;
+		}
 	}
+	count(EG_HIT);
 	return encapsulate(skb, eh, vx, adv);
 }
 

@@ -142,6 +142,23 @@ func TestRewriteFallsBackToVXLAN(t *testing.T) {
 			}
 		})
 	}
+	t.Run("too big for VXLAN", func(t *testing.T) {
+		c := tunnelCache(t, &skcRwPair{Send: 5, Recv: 9, Heard: now(t)})
+		big := make([]byte, 1500-20-20) // a full-MTU segment, with a DSCP: not rewritten
+		in := tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{Frag: df, TOS: 0x20}, tctest.ProtoTCP, ipLocal, ipRemote, tctest.TCP(40000, 80, tctest.ACK, big)))
+		var ret uint32
+		var out []byte
+		d := delta(t, c, func() { ret, out = tctest.Run(t, c.objs.FromContainer, in) })
+		expectCount(t, d, "from_container/too_big_for_vxlan")
+		if ret != tcNext || !bytes.Equal(out, in) {
+			t.Errorf("ret %d, changed %v: want the overlay's, untouched", ret, !bytes.Equal(out, in))
+		}
+		// One byte less than VXLAN's room goes in VXLAN.
+		in = tctest.Eth(macBridge, macContainer, 0x0800, tctest.IPv4(tctest.IPOpts{Frag: df, TOS: 0x20}, tctest.ProtoTCP, ipLocal, ipRemote, tctest.TCP(40000, 80, tctest.ACK, big[:1450-40])))
+		if ret, out := tctest.Run(t, c.objs.FromContainer, in); ret != tcActRedir || len(out) != len(in)+50 {
+			t.Errorf("a packet of 1450 bytes: ret %d, length %d", ret, len(out))
+		}
+	})
 	t.Run("not heard from for 5 s", func(t *testing.T) {
 		c := tunnelCache(t, &skcRwPair{Send: 5, Recv: 9, Heard: now(t) - 6e9})
 		if got := vxFlags(t, c, tctest.IPOpts{Frag: df}); !bytes.Equal(got, []byte{0x60, 0, 9}) {

@@ -98,26 +98,28 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	defer stop()
 	labs := labSet{labs: map[string]*lab.Lab{}}
 	defer labs.downStarted(env)
-	for _, mode := range labModes {
-		name := "b" + mode
+	for _, key := range labModes {
+		mode, args := labOf(key)
+		name := "b" + key
 		if len(name) > 8 {
 			name = name[:8]
 		}
-		if l, err := lab.Open(*labName); err == nil && l.Mode() == mode {
+		fits := func(l *lab.Lab) bool { return l.Mode() == mode && slices.Equal(l.Config.AgentArgs, args) }
+		if l, err := lab.Open(*labName); err == nil && fits(l) {
 			name = *labName
 		}
 		l, err := lab.Open(name)
-		if err == nil && l.Mode() != mode {
-			return fmt.Errorf("lab %s runs mode %s, the benchmark needs %s there (skiff lab down --name %s)", name, l.Mode(), mode, name)
+		if err == nil && !fits(l) {
+			return fmt.Errorf("lab %s runs mode %s %v, the benchmark needs %s %v there (skiff lab down --name %s)", name, l.Mode(), l.Config.AgentArgs, mode, args, name)
 		}
 		if err != nil {
-			fmt.Fprintf(env.Stderr, "bringing up lab %s (mode %s) for the benchmark\n", name, mode)
-			if l, err = lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 2, Mode: mode}); err != nil {
+			fmt.Fprintf(env.Stderr, "bringing up lab %s (mode %s %v) for the benchmark\n", name, mode, args)
+			if l, err = lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 2, Mode: mode, AgentArgs: args}); err != nil {
 				return err
 			}
 			labs.started = append(labs.started, name)
 		}
-		labs.add(mode, l)
+		labs.add(key, l)
 	}
 	start := time.Now()
 	report, runErr := bench.Run(ctx, labs.bench(), opts)
@@ -154,11 +156,11 @@ func labModesFor(modes []string) ([]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("unknown mode %q (modes: %s)", name, strings.Join(bench.ModeNames(), ", "))
 		}
-		if m.LabMode != "" && !slices.Contains(out, m.LabMode) {
-			out = append(out, m.LabMode)
+		if m.LabMode != "" && !slices.Contains(out, m.Lab()) {
+			out = append(out, m.Lab())
 		}
 		if m.LabMode != "" && m.Placement == bench.HostPlacement {
-			onHosts = m.LabMode
+			onHosts = m.Lab()
 		}
 	}
 	if len(out) == 0 || out[0] == onHosts {
@@ -189,9 +191,19 @@ func (s *labSet) downStarted(env Env) {
 	}
 }
 
-// bench returns the lab itself when there is one, else the set.
+// labOf is the lab mode and skiffd flags of the lab named key (Mode.Lab).
+func labOf(key string) (string, []string) {
+	for _, m := range bench.Modes {
+		if m.Lab() == key {
+			return m.LabMode, m.LabArgs
+		}
+	}
+	return key, nil
+}
+
+// bench returns the lab itself when there is one of its mode, else the set.
 func (s *labSet) bench() bench.Lab {
-	if len(s.order) == 1 {
+	if len(s.order) == 1 && s.labs[s.order[0]].Mode() == s.order[0] {
 		return s.labs[s.order[0]]
 	}
 	return s

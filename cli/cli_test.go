@@ -108,11 +108,16 @@ func TestLabModesFor(t *testing.T) {
 		{[]string{"host", "host-sockets", "sockets"}, []string{"overlay", "sockets"}},
 		{[]string{"host", "sockets", "overlay", "host-sockets"}, []string{"overlay", "sockets"}},
 		{[]string{"host", "cache", "host-sockets"}, []string{"cache", "sockets"}},
+		// A variant of a lab mode (other skiffd flags) is a lab of its own.
+		{[]string{"host", "cache", "cache-rewrite", "auto-plain-rewrite"}, []string{"cache", "cacherw", "autorw"}},
 	}
 	for _, tt := range tests {
 		if got, err := labModesFor(tt.modes); err != nil || !slices.Equal(got, tt.want) {
 			t.Errorf("labModesFor(%v) = %v, %v; want %v", tt.modes, got, err, tt.want)
 		}
+	}
+	if mode, args := labOf("cacherw"); mode != "cache" || !slices.Equal(args, []string{"--cache-tunnel", "rewrite"}) {
+		t.Errorf("lab cacherw: mode %s, flags %v", mode, args)
 	}
 	if _, err := labModesFor([]string{"host", "warp"}); err == nil || !strings.Contains(err.Error(), `unknown mode "warp"`) {
 		t.Errorf("unknown mode: err = %v", err)

@@ -224,3 +224,72 @@ func TestRewriteNotForged(t *testing.T) {
 		t.Errorf("h2 restored %d packets", restored)
 	}
 }
+
+// TestRewriteFullMTU: with the rewriting tunnel containers get the
+// underlay's MTU. A full-size packet travels rewritten once the pair's keys
+// are exchanged; before that (a cold pair's first datagram), and when it
+// cannot go rewritten at all (an IP fragment), the overlay carries it in
+// outer fragments.
+func TestRewriteFullMTU(t *testing.T) {
+	l := newLab(t, Config{Name: "trwmtu", Hosts: 2, ContainersPerHost: 2, Mode: "cache", AgentArgs: rewriteArgs})
+	ctx := context.Background()
+	var mtu int
+	if err := l.Do("h1/c1", func() error {
+		ifc, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mtu = ifc.MTU
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if mtu != 1500 {
+		t.Fatalf("container MTU %d, want the underlay's 1500", mtu)
+	}
+	// Small echoes between h1/c1 and h2/c1: the hosts' headers are known,
+	// that pair's keys exchanged.
+	dst, _ := l.IP("h2/c1")
+	cmd, _ := l.Command(ctx, "h1/c1", "ping", "-c", "10", "-i", "0.01", "-W", "2", dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ping: %v\n%s", err, out)
+	}
+	const port = 7720
+	for _, size := range []int{1472, 4000} { // a cold pair's full-size datagram, then one in IP fragments
+		dst, _ := l.IP("h2/c2")
+		var sock *net.UDPConn
+		if err := l.Do("h2/c2", func() (err error) {
+			sock, err = net.ListenUDP("udp4", &net.UDPAddr{Port: port + size})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := dial(l, "h1/c2", "udp4", netip.AddrPortFrom(dst, uint16(port+size)), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := cacheStats(t, l, "h1")
+		if _, err := c.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 5000)
+		sock.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, _, err := sock.ReadFromUDPAddrPort(buf); err != nil || n != size {
+			t.Errorf("a %d-byte datagram: got %d bytes, %v", size, n, err)
+		}
+		after := cacheStats(t, l, "h1")
+		if n := counted(before, after, "from_container/too_big_for_vxlan"); size == 1472 && n != 1 {
+			t.Errorf("a cold pair's full-size datagram: %d too big for VXLAN, want 1 (to the overlay)", n)
+		}
+		c.Close()
+		sock.Close()
+	}
+	// Full-size echoes both ways on the warm pair: rewritten.
+	before := cacheStats(t, l, "h1")
+	cmd, _ = l.Command(ctx, "h1/c1", "ping", "-c", "20", "-i", "0.01", "-W", "2", "-M", "do", "-s", "1472", dst.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ping: %v\n%s", err, out)
+	}
+	if n := counted(before, cacheStats(t, l, "h1"), "from_container/rewritten"); n < 18 {
+		t.Errorf("%d of 20 full-size echo requests went rewritten", n)
+	}
+}

@@ -192,6 +192,10 @@ type Registration struct {
 	// the agent announces them in its host record (cluster.Host.Features),
 	// and every host's layers read them in View.Hosts. Nil: none.
 	Features func(options any) []string
+	// FullMTU says whether the layer, with options, carries containers'
+	// packets between hosts without the overlay's VXLAN headers, so that
+	// containers get the underlay's MTU (overlay.Config.FullMTU). Nil: no.
+	FullMTU func(options any) bool
 }
 
 var (

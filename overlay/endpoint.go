@@ -300,8 +300,10 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 	if c.Attrs().ParentIndex != host.Attrs().Index {
 		return Attachment{}, fmt.Errorf("container %s is not the peer of %s", e.IfName, e.Veth)
 	}
-	if c.Attrs().MTU != o.mtu {
-		return Attachment{}, fmt.Errorf("container %s MTU is %d, want %d", e.IfName, c.Attrs().MTU, o.mtu)
+	// A container keeps the MTU it was created with when the host changes
+	// Config.FullMTU.
+	if m := c.Attrs().MTU; m != o.mtu && m != o.underlay.Attrs().MTU-Overhead && m != o.underlay.Attrs().MTU {
+		return Attachment{}, fmt.Errorf("container %s MTU is %d, want %d", e.IfName, m, o.mtu)
 	}
 	addrs, err := h.AddrList(c, netlink.FAMILY_V4)
 	if err != nil {
@@ -327,7 +329,7 @@ func (o *Overlay) checkLinks(e cluster.Endpoint) (Attachment, error) {
 	if !found {
 		return Attachment{}, fmt.Errorf("container has no route to %s via %s", dst, gw)
 	}
-	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: o.mtu}, nil
+	return Attachment{HostVethMAC: host.Attrs().HardwareAddr.String(), ContainerMAC: c.Attrs().HardwareAddr.String(), Gateway: gw, MTU: c.Attrs().MTU}, nil
 }
 
 // RemoveEndpoint deletes e's veth pair, then its source check. A namespace

@@ -47,6 +47,14 @@ type Config struct {
 	// UnderlayRate, when set, shapes the underlay (bit/s) so that QoS
 	// classes keep their shares under contention (limits.QoS).
 	UnderlayRate uint64
+	// FullMTU gives containers the underlay's MTU: a layer carries their
+	// packets between hosts without VXLAN's Overhead (the cache's
+	// rewriting tunnel). What the overlay itself carries beyond
+	// underlay − Overhead leaves in two outer IPv4 fragments (the VXLAN
+	// device sends no DF), and the routes to other hosts' subnets lock
+	// their MTU, so that the device never turns a packet it carries into
+	// an ICMP "fragmentation needed" for the container.
+	FullMTU bool
 }
 
 // Overlay manages one host's part of the overlay.
@@ -75,6 +83,9 @@ func New(cfg Config, log *slog.Logger) (*Overlay, error) {
 		return nil, fmt.Errorf("underlay interface %q: %w", cfg.Underlay, err)
 	}
 	mtu := l.Attrs().MTU - Overhead
+	if cfg.FullMTU {
+		mtu = l.Attrs().MTU
+	}
 	if mtu < 576 {
 		return nil, fmt.Errorf("underlay %s MTU %d leaves %d for containers, below the IPv4 minimum of 576", cfg.Underlay, l.Attrs().MTU, mtu)
 	}
@@ -97,7 +108,8 @@ func (o *Overlay) Close() error {
 	return errors.Join(errs...)
 }
 
-// MTU is the container interface MTU: the underlay's minus the VXLAN overhead.
+// MTU is the container interface MTU: the underlay's minus the VXLAN
+// overhead, or the underlay's (Config.FullMTU).
 func (o *Overlay) MTU() int { return o.mtu }
 
 // VTEPMAC derives a host's VXLAN device MAC from its underlay address, so the
@@ -261,11 +273,18 @@ func (o *Overlay) setupBridge() error {
 
 func (o *Overlay) setupVXLAN() error {
 	c := o.cfg
+	// A VXLAN device bound to the underlay device may not exceed its MTU
+	// less the Overhead: at the full MTU the device is bound to the local
+	// address alone (the route to each host picks the device).
+	dev, devArgs := o.underlay.Attrs().Index, []string{"dev", o.cfg.Underlay}
+	if c.FullMTU {
+		dev, devArgs = 0, nil
+	}
 	vx, err := netlink.LinkByName(VXLANName)
 	have, ok := vx.(*netlink.Vxlan)
 	switch {
 	case err == nil && ok && have.VxlanId == c.Cluster.VNI && have.Port == c.Cluster.VXLANPort &&
-		have.VtepDevIndex == o.underlay.Attrs().Index && net.IP(have.SrcAddr).Equal(c.Host.UnderlayIP.AsSlice()) &&
+		have.VtepDevIndex == dev && net.IP(have.SrcAddr).Equal(c.Host.UnderlayIP.AsSlice()) &&
 		!have.Learning && !have.UDPCSum:
 		// Intact: keep it (and the traffic on it).
 	case err == nil:
@@ -277,9 +296,9 @@ func (o *Overlay) setupVXLAN() error {
 		// Through ip(8): the netlink library cannot ask for zero UDP checksums
 		// (it omits IFLA_VXLAN_UDP_CSUM=0, and the kernel's default is on).
 		// Zero checksums are what the cache layer's fast path sends too.
-		out, err := exec.Command("ip", "link", "add", VXLANName, "type", "vxlan", "id", fmt.Sprint(c.Cluster.VNI),
-			"dstport", fmt.Sprint(c.Cluster.VXLANPort), "local", c.Host.UnderlayIP.String(), "dev", o.cfg.Underlay,
-			"nolearning", "noudpcsum").CombinedOutput()
+		args := append([]string{"link", "add", VXLANName, "type", "vxlan", "id", fmt.Sprint(c.Cluster.VNI),
+			"dstport", fmt.Sprint(c.Cluster.VXLANPort), "local", c.Host.UnderlayIP.String()}, devArgs...)
+		out, err := exec.Command("ip", append(args, "nolearning", "noudpcsum")...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("create %s: %w: %s", VXLANName, err, strings.TrimSpace(string(out)))
 		}
@@ -392,8 +411,11 @@ func (o *Overlay) SyncHosts(hosts []cluster.Host) error {
 			Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: h.UnderlayIP.AsSlice(), HardwareAddr: mac}); err != nil {
 			errs = append(errs, fmt.Errorf("FDB entry %s for host %s: %w", mac, h.Name, err))
 		}
-		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: idx, Dst: prefixNet(h.Subnet),
-			Gw: vtep.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}); err != nil {
+		route := &netlink.Route{LinkIndex: idx, Dst: prefixNet(h.Subnet), Gw: vtep.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}
+		if o.cfg.FullMTU {
+			route.MTU, route.MTULock = o.mtu, true
+		}
+		if err := netlink.RouteReplace(route); err != nil {
 			errs = append(errs, fmt.Errorf("route to %s (host %s): %w", h.Subnet, h.Name, err))
 		}
 	}
