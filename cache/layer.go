@@ -269,7 +269,7 @@ func (l *Layer) settle(v *layer.View) error {
 		}
 		errs = append(errs, err)
 	}
-	errs = append(errs, l.c.Sync(v.Endpoints, v.Hosts))
+	errs = append(errs, l.c.Sync(v.Endpoints, v.Hosts), l.c.setVXLAN())
 	if l.pause {
 		// A packet marked established under the old state and still queued
 		// must not teach the cache after the purge.

@@ -152,7 +152,9 @@ func (c *fastPath) Entries() (Entries, error) {
 			return out, fmt.Errorf("walk caches: %w", err)
 		}
 	}
-	return out, nil
+	var err error
+	out.TunnelPairs, out.TunnelKeys, err = c.tunnelEntries()
+	return out, err
 }
 
 // Entries is a snapshot of the cache's maps, for skiff layer cache.
@@ -165,6 +167,9 @@ type Entries struct {
 	// ConnectionCapacity.
 	Connections        int    `json:"connections"`
 	ConnectionCapacity uint32 `json:"connectionCapacity"`
+	// The rewriting tunnel's pairs and the keys this host gave its peers.
+	TunnelPairs []TunnelPair `json:"tunnelPairs,omitempty"`
+	TunnelKeys  []TunnelKey  `json:"tunnelKeys,omitempty"`
 }
 
 // EgressIP maps a remote container to its host.
@@ -273,10 +278,24 @@ func (e Entries) view() []api.Section {
 	for _, x := range e.Flows {
 		flows = append(flows, []string{x.Proto, x.Local, x.Remote, fmt.Sprint(x.Egress), fmt.Sprint(x.Ingress)})
 	}
-	return []api.Section{
+	var pairs, keys [][]string
+	for _, x := range e.TunnelPairs {
+		pairs = append(pairs, []string{x.Local.String(), x.Remote.String(), fmt.Sprint(x.Send), fmt.Sprint(x.Recv), fmt.Sprint(x.Pending)})
+	}
+	for _, x := range e.TunnelKeys {
+		keys = append(keys, []string{x.Peer.String(), fmt.Sprint(x.Key), x.Remote.String() + " → " + x.Local.String(), fmt.Sprint(x.Dead)})
+	}
+	tunnel := []api.Section{
+		{Title: fmt.Sprintf("rewriting tunnel: pairs (%d)", len(pairs)), Header: []string{"LOCAL", "REMOTE", "SEND KEY", "RECEIVE KEY", "ADVERTISING"}, Rows: pairs},
+		{Title: fmt.Sprintf("rewriting tunnel: keys given (%d)", len(keys)), Header: []string{"PEER", "KEY", "RESTORES", "DEAD"}, Rows: keys},
+	}
+	if len(pairs)+len(keys) == 0 {
+		tunnel = nil
+	}
+	return append([]api.Section{
 		{Title: fmt.Sprintf("egress: container → host (%d)", len(ips)), Header: []string{"CONTAINER", "HOST"}, Rows: ips},
 		{Title: fmt.Sprintf("egress: host → headers (%d)", len(hosts)), Header: []string{"HOST", "IFINDEX", "OUTER MACS", "VNI", "INNER MACS"}, Rows: hosts},
 		{Title: fmt.Sprintf("ingress: local container (%d)", len(ingress)), Header: []string{"CONTAINER", "VETH IFINDEX", "MACS", "READY"}, Rows: ingress},
 		{Title: fmt.Sprintf("flows (%d)", len(flows)), Header: []string{"PROTO", "LOCAL", "REMOTE", "EGRESS", "INGRESS"}, Rows: flows},
-	}
+	}, tunnel...)
 }

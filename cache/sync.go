@@ -125,7 +125,7 @@ func (c *fastPath) Sync(endpoints []cluster.Endpoint, hosts []cluster.Host) erro
 	_, err = c.purgeFlows(gone)
 	errs = append(errs, err)
 	_, err = c.purgeConnections(func(k skcFlowKey, _ skcFlowState) bool { return gone(k) })
-	errs = append(errs, err, c.syncTunnel(hosts, owner, local), c.setVXLAN())
+	errs = append(errs, err, c.syncTunnel(hosts, owner, local))
 	return errors.Join(errs...)
 }
 

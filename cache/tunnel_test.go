@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/tc/tctest"
 )
 
@@ -396,5 +397,85 @@ func TestScrub(t *testing.T) {
 	in := host(ulPeer, tctest.IPOpts{Frag: df, ID: 0x1234})
 	if _, out := tctest.Run(t, v.objs.ToUnderlay, in); !bytes.Equal(out, in) {
 		t.Error("the VXLAN tunnel scrubbed a packet")
+	}
+}
+
+// TestTunnelCoherency: the agent's side of the tunnel. Sync makes the
+// peers the live hosts that announce it, drops the pairs of containers
+// that are gone or moved and kills their keys; a removed container's
+// pairs go and its keys die; the sweep kills keys no pair holds and frees
+// keys dead long enough.
+func TestTunnelCoherency(t *testing.T) {
+	c := loadTestCache(t, Capacity{}, TunnelRewrite)
+	remote2 := netip.MustParseAddr("10.244.2.8")
+	put := func(local, remote netip.Addr, recv uint16) {
+		t.Helper()
+		if err := c.objs.SkcRwPairs.Put(skcRwPairKey{Local: be32(local), Remote: be32(remote)}, skcRwPair{Send: 3, Recv: recv}); err != nil {
+			t.Fatal(err)
+		}
+		putKey(t, c, recv, skcRwKey{Remote: be32(remote), Local: be32(local)})
+	}
+	put(ipLocal, ipRemote, 10)
+	put(ipLocal2, ipRemote, 11)
+	put(ipLocal, remote2, 12)
+	keyOf := func(k uint16) (skcRwKey, bool) {
+		var v skcRwKey
+		err := c.objs.SkcRwKeys.Lookup(skcRwKeyKey{Peer: be32(ulPeer), Key: k}, &v)
+		return v, err == nil
+	}
+	pairs := func() int { return count(t, c.objs.SkcRwPairs) }
+	hosts := []cluster.Host{
+		{Name: "h1", UnderlayIP: ulLocal, Subnet: netip.MustParsePrefix("10.244.1.0/24"), Features: []string{FeatureRewrite}},
+		{Name: "h2", UnderlayIP: ulPeer, Subnet: netip.MustParsePrefix("10.244.2.0/24"), Features: []string{FeatureRewrite}},
+		{Name: "h3", UnderlayIP: ulOther, Subnet: netip.MustParsePrefix("10.244.3.0/24")},
+	}
+	eps := []cluster.Endpoint{
+		{Host: "h1", IP: netip.PrefixFrom(ipLocal, 24)}, {Host: "h1", IP: netip.PrefixFrom(ipLocal2, 24)},
+		{Host: "h2", IP: netip.PrefixFrom(ipRemote, 24)}, {Host: "h2", IP: netip.PrefixFrom(remote2, 24)},
+	}
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	var one uint32
+	if c.objs.SkcPeers.Lookup(ulPeer.As4(), &one) != nil || c.objs.SkcPeers.Lookup(ulOther.As4(), &one) == nil || pairs() != 3 {
+		t.Fatalf("after a sync of an unchanged cluster: peers wrong or %d pairs", pairs())
+	}
+	// remote2 moves to h3, which does not rewrite: its pair goes, its key dies.
+	eps[3].Host = "h3"
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := keyOf(12); pairs() != 2 || !ok || v.Dead != 1 {
+		t.Errorf("after a move to a host without the tunnel: %d pairs, key 12 %+v", pairs(), v)
+	}
+	// A local container goes.
+	if err := c.RemoveEndpoint(cluster.Endpoint{IP: netip.PrefixFrom(ipLocal2, 24)}); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := keyOf(11); pairs() != 1 || !ok || v.Dead != 1 {
+		t.Errorf("after the container went: %d pairs, key 11 %+v", pairs(), v)
+	}
+	// A key no pair holds dies at the sweep; a key dead past its life is freed.
+	putKey(t, c, 13, skcRwKey{Remote: be32(ipRemote), Local: be32(ipLocal)})
+	putKey(t, c, 14, skcRwKey{Dead: 1, Seen: now(t) - uint64(deadKeyLife) - 1e9})
+	if _, err := c.sweepKeys(); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := keyOf(13); !ok || v.Dead != 1 {
+		t.Errorf("a key no pair holds: %+v", v)
+	}
+	if _, ok := keyOf(14); ok {
+		t.Error("a key dead past its life was not freed")
+	}
+	if v, ok := keyOf(10); !ok || v.Dead != 0 {
+		t.Errorf("the live pair's key: %+v", v)
+	}
+	// h2 stops announcing: nothing is rewritten to it any more.
+	hosts[1].Features = nil
+	if err := c.Sync(eps, hosts); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := keyOf(10); pairs() != 0 || !ok || v.Dead != 1 || c.objs.SkcPeers.Lookup(ulPeer.As4(), &one) == nil {
+		t.Errorf("after the peer withdrew: %d pairs, key 10 %+v", pairs(), v)
 	}
 }

@@ -70,6 +70,14 @@ func TestRewriteCarriesTraffic(t *testing.T) {
 		t.Fatalf("ping: %v\n%s", err, out)
 	}
 	after1, after2 := cacheStats(t, l, "h1"), cacheStats(t, l, "h2")
+	// skiff layer cache lists the pair and the key each host gave.
+	src, _ := l.IP("h1/c1")
+	e1, e2 := cacheEntries(t, l, "h1"), cacheEntries(t, l, "h2")
+	if !slices.ContainsFunc(e1.TunnelPairs, func(p cache.TunnelPair) bool {
+		return p.Local == src && p.Remote == dst && p.Send != 0 && p.Recv != 0 && !p.Pending
+	}) || !slices.ContainsFunc(e2.TunnelKeys, func(k cache.TunnelKey) bool { return k.Remote == src && k.Local == dst && !k.Dead }) {
+		t.Errorf("h1's pairs %+v, h2's keys %+v: want h1/c1 → h2/c1 with keys both ways", e1.TunnelPairs, e2.TunnelKeys)
+	}
 	for k, v := range after1 {
 		if v != before1[k] {
 			t.Logf("h1 %s +%d", k, v-before1[k])
