@@ -757,8 +757,7 @@ mark:
 SEC("tc")
 int to_underlay(struct __sk_buff *skb)
 {
-	if (cfg_rewrite)
-		scrub(skb);
+	scrub(skb);
 	struct iphdr outer;
 	if (!vxlan_inner(skb, &outer)) {
 		count(EI_PASS);

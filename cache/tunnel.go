@@ -57,16 +57,18 @@ func (c *fastPath) setVXLAN() error {
 }
 
 // syncTunnel makes the tunnel's maps agree with the cluster: peers are the
-// live remote hosts that announce the tunnel (none unless this host does);
-// a pair goes when either container has gone or its remote one lives on no
-// peer now; a key dies when its pair does, or its peer stops announcing.
-// owner maps every live address to its host's underlay address.
+// live remote hosts that announce the tunnel (in either tunnel: the scrub
+// needs them); a pair goes when either container has gone or its remote
+// one lives on no peer now (every pair, unless this host rewrites); a key
+// dies when its pair does, or its peer stops announcing. owner maps every
+// live address to its host's underlay address.
 func (c *fastPath) syncTunnel(hosts []cluster.Host, owner map[netip.Addr]netip.Addr, local map[netip.Addr]bool) error {
-	peers := map[netip.Addr]bool{}
-	if c.rewriting() {
-		for _, h := range hosts {
-			if h.Name != c.cfg.Host.Name && slices.Contains(h.Features, FeatureRewrite) {
-				peers[h.UnderlayIP] = true
+	peers, rewriteTo := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+	for _, h := range hosts {
+		if h.Name != c.cfg.Host.Name && slices.Contains(h.Features, FeatureRewrite) {
+			peers[h.UnderlayIP] = true
+			if c.rewriting() {
+				rewriteTo[h.UnderlayIP] = true
 			}
 		}
 	}
@@ -79,11 +81,11 @@ func (c *fastPath) syncTunnel(hosts []cluster.Host, owner map[netip.Addr]netip.A
 		}
 	}
 	_, err = purge(c.objs.SkcRwPairs, func(k skcRwPairKey, _ skcRwPair) bool {
-		return !local[addr32(k.Local)] || !peers[owner[addr32(k.Remote)]]
+		return !local[addr32(k.Local)] || !rewriteTo[owner[addr32(k.Remote)]]
 	})
 	errs = append(errs, err)
 	errs = append(errs, c.killKeys(func(k skcRwKeyKey, v skcRwKey) bool {
-		return !peers[addr32(k.Peer)] || !local[addr32(v.Local)] || owner[addr32(v.Remote)] != addr32(k.Peer)
+		return !rewriteTo[addr32(k.Peer)] || !local[addr32(v.Local)] || owner[addr32(v.Remote)] != addr32(k.Peer)
 	}))
 	return errors.Join(errs...)
 }

@@ -16,7 +16,9 @@
 //
 // What keeps a container from forging a key: every DF IPv4 packet to a
 // peer that this host did not rewrite gets ID bit 15 set (scrub, in
-// to_underlay), so nothing but the rewrite leaves with a restorable ID;
+// to_underlay; in either tunnel, so a host switched to VXLAN scrubs while
+// its peers may still restore its packets), so nothing but the rewrite
+// leaves with a restorable ID;
 // the receiver takes a rewritten packet only from an announcing peer, with
 // a live key, and only if the restored source lives on that peer.
 //

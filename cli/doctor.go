@@ -210,7 +210,7 @@ func checkUnderlay(name string) []finding {
 		return []finding{{Check: "underlay", Result: resultFail, Detail: err.Error(), Fix: "an IPv4 address on the underlay interface"}}
 	}
 	mtu := lk.Attrs().MTU
-	f := finding{Check: "underlay MTU", Result: resultOK, Detail: fmt.Sprintf("%s %d: containers get %d", name, mtu, mtu-50)}
+	f := finding{Check: "underlay MTU", Result: resultOK, Detail: fmt.Sprintf("%s %d: containers get %d (%d with --cache-tunnel rewrite)", name, mtu, mtu-50, mtu)}
 	if mtu-50 < 1280 {
 		f.Result, f.Fix = resultWarn, "an underlay MTU of 1330 or more (VXLAN takes 50 bytes)"
 	}
