@@ -29,6 +29,8 @@ build:
 	$(MAKE) -C sockets/shim
 	install -m 0755 sockets/broker/skiff-broker sockets/broker/skiff-seccomp-exec sockets/shim/sockcheck $(BIN)/
 	install -m 0644 sockets/shim/libskiff.so $(BIN)/libskiff.so
+	$(MAKE) -C slim/shim
+	install -m 0644 slim/shim/libslim.so $(BIN)/libslim.so
 
 vet:
 	$(GO) vet ./...

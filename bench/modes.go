@@ -46,6 +46,9 @@ type Mode struct {
 	// --cache-tunnel rewrite, variant "rw"): modes of one variant share a lab.
 	LabArgs    []string
 	LabVariant string
+	// LabSlim: the mode's lab runs the Slim and SlimFast routers
+	// (lab.Config.SlimRouters), a variant too.
+	LabSlim bool
 	// Placement gives the server and client targets.
 	Placement Placement
 	// Wrap, when set, adjusts every server and client command of the mode
@@ -109,6 +112,29 @@ var Modes = map[string]Mode{
 		LabVariant:  "rw",
 		Placement:   ContainerPlacement,
 		Description: "the cache with ONCache's rewriting tunnel (--cache-tunnel rewrite): no VXLAN headers",
+		Explicit:    true,
+	},
+	// The papers' own designs of TCP through host sockets (package slim,
+	// docs/design/slim.md), on an overlay lab with their routers: UDP
+	// stays on the overlay, as in both papers' prototypes.
+	"slim": {
+		Name:        "slim",
+		LabMode:     "overlay",
+		LabVariant:  "slim",
+		LabSlim:     true,
+		Placement:   ContainerPlacement,
+		Wrap:        slimWrap("slim"),
+		Description: "Slim (NSDI '19) as published: preloaded shim, a user-space router per host, the server's host address sent over an overlay connection, host sockets by SCM_RIGHTS; UDP on the overlay",
+		Explicit:    true,
+	},
+	"slimfast": {
+		Name:        "slimfast",
+		LabMode:     "overlay",
+		LabVariant:  "slim",
+		LabSlim:     true,
+		Placement:   ContainerPlacement,
+		Wrap:        slimWrap("slimfast"),
+		Description: "SlimFast (TCC '23) as published: the server's overlay address registered with its router, the client's router connects to the server host's router port with a header naming it; UDP on the overlay",
 		Explicit:    true,
 	},
 	"auto-plain-rewrite": {
@@ -249,6 +275,23 @@ func UnsetEnv(cmd *exec.Cmd, key string) {
 		cmd.Env = os.Environ()
 	}
 	cmd.Env = slices.DeleteFunc(slices.Clone(cmd.Env), func(kv string) bool { return strings.HasPrefix(kv, key+"=") })
+}
+
+// slimWrap preloads libslim.so (its path from the lab: SLIM_LIB) with
+// design; a router that does not answer fails the call (SLIM_STRICT), so
+// that overlay figures never pass for the design's.
+func slimWrap(design string) func(*exec.Cmd) {
+	return func(cmd *exec.Cmd) {
+		lib := ""
+		for _, kv := range cmd.Env {
+			if v, ok := strings.CutPrefix(kv, "SLIM_LIB="); ok {
+				lib = v
+			}
+		}
+		SetEnv(cmd, "SLIM_DESIGN", design)
+		SetEnv(cmd, "SLIM_STRICT", "1")
+		SetEnv(cmd, "LD_PRELOAD", lib)
+	}
 }
 
 // ModeNames returns the registered mode names, host first, the rest sorted.

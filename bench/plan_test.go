@@ -89,7 +89,7 @@ func TestResolveModes(t *testing.T) {
 		{"without host", []string{"overlay"}, "overlay", []string{"overlay"}, ""},
 		{"default on a sockets lab: no host-sockets", nil, "sockets", []string{"host", "sockets"}, ""},
 		{"host-sockets asked for", []string{"host", "sockets", "host-sockets"}, "overlay+sockets", []string{"host", "sockets", "host-sockets"}, ""},
-		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, auto-plain, auto-plain-rewrite, auto-seccomp, cache, cache-rewrite, channels, host-sockets, overlay, sockets, sockets-seccomp, steering)`},
+		{"unknown", []string{"host", "warp"}, "overlay", nil, `unknown mode "warp" (valid: host, auto, auto-plain, auto-plain-rewrite, auto-seccomp, cache, cache-rewrite, channels, host-sockets, overlay, slim, slimfast, sockets, sockets-seccomp, steering)`},
 		{"wrong lab", []string{"overlay"}, "cache", nil, `mode "overlay" needs a lab in "overlay" mode, but the lab is in "cache" mode`},
 	}
 	for _, tt := range tests {
@@ -246,5 +246,22 @@ func TestAutoPlainRunsWithoutShim(t *testing.T) {
 	}
 	if m := Modes["auto-seccomp"]; !m.Seccomp || m.LabMode != "auto" || m.Wrap != nil {
 		t.Errorf("auto-seccomp: %+v", m)
+	}
+}
+
+// TestSlimModesPreloadTheirShim: slim and slimfast preload the library
+// the lab names, with their design and strict, in a lab of their own.
+func TestSlimModesPreloadTheirShim(t *testing.T) {
+	for _, d := range []string{"slim", "slimfast"} {
+		cmd := exec.Command("true")
+		cmd.Env = []string{"SLIM_LIB=/x/libslim.so", "SLIM_ROUTER_DIR=/run/h1"}
+		m := Modes[d]
+		m.Wrap(cmd)
+		if got := strings.Join(cmd.Env, " "); got != "SLIM_LIB=/x/libslim.so SLIM_ROUTER_DIR=/run/h1 SLIM_DESIGN="+d+" SLIM_STRICT=1 LD_PRELOAD=/x/libslim.so" {
+			t.Errorf("%s environment %q", d, got)
+		}
+		if !m.LabSlim || m.Lab() != "overlayslim" || m.Fits("overlay") || !m.Fits("overlay+overlayslim") {
+			t.Errorf("%s: lab %s", d, m.Lab())
+		}
 	}
 }

@@ -99,12 +99,12 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 	labs := labSet{labs: map[string]*lab.Lab{}}
 	defer labs.downStarted(env)
 	for _, key := range labModes {
-		mode, args := labOf(key)
-		name := "b" + key
-		if len(name) > 8 {
-			name = name[:8]
+		want := labOf(key)
+		mode, args := want.Mode, want.AgentArgs
+		name := benchLabName(key)
+		fits := func(l *lab.Lab) bool {
+			return l.Mode() == mode && slices.Equal(l.Config.AgentArgs, args) && l.Config.SlimRouters == want.SlimRouters
 		}
-		fits := func(l *lab.Lab) bool { return l.Mode() == mode && slices.Equal(l.Config.AgentArgs, args) }
 		if l, err := lab.Open(*labName); err == nil && fits(l) {
 			name = *labName
 		}
@@ -114,7 +114,7 @@ func cmdBench(ctx context.Context, env Env, args []string) error {
 		}
 		if err != nil {
 			fmt.Fprintf(env.Stderr, "bringing up lab %s (mode %s %v) for the benchmark\n", name, mode, args)
-			if l, err = lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 2, Mode: mode, AgentArgs: args}); err != nil {
+			if l, err = lab.Up(ctx, lab.Config{Name: name, Hosts: 2, ContainersPerHost: 2, Mode: mode, AgentArgs: args, SlimRouters: want.SlimRouters}); err != nil {
 				return err
 			}
 			labs.started = append(labs.started, name)
@@ -191,14 +191,29 @@ func (s *labSet) downStarted(env Env) {
 	}
 }
 
-// labOf is the lab mode and skiffd flags of the lab named key (Mode.Lab).
-func labOf(key string) (string, []string) {
+// labOf is the lab (its mode, skiffd flags, routers) of key (Mode.Lab).
+func labOf(key string) lab.Config {
 	for _, m := range bench.Modes {
 		if m.Lab() == key {
-			return m.LabMode, m.LabArgs
+			return lab.Config{Mode: m.LabMode, AgentArgs: m.LabArgs, SlimRouters: m.LabSlim}
 		}
 	}
-	return key, nil
+	return lab.Config{Mode: key}
+}
+
+// benchLabName names the lab of key, in at most 8 characters: a
+// variant's name keeps its variant ("boveslim", not "boverlay").
+func benchLabName(key string) string {
+	name := "b" + key
+	if len(name) <= 8 {
+		return name
+	}
+	for _, m := range bench.Modes {
+		if m.Lab() == key && m.LabVariant != "" && len(m.LabVariant) < 7 {
+			return "b" + m.LabMode[:min(len(m.LabMode), 7-len(m.LabVariant))] + m.LabVariant
+		}
+	}
+	return name[:8]
 }
 
 // bench returns the lab itself when there is one of its mode, else the set.

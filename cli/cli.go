@@ -68,7 +68,8 @@ func init() {
 		"scale-flows": {summary: "a worker process of skiff bench --scale (flows)", hidden: true, run: func(ctx context.Context, env Env, args []string) error {
 			return scale.Worker(ctx, args, env.Stdin, env.Stdout)
 		}},
-		"uninstall": {summary: "remove skiff from this host: what skiffd made (skiffd --cleanup), then make install's files", run: cmdUninstall},
+		"slim-router": {summary: "a Slim or SlimFast router of skiff bench's slim and slimfast modes", hidden: true, run: cmdSlimRouter},
+		"uninstall":   {summary: "remove skiff from this host: what skiffd made (skiffd --cleanup), then make install's files", run: cmdUninstall},
 		"version": {summary: "print the version", run: func(_ context.Context, env Env, _ []string) error {
 			fmt.Fprintln(env.Stdout, "skiff", version.String())
 			return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/skiffnet/skiff/api"
+	"github.com/skiffnet/skiff/bench"
 	"github.com/skiffnet/skiff/cluster"
 	"github.com/skiffnet/skiff/cni"
 	"github.com/skiffnet/skiff/lab"
@@ -110,14 +111,30 @@ func TestLabModesFor(t *testing.T) {
 		{[]string{"host", "cache", "host-sockets"}, []string{"cache", "sockets"}},
 		// A variant of a lab mode (other skiffd flags) is a lab of its own.
 		{[]string{"host", "cache", "cache-rewrite", "auto-plain-rewrite"}, []string{"cache", "cacherw", "autorw"}},
+		{[]string{"host", "overlay", "slim", "slimfast"}, []string{"overlay", "overlayslim"}},
 	}
 	for _, tt := range tests {
 		if got, err := labModesFor(tt.modes); err != nil || !slices.Equal(got, tt.want) {
 			t.Errorf("labModesFor(%v) = %v, %v; want %v", tt.modes, got, err, tt.want)
 		}
 	}
-	if mode, args := labOf("cacherw"); mode != "cache" || !slices.Equal(args, []string{"--cache-tunnel", "rewrite"}) {
-		t.Errorf("lab cacherw: mode %s, flags %v", mode, args)
+	if c := labOf("cacherw"); c.Mode != "cache" || !slices.Equal(c.AgentArgs, []string{"--cache-tunnel", "rewrite"}) {
+		t.Errorf("lab cacherw: mode %s, flags %v", c.Mode, c.AgentArgs)
+	}
+	if c := labOf("overlayslim"); c.Mode != "overlay" || !c.SlimRouters {
+		t.Errorf("lab overlayslim: %+v", c)
+	}
+	// Every lab gets a name of its own.
+	names := map[string]string{}
+	for _, m := range bench.Modes {
+		if m.LabMode == "" {
+			continue
+		}
+		n := benchLabName(m.Lab())
+		if other, ok := names[n]; ok && other != m.Lab() || len(n) > 8 {
+			t.Errorf("labs %s and %s both named %s", other, m.Lab(), n)
+		}
+		names[n] = m.Lab()
 	}
 	if _, err := labModesFor([]string{"host", "warp"}); err == nil || !strings.Contains(err.Error(), `unknown mode "warp"`) {
 		t.Errorf("unknown mode: err = %v", err)

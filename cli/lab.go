@@ -91,6 +91,7 @@ func labUp(ctx context.Context, env Env, args []string) error {
 	fs.BoolVar(&cfg.EtcdInsecure, "etcd-insecure", false, "run the lab's store on plain HTTP without client certificates (default: TLS)")
 	fs.IntVar(&cfg.EtcdMembers, "etcd-members", 1, "members of the lab's etcd cluster: 1, 3, 5 or 7 (2k+1 survive the loss of k)")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding skiffd and skiff-cni (default: next to skiff)")
+	fs.BoolVar(&cfg.SlimRouters, "slim-routers", false, "run the Slim and SlimFast routers on every host (skiff bench's slim and slimfast modes)")
 	agentArgs := fs.String("agent-args", "", "extra skiffd flags for every host, space-separated (e.g. \"--cache-tunnel rewrite\")")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -62,6 +62,10 @@ type Config struct {
 	// EtcdMembers is how many etcd members the store has (1, 3, 5 or 7;
 	// default 1). A store of 2k+1 members survives the loss of k.
 	EtcdMembers int `json:"etcdMembers,omitempty"`
+	// SlimRouters runs the papers' Slim and SlimFast routers on every host
+	// (package slim), and gives containers' commands what libslim.so needs
+	// to reach them (skiff bench's slim and slimfast modes).
+	SlimRouters bool `json:"slimRouters,omitempty"`
 	// Prepare runs once the switch and the store are up, before any host:
 	// what the agents need at start (a Kubernetes control plane in the
 	// switch's namespace, whose address the hosts reach).
@@ -129,6 +133,9 @@ func (c *Config) defaults() error {
 	bins := []string{"skiff", "skiffd", "skiff-cni"}
 	if c.Runs("sockets") {
 		bins = append(bins, "skiff-broker", "libskiff.so")
+	}
+	if c.SlimRouters {
+		bins = append(bins, "libslim.so")
 	}
 	for _, b := range bins {
 		if _, err := os.Stat(filepath.Join(c.BinDir, b)); err != nil {
@@ -406,6 +413,11 @@ func (l *Lab) build(ctx context.Context) error {
 	if err := l.WaitReady(ctx, 60*time.Second); err != nil {
 		return err
 	}
+	for _, h := range l.Hosts {
+		if err := l.startSlimRouters(ctx, h); err != nil {
+			return err
+		}
+	}
 	for _, h := range slices.Clone(l.Hosts) {
 		for range l.Config.ContainersPerHost {
 			if _, err := l.AddContainer(ctx, h.Name); err != nil {
@@ -449,7 +461,10 @@ func (l *Lab) addHost(ctx context.Context, wait bool) (Host, error) {
 		return Host{}, err
 	}
 	if wait {
-		return h, l.waitAgent(ctx, h, 30*time.Second)
+		if err := l.waitAgent(ctx, h, 30*time.Second); err != nil {
+			return h, err
+		}
+		return h, l.startSlimRouters(ctx, h)
 	}
 	return h, nil
 }
@@ -531,7 +546,9 @@ func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args .
 	argv := append([]string{"ip", "netns", "exec", ns, name}, args...)
 	c, _ := l.Container(target)
 	if c == nil || c.Cgroup == "" {
-		return exec.CommandContext(ctx, argv[0], argv[1:]...), nil
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		l.slimEnv(cmd, c)
+		return cmd, nil
 	}
 	argv = append([]string{"ip", "netns", "exec", ns, "setpriv", "--bounding-set", caps, "--", name}, args...)
 	// The shell joins the cgroup, then becomes the command (same pid).
@@ -539,6 +556,7 @@ func (l *Lab) CommandCaps(ctx context.Context, caps, target, name string, args .
 	if l.Config.Runs("sockets") {
 		cmd.Env = append(os.Environ(), "LD_PRELOAD="+l.Shim())
 	}
+	l.slimEnv(cmd, c)
 	return cmd, nil
 }
 
@@ -578,12 +596,18 @@ func (l *Lab) SeccompSocket(host string) string {
 // Listening returns the replaced listeners (sockets mode) of a container:
 // they live in its host's namespace, not the container's.
 func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, error) {
-	if !l.Config.Runs("sockets") || !strings.Contains(target, "/") {
+	if !strings.Contains(target, "/") {
 		return nil, nil
 	}
 	c, err := l.Container(target)
 	if err != nil {
 		return nil, err
+	}
+	if l.Config.SlimRouters {
+		return l.slimListeners(c)
+	}
+	if !l.Config.Runs("sockets") {
+		return nil, nil
 	}
 	return l.ListenersOf(ctx, c.Host, c.IP)
 }

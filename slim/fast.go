@@ -1,0 +1,150 @@
+package slim
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SlimFast (§III-B, Fig. 7): the socket mapping table, the router port,
+// and the client's connect.
+
+// register puts a listener's addresses in the table for as long as its
+// connection (dup'ed over the application's listening socket) lives.
+func (r *router) register(c *net.UnixConn, req Req) {
+	keys := []netip.AddrPort{req.Addr}
+	for _, a := range req.Extra {
+		keys = append(keys, netip.AddrPortFrom(a, req.Addr.Port()))
+	}
+	r.mu.Lock()
+	taken := slices.ContainsFunc(keys, func(k netip.AddrPort) bool { return r.reg[k] != nil })
+	if !taken {
+		for _, k := range keys {
+			r.reg[k] = c
+		}
+	}
+	r.mu.Unlock()
+	if taken {
+		reply(c, Rsp{Err: int32(unix.EADDRINUSE)}, -1)
+		return
+	}
+	defer func() {
+		r.mu.Lock()
+		for _, k := range keys {
+			if r.reg[k] == c {
+				delete(r.reg, k)
+			}
+		}
+		r.mu.Unlock()
+	}()
+	if reply(c, Rsp{}, -1) != nil {
+		return
+	}
+	// The listener never writes: EOF (every process holding it closed it) ends it.
+	b := make([]byte, 64)
+	for {
+		if _, err := c.Read(b); err != nil {
+			return
+		}
+	}
+}
+
+func (r *router) list() []netip.AddrPort {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []netip.AddrPort
+	for k := range r.reg {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	return out
+}
+
+// fconnect opens the client's host connection: to the router port of the
+// host the destination lives on, the header first.
+func (r *router) fconnect(req Req) (int, int32) {
+	host, ok := r.o.Lookup(req.Addr.Addr())
+	if !ok {
+		return -1, int32(unix.EHOSTUNREACH)
+	}
+	fd, err := hostSocket(0)
+	if err != nil {
+		return -1, errnoOf(err)
+	}
+	tv := unix.NsecToTimeval(int64(3 * time.Second))
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv) // bounds the connect
+	if err := unix.Connect(fd, sockaddr(netip.AddrPortFrom(host, uint16(r.o.Port)))); err != nil {
+		unix.Close(fd)
+		return -1, errnoOf(err)
+	}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{})
+	sa, _ := unix.Getsockname(fd)
+	hdr := Hdr{Dst: req.Addr, Src: netip.AddrPortFrom(req.Src, addrPort(sa).Port())}.Encode()
+	if n, err := unix.Write(fd, hdr); err != nil || n != HdrLen {
+		unix.Close(fd)
+		return -1, int32(unix.EIO)
+	}
+	return fd, 0
+}
+
+// listenHosts serves the router port: each connection's header names a
+// registered listener, which gets the connection's fd.
+func (r *router) listenHosts() (func(), error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err := unix.Bind(fd, sockaddr(netip.AddrPortFrom(r.o.HostIP, uint16(r.o.Port)))); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := unix.Listen(fd, 4096); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			nfd, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
+			if err == unix.EINTR || err == unix.ECONNABORTED {
+				continue
+			}
+			if err != nil {
+				return
+			}
+			go r.serveHost(nfd)
+		}
+	}()
+	return func() { unix.Shutdown(fd, unix.SHUT_RDWR); unix.Close(fd); <-done }, nil
+}
+
+func (r *router) serveHost(fd int) {
+	defer unix.Close(fd)
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(p, int(waitLimit.Milliseconds())); err != nil || n == 0 {
+		return
+	}
+	b := make([]byte, HdrLen)
+	n, _, err := unix.Recvfrom(fd, b, unix.MSG_WAITALL)
+	if err != nil || n != HdrLen {
+		return
+	}
+	h, err := DecodeHdr(b)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	c := r.reg[h.Dst]
+	r.mu.Unlock()
+	if c == nil {
+		return // no listener: the client reads EOF
+	}
+	if _, _, err := c.WriteMsgUnix(push(h.Src), unix.UnixRights(fd), nil); err != nil {
+		r.o.Log.Debug("slim router: push", "err", err)
+	}
+}
