@@ -300,12 +300,23 @@ func switchKeepsAddress(t *testing.T, l *Lab) {
 // agents at both ends.
 func TestAgentRestartKeepsTraffic(t *testing.T) {
 	l := newLab(t, Config{Name: "trestart", Hosts: 2, ContainersPerHost: 1})
-	ctx := context.Background()
 	s := startStream(t, l, "h1/c1", "h2/c1", 7100)
 	if err := s.progresses(2 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range []string{"h1", "h2"} {
+	restartUnder(t, l, s, "h1", "h2")
+	if err := s.finish(); err != nil {
+		t.Fatalf("transfer failed: %v", err)
+	}
+	t.Logf("%d bytes transferred across two agent restarts", s.bytes())
+}
+
+// restartUnder restarts the hosts' agents one after the other while the
+// stream s runs, which must progress all along.
+func restartUnder(t *testing.T, l *Lab, s *stream, hosts ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, h := range hosts {
 		if err := l.StopAgent(ctx, h); err != nil {
 			t.Fatal(err)
 		}
@@ -319,10 +330,6 @@ func TestAgentRestartKeepsTraffic(t *testing.T) {
 			t.Fatalf("transfer stalled after the agent on %s restarted: %v", h, err)
 		}
 	}
-	if err := s.finish(); err != nil {
-		t.Fatalf("transfer failed: %v", err)
-	}
-	t.Logf("%d bytes transferred across two agent restarts", s.bytes())
 }
 
 // TestCNIDelAndReAdd: DEL leaves no veth, no address and no endpoint; a new

@@ -126,22 +126,11 @@ func TestRewriteDenyStopsFlow(t *testing.T) {
 // and keeps travelling rewritten (the tunnel's maps are pinned).
 func TestRewriteAgentRestart(t *testing.T) {
 	l := newLab(t, Config{Name: "trwrest", Hosts: 2, ContainersPerHost: 1, Mode: "cache", AgentArgs: rewriteArgs})
-	ctx := context.Background()
 	s := startStream(t, l, "h1/c1", "h2/c1", 7400)
 	if err := s.progresses(2 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range []string{"h1", "h2"} {
-		if err := l.StopAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.progresses(2 * time.Second); err != nil {
-			t.Fatalf("stalled with %s's agent down: %v", h, err)
-		}
-		if err := l.StartAgent(ctx, h); err != nil {
-			t.Fatal(err)
-		}
-	}
+	restartUnder(t, l, s, "h1", "h2")
 	before := cacheStats(t, l, "h1")
 	if err := s.progresses(2 * time.Second); err != nil {
 		t.Fatalf("stalled after the restarts: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -82,7 +83,12 @@ func TestSlimDesigns(t *testing.T) {
 				out, err := slimCommand(t, l, "h2/c1", design, append([]string{"client", "--host", srv.String(), "--port", fmt.Sprint(port), "--test", test}, extra...)...).Output()
 				var r perfResult
 				if err != nil || json.Unmarshal(out, &r) != nil || r.Errors != 0 || r.Transactions == 0 {
-					t.Fatalf("%s: %v: %s", test, err, out)
+					var stderr []byte
+					if ee, ok := err.(*exec.ExitError); ok {
+						stderr = ee.Stderr
+					}
+					logs, _ := os.ReadFile(filepath.Join(l.hostDir("h1"), design+"-router.log"))
+					t.Fatalf("%s: %v: %s %s\nh1's router:\n%s", test, err, out, stderr, logs)
 				}
 				return r, vxlanPackets(t, l, "h2") - before
 			}
@@ -102,4 +108,3 @@ func TestSlimDesigns(t *testing.T) {
 		})
 	}
 }
-

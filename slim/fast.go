@@ -1,6 +1,7 @@
 package slim
 
 import (
+	"io"
 	"net"
 	"net/netip"
 	"slices"
@@ -76,14 +77,18 @@ func (r *router) fconnect(req Req) (int, int32) {
 	}
 	tv := unix.NsecToTimeval(int64(3 * time.Second))
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv) // bounds the connect
-	if err := unix.Connect(fd, sockaddr(netip.AddrPortFrom(host, uint16(r.o.Port)))); err != nil {
+	if err := connectRetrying(fd, sockaddr(netip.AddrPortFrom(host, uint16(r.o.Port)))); err != nil {
 		unix.Close(fd)
 		return -1, errnoOf(err)
 	}
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{})
 	sa, _ := unix.Getsockname(fd)
 	hdr := Hdr{Dst: req.Addr, Src: netip.AddrPortFrom(req.Src, addrPort(sa).Port())}.Encode()
-	if n, err := unix.Write(fd, hdr); err != nil || n != HdrLen {
+	n, err := unix.Write(fd, hdr)
+	for err == unix.EINTR {
+		n, err = unix.Write(fd, hdr)
+	}
+	if err != nil || n != HdrLen {
 		unix.Close(fd)
 		return -1, int32(unix.EIO)
 	}
@@ -125,26 +130,80 @@ func (r *router) listenHosts() (func(), error) {
 
 func (r *router) serveHost(fd int) {
 	defer unix.Close(fd)
-	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(p, int(waitLimit.Milliseconds())); err != nil || n == 0 {
-		return
-	}
-	b := make([]byte, HdrLen)
-	n, _, err := unix.Recvfrom(fd, b, unix.MSG_WAITALL)
-	if err != nil || n != HdrLen {
+	b, err := readHeader(fd)
+	if err != nil {
+		r.o.Log.Warn("slim router: no header", "err", err)
 		return
 	}
 	h, err := DecodeHdr(b)
 	if err != nil {
+		r.o.Log.Warn("slim router: bad header", "err", err)
 		return
 	}
 	r.mu.Lock()
 	c := r.reg[h.Dst]
 	r.mu.Unlock()
 	if c == nil {
-		return // no listener: the client reads EOF
+		r.o.Log.Warn("slim router: nothing listens", "dst", h.Dst)
+		return // the client reads EOF
 	}
 	if _, _, err := c.WriteMsgUnix(push(h.Src), unix.UnixRights(fd), nil); err != nil {
-		r.o.Log.Debug("slim router: push", "err", err)
+		r.o.Log.Warn("slim router: push", "dst", h.Dst, "err", err)
+	}
+}
+
+// readHeader reads a connection's header within waitLimit. A signal (the
+// Go runtime preempts threads with SIGURG) interrupts blocking calls:
+// they are retried, never taken for the peer's silence.
+func readHeader(fd int) ([]byte, error) {
+	b := make([]byte, HdrLen)
+	deadline := time.Now().Add(waitLimit)
+	for got := 0; got < HdrLen; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, unix.ETIMEDOUT
+		}
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(p, int(left.Milliseconds())+1); err == unix.EINTR {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		n, _, err := unix.Recvfrom(fd, b[got:], unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EINTR || err == unix.EAGAIN:
+		case err != nil:
+			return nil, err
+		case n == 0:
+			return nil, io.ErrUnexpectedEOF
+		default:
+			got += n
+		}
+	}
+	return b, nil
+}
+
+// connectRetrying connects a blocking socket; a connect a signal
+// interrupted goes on in the kernel, so it is waited for, not started again.
+func connectRetrying(fd int, sa unix.Sockaddr) error {
+	err := unix.Connect(fd, sa)
+	if err != unix.EINTR {
+		return err
+	}
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	for {
+		if _, err := unix.Poll(p, int(waitLimit.Milliseconds())); err == unix.EINTR {
+			continue
+		} else if err != nil {
+			return err
+		}
+		v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return err
+		}
+		if v != 0 {
+			return unix.Errno(v)
+		}
+		return nil
 	}
 }

@@ -119,7 +119,7 @@ func (r *router) serve(c *net.UnixConn) {
 	case r.o.Design == DesignSlim && req.Op == OpAccept && fd >= 0:
 		out, rsp.Addr, rsp.Err = r.accept(fd, req.Flags)
 	case r.o.Design == DesignSlim && req.Op == OpConnect && fd >= 0:
-		rsp.Err = errnoOf(unix.Connect(fd, sockaddr(req.Addr)))
+		rsp.Err = errnoOf(connectRetrying(fd, sockaddr(req.Addr)))
 	case r.o.Design == DesignSlimFast && req.Op == OpRegister:
 		r.register(c, req)
 		return
