@@ -3,13 +3,17 @@
 // skiff's cache layer: the ONCache fast path (NSDI '25) in front of the
 // standard VXLAN overlay.
 //
-// Four tc programs share five maps:
+// Four tc programs share the maps below, flows.h's and tunnel.h's:
 //   from_container  tc ingress of a container's host-side veth: egress fast
-//                   path (encapsulate from cached headers, redirect to the
-//                   underlay device).
+//                   path (encapsulate from cached headers, or rewrite with
+//                   tunnel.h's rewriting tunnel; redirect to the underlay
+//                   device).
 //   from_underlay   tc ingress of the underlay device: ingress fast path
-//                   (decapsulate, redirect_peer into the container).
-//   to_underlay     tc egress of the underlay device: egress-init, learns the
+//                   (decapsulate, or restore a rewritten packet;
+//                   redirect_peer into the container).
+//   to_underlay     tc egress of the underlay device: scrubs what a tunnel
+//                   peer could take for rewritten (tunnel.h), and is the
+//                   egress-init: learns the
 //                   outer headers the overlay built for marked packets.
 //   to_container    tc ingress of the container-side veth (inside the
 //                   container's namespace): ingress-init, learns the MACs the
