@@ -134,7 +134,7 @@ var Modes = map[string]Mode{
 		LabSlim:     true,
 		Placement:   ContainerPlacement,
 		Wrap:        slimWrap("slimfast"),
-		Description: "SlimFast (TCC '23) as published: the server's overlay address registered with its router, the client's router connects to the server host's router port with a header naming it; UDP on the overlay",
+		Description: "SlimFast (TCC '23) as published: the server's overlay address registered with its router, the client's router connects to the server host's router port with a header naming it; UDP through host sockets, a flow's first datagrams through the server host's relay with a tag",
 		Explicit:    true,
 	},
 	"auto-plain-rewrite": {

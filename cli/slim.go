@@ -17,6 +17,7 @@ func cmdSlimRouter(ctx context.Context, env Env, args []string) error {
 	agent := fs.String("agent-socket", "", "the host's skiffd API socket: its underlay address and the cluster's hosts")
 	hostIP := fs.String("host-ip", "", "this host's underlay address (default: the agent's)")
 	port := fs.Int("port", slim.DefaultPort, "SlimFast's router port on every host")
+	relay := fs.Int("relay-port", slim.DefaultRelayPort, "SlimFast's UDP relay port on every host")
 	allOn := fs.String("all-on", "", "TEST ONLY: every overlay address lives on this host address (no agent)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -25,7 +26,7 @@ func cmdSlimRouter(ctx context.Context, env Env, args []string) error {
 		return usagef("slim-router needs --socket")
 	}
 	log := slog.New(slog.NewTextHandler(env.Stderr, nil))
-	o := slim.Options{Design: *design, Socket: *socket, Port: *port, Log: log,
+	o := slim.Options{Design: *design, Socket: *socket, Port: *port, RelayPort: *relay, Log: log,
 		Lookup: func(netip.Addr) (netip.Addr, bool) { return netip.Addr{}, false }}
 	if *agent != "" {
 		host, lookup, err := slim.FromAgent(ctx, *agent, log)

@@ -52,7 +52,8 @@ type perfResult struct {
 }
 
 // TestSlimDesigns: the papers' designs as skiff bench runs them. Both
-// carry TCP on host sockets (request/response moves no VXLAN packet);
+// carry TCP on host sockets (request/response moves no VXLAN packet), and
+// SlimFast UDP too (Slim leaves it to the overlay);
 // Slim sets each connection up over the overlay first (at least the
 // handshake and the address message in VXLAN), SlimFast without any
 // overlay packet. A SlimFast listener shows through its router.
@@ -96,6 +97,14 @@ func TestSlimDesigns(t *testing.T) {
 			t.Logf("%s tcp_rr: %d transactions, %d VXLAN packets", design, rr.Transactions, vx)
 			if vx > 50 {
 				t.Errorf("%s tcp_rr: %d VXLAN packets for %d transactions: not on host sockets", design, vx, rr.Transactions)
+			}
+			u, vx := run("udp_rr", "--duration", "1")
+			t.Logf("%s udp_rr: %d transactions, %d VXLAN packets", design, u.Transactions, vx)
+			switch {
+			case design == slim.DesignSlim && vx < uint64(u.Transactions):
+				t.Errorf("slim udp_rr: %d VXLAN packets for %d transactions: Slim carries UDP on the overlay", vx, u.Transactions)
+			case design == slim.DesignSlimFast && vx > 50:
+				t.Errorf("slimfast udp_rr: %d VXLAN packets for %d transactions: not on host sockets", vx, u.Transactions)
 			}
 			c, vx := run("connect", "--count", "200")
 			t.Logf("%s connect: p50 %.0f µs, %d VXLAN packets for 200 connections", design, c.P50, vx)

@@ -47,6 +47,8 @@ const (
 	OpConnect  = 4  // Slim: connect the passed host socket to ip:port
 	OpRegister = 16 // SlimFast: listen on ip:port (and extra addresses); the connection stays open
 	OpFConnect = 17 // SlimFast: a host connection to the owner of ip:port (reply: its fd)
+	OpUSocket  = 18 // SlimFast: a host UDP socket (reply: its fd, bound address); with an address, a registration kept open
+	OpULookup  = 19 // SlimFast: the relay of the host ip lives on
 	OpList     = 32 // SlimFast: the registered addresses
 )
 
@@ -65,9 +67,10 @@ type Req struct {
 
 // Rsp is the router's reply: Err is 0 or an errno.
 type Rsp struct {
-	Err  int32
-	Addr netip.AddrPort // Bind: the bound host address; Accept: the peer's
-	List []netip.AddrPort
+	Err   int32
+	Addr  netip.AddrPort // Bind, USocket: the bound host address; Accept: the peer's
+	Relay uint16         // USocket: this host's relay port
+	List  []netip.AddrPort
 }
 
 func put4(b []byte, a netip.Addr) {
@@ -122,6 +125,7 @@ func (r Rsp) Encode() []byte {
 	le.PutUint32(b[0:], uint32(r.Err))
 	put4(b[4:], r.Addr.Addr())
 	le.PutUint16(b[8:], r.Addr.Port())
+	le.PutUint16(b[10:], r.Relay)
 	le.PutUint32(b[12:], uint32(len(r.List)))
 	for i, ap := range r.List {
 		put4(b[RspLen+8*i:], ap.Addr())
@@ -136,7 +140,7 @@ func DecodeRsp(b []byte) (Rsp, error) {
 	if len(b) < RspLen {
 		return Rsp{}, fmt.Errorf("slim: a reply of %d bytes", len(b))
 	}
-	r := Rsp{Err: int32(le.Uint32(b)), Addr: netip.AddrPortFrom(get4(b[4:]), le.Uint16(b[8:]))}
+	r := Rsp{Err: int32(le.Uint32(b)), Addr: netip.AddrPortFrom(get4(b[4:]), le.Uint16(b[8:])), Relay: le.Uint16(b[10:])}
 	n := int(le.Uint32(b[12:]))
 	if len(b) != RspLen+8*n {
 		return Rsp{}, errors.New("slim: reply length does not match its count")
@@ -180,4 +184,40 @@ func push(src netip.AddrPort) []byte {
 	put4(b[4:], src.Addr())
 	le.PutUint16(b[8:], src.Port())
 	return b
+}
+
+// SlimFast's UDP (§III-C): a datagram of a flow whose direct address is
+// not known yet carries a tag in front of its payload. Its two address
+// fields by leg: client → the server host's relay: A the destination's
+// overlay address, B the client's; relay → server: A the client's overlay
+// address, B its host address; server → client, until the client sends
+// direct: A the server's overlay address.
+const (
+	UDPMagic = 0x53465531 // "SFU1"
+	TagLen   = 16
+	// DefaultRelayPort is SlimFast's UDP relay port on every host.
+	DefaultRelayPort = 9999
+)
+
+// Tag is a datagram's tag.
+type Tag struct{ A, B netip.AddrPort }
+
+func (g Tag) Encode() []byte {
+	b := make([]byte, TagLen)
+	be := binary.BigEndian
+	be.PutUint32(b[0:], UDPMagic)
+	put4(b[4:], g.A.Addr())
+	be.PutUint16(b[8:], g.A.Port())
+	be.PutUint16(b[10:], g.B.Port())
+	put4(b[12:], g.B.Addr())
+	return b
+}
+
+// DecodeTag reads the tag at the front of a datagram.
+func DecodeTag(b []byte) (Tag, bool) {
+	be := binary.BigEndian
+	if len(b) < TagLen || be.Uint32(b) != UDPMagic {
+		return Tag{}, false
+	}
+	return Tag{A: netip.AddrPortFrom(get4(b[4:]), be.Uint16(b[8:])), B: netip.AddrPortFrom(get4(b[12:]), be.Uint16(b[10:]))}, true
 }

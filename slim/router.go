@@ -27,6 +27,8 @@ type Options struct {
 	Socket string     // the Unix socket (SOCK_SEQPACKET) shims reach the router on
 	HostIP netip.Addr // this host's underlay address: host sockets bind to it
 	Port   int        // SlimFast: the router port of every host (DefaultPort)
+	// RelayPort (SlimFast) is every host's UDP relay port (DefaultRelayPort).
+	RelayPort int
 	// Lookup (SlimFast) names the host an overlay address lives on.
 	Lookup func(netip.Addr) (netip.Addr, bool)
 	Log    *slog.Logger
@@ -37,9 +39,10 @@ const waitLimit = 5 * time.Second
 
 // router serves one design's requests.
 type router struct {
-	o   Options
-	mu  sync.Mutex
-	reg map[netip.AddrPort]*net.UnixConn // SlimFast: registered listeners
+	o    Options
+	mu   sync.Mutex
+	reg  map[netip.AddrPort]*net.UnixConn  // SlimFast: registered listeners
+	ureg map[netip.AddrPort]netip.AddrPort // SlimFast: registered UDP sockets' host addresses
 }
 
 // Run serves until ctx ends.
@@ -56,7 +59,10 @@ func Run(ctx context.Context, o Options) error {
 	if o.Port == 0 {
 		o.Port = DefaultPort
 	}
-	r := &router{o: o, reg: map[netip.AddrPort]*net.UnixConn{}}
+	if o.RelayPort == 0 {
+		o.RelayPort = DefaultRelayPort
+	}
+	r := &router{o: o, reg: map[netip.AddrPort]*net.UnixConn{}, ureg: map[netip.AddrPort]netip.AddrPort{}}
 	os.Remove(o.Socket)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: o.Socket, Net: "unixpacket"})
 	if err != nil {
@@ -74,6 +80,12 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 		defer stop()
+		relay, err := r.relay()
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer relay.Close()
 	}
 	go func() { <-ctx.Done(); ln.Close() }()
 	o.Log.Info("slim router ready", "design", o.Design, "socket", o.Socket, "host", o.HostIP)
@@ -125,6 +137,17 @@ func (r *router) serve(c *net.UnixConn) {
 		return
 	case r.o.Design == DesignSlimFast && req.Op == OpFConnect:
 		out, rsp.Err = r.fconnect(req)
+	case r.o.Design == DesignSlimFast && req.Op == OpUSocket && req.Addr.IsValid() && req.Addr.Addr().IsValid() && !req.Addr.Addr().IsUnspecified():
+		r.uregister(c, req)
+		return
+	case r.o.Design == DesignSlimFast && req.Op == OpUSocket:
+		out, rsp.Addr, rsp.Err = r.usocket()
+	case r.o.Design == DesignSlimFast && req.Op == OpULookup:
+		if h, ok := r.o.Lookup(req.Addr.Addr()); ok {
+			rsp.Addr = netip.AddrPortFrom(h, uint16(r.o.RelayPort))
+		} else {
+			rsp.Err = int32(unix.EHOSTUNREACH)
+		}
 	case r.o.Design == DesignSlimFast && req.Op == OpList:
 		rsp.List = r.list()
 	default:

@@ -26,7 +26,13 @@ func startRouter(t *testing.T, design string) Options {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	o := Options{Design: design, Socket: filepath.Join(t.TempDir(), design+".sock"), HostIP: loopback, Port: port,
+	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := u.LocalAddr().(*net.UDPAddr).Port
+	u.Close()
+	o := Options{Design: design, Socket: filepath.Join(t.TempDir(), design+".sock"), HostIP: loopback, Port: port, RelayPort: relay,
 		Lookup: func(a netip.Addr) (netip.Addr, bool) { return loopback, a.Is4() && a.As4()[0] == 10 },
 		Log:    slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -214,3 +220,43 @@ func TestSlim(t *testing.T) {
 }
 
 func osFile(fd int) *os.File { return os.NewFile(uintptr(fd), "slim") }
+
+// TestSlimFastUDP: a registered UDP socket gets, through the relay, a
+// client's tagged datagram with the client's overlay and host addresses.
+func TestSlimFastUDP(t *testing.T) {
+	o := startRouter(t, DesignSlimFast)
+	srvOv := netip.MustParseAddrPort("10.244.1.5:53")
+	rsp, sfd, reg := call(t, o, Req{Op: OpUSocket, Addr: srvOv}, -1, true)
+	if rsp.Err != 0 || sfd < 0 || rsp.Relay != uint16(o.RelayPort) || rsp.Addr.Addr() != loopback {
+		t.Fatalf("register: errno %d, fd %d, %v relay %d", rsp.Err, sfd, rsp.Addr, rsp.Relay)
+	}
+	defer reg.Close()
+	if rsp, _, _ := call(t, o, Req{Op: OpUSocket, Addr: srvOv}, -1, false); rsp.Err != int32(unix.EADDRINUSE) {
+		t.Errorf("a second registration: errno %d", rsp.Err)
+	}
+	rsp, cfd, _ := call(t, o, Req{Op: OpUSocket}, -1, false)
+	if rsp.Err != 0 || cfd < 0 {
+		t.Fatalf("client socket: %d", rsp.Err)
+	}
+	if rsp, _, _ := call(t, o, Req{Op: OpULookup, Addr: srvOv}, -1, false); rsp.Err != 0 || rsp.Addr != netip.AddrPortFrom(loopback, uint16(o.RelayPort)) {
+		t.Fatalf("lookup: %d %v", rsp.Err, rsp.Addr)
+	}
+	cliOv := netip.MustParseAddrPort("10.244.2.7:40000")
+	msg := append(Tag{A: srvOv, B: cliOv}.Encode(), "hello"...)
+	if err := unix.Sendto(cfd, msg, 0, sockaddr(netip.AddrPortFrom(loopback, uint16(o.RelayPort)))); err != nil {
+		t.Fatal(err)
+	}
+	unix.SetsockoptTimeval(sfd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
+	b := make([]byte, 100)
+	n, from, err := unix.Recvfrom(sfd, b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, ok := DecodeTag(b[:n])
+	csa, _ := unix.Getsockname(cfd)
+	if !ok || tag.A != cliOv || tag.B != addrPort(csa) || string(b[TagLen:n]) != "hello" || addrPort(from).Port() != uint16(o.RelayPort) {
+		t.Errorf("relayed % x from %v, tag %+v", b[:n], addrPort(from), tag)
+	}
+	unix.Close(sfd)
+	unix.Close(cfd)
+}

@@ -21,8 +21,9 @@
  * Other settings: SLIM_ROUTER_DIR (the host's routers' sockets,
  * <design>.sock), SLIM_CIDR (the overlay's range: only its addresses are
  * taken), SLIM_STRICT=1 (a router that does not answer fails the call, so
- * that overlay figures never pass for the design's). Only TCP over IPv4;
- * data calls (read, write, poll) are the kernel's, untouched. */
+ * that overlay figures never pass for the design's). TCP over IPv4 here,
+ * SlimFast's UDP in udp.c; TCP's data calls (read, write, poll) are the
+ * kernel's, untouched. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -40,53 +41,23 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "slim_proto.h"
+#include "slim.h"
 
-#define EXPORT __attribute__((visibility("default")))
-#define MAXFD 65536
-#define MAXOPT 6
-#define MAXEP 2
-#define WAIT_MS 5000
-
-enum design { NONE, SLIM, SLIMFAST };
-enum kind { K_NONE, K_FRESH, K_LISTEN, K_CONN };
-
-struct opt {
-	int level, name;
-	socklen_t len;
-	unsigned char v[16];
-};
-
-struct ent {
-	unsigned char kind;
-	int hfd; /* Slim: the host twin of a fresh or listening socket */
-	int ofd; /* after the swap: the overlay socket, for names (Slim) */
-	bool has_peer;
-	struct sockaddr_in peer, bound; /* bound: a Slim listener twin's host address */
-	int nopt;
-	struct opt opt[MAXOPT]; /* SlimFast: options to set again on the host socket */
-	int nep;
-	struct {
-		int epfd;
-		struct epoll_event ev;
-	} ep[MAXEP];
-};
-
-static enum design design;
-static bool strict;
+enum design design;
+bool strict;
+pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static char router[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static uint32_t cidr_net, cidr_mask;
 static struct ent *tab;
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
-static int (*real_socket)(int, int, int);
-static int (*real_bind)(int, const struct sockaddr *, socklen_t);
+int (*real_socket)(int, int, int);
+int (*real_bind)(int, const struct sockaddr *, socklen_t);
 static int (*real_listen)(int, int);
 static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
-static int (*real_connect)(int, const struct sockaddr *, socklen_t);
-static int (*real_close)(int);
+int (*real_connect)(int, const struct sockaddr *, socklen_t);
+int (*real_close)(int);
 static int (*real_setsockopt)(int, int, int, const void *, socklen_t);
-static int (*real_getsockname)(int, struct sockaddr *, socklen_t *);
+int (*real_getsockname)(int, struct sockaddr *, socklen_t *);
 static int (*real_getpeername)(int, struct sockaddr *, socklen_t *);
 static int (*real_epoll_ctl)(int, int, int, struct epoll_event *);
 
@@ -138,12 +109,12 @@ __attribute__((constructor)) static void init(void)
 		design = NONE;
 }
 
-static struct ent *ent(int fd)
+struct ent *ent(int fd)
 {
 	return (design && fd >= 0 && fd < MAXFD) ? &tab[fd] : NULL;
 }
 
-static bool in_cidr(const struct sockaddr *sa, socklen_t len)
+bool in_cidr(const struct sockaddr *sa, socklen_t len)
 {
 	const struct sockaddr_in *in = (const void *)sa;
 	return sa && len >= sizeof(*in) && in->sin_family == AF_INET && (in->sin_addr.s_addr & cidr_mask) == cidr_net;
@@ -152,7 +123,7 @@ static bool in_cidr(const struct sockaddr *sa, socklen_t len)
 /* ask sends req (with fd_in, if >= 0) to the router and reads its reply
  * (and the fd it carries into *fd_out). keep: the connection is returned
  * open in *conn instead of closed. */
-static int ask(const struct slim_req *req, size_t len, int fd_in, struct slim_rsp *rsp, int *fd_out, int *conn)
+int ask(const struct slim_req *req, size_t len, int fd_in, struct slim_rsp *rsp, int *fd_out, int *conn)
 {
 	int u = real_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (u < 0)
@@ -204,21 +175,21 @@ fail:
 	return -1;
 }
 
-static struct slim_req req(uint16_t op)
+struct slim_req req(uint16_t op)
 {
 	return (struct slim_req){.magic = SLIM_MAGIC, .op = op};
 }
 
 /* refused ends a call the router did not serve: an error (SLIM_STRICT),
  * or the plain call. */
-static int refused(int err)
+int refused(int err)
 {
 	errno = err;
 	return -1;
 }
 
 /* own_addrs lists this namespace's addresses in the overlay's range. */
-static int own_addrs(uint32_t *out, int max)
+int own_addrs(uint32_t *out, int max)
 {
 	struct ifaddrs *ifs, *i;
 	int n = 0;
@@ -234,7 +205,7 @@ static int own_addrs(uint32_t *out, int max)
 /* swap puts host socket h in place of fd (keeping fd's close-on-exec and
  * epoll registrations) and returns a duplicate of fd's old socket (-1:
  * closed, keep false). */
-static int swap(int fd, int h, bool keep)
+int swap(int fd, int h, bool keep)
 {
 	struct ent *e = ent(fd);
 	int old = keep ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
@@ -252,23 +223,39 @@ static int swap(int fd, int h, bool keep)
 	return old;
 }
 
-static void set_nonblock(int fd, bool on)
+void set_nonblock(int fd, bool on)
 {
 	int fl = fcntl(fd, F_GETFL);
 	if (fl >= 0)
 		fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
 }
 
-static bool nonblocking(int fd)
+bool nonblocking(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
 	return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+/* replay_opts sets the options the application set on its socket again on h. */
+void replay_opts(struct ent *e, int h)
+{
+	for (int i = 0; i < e->nopt; i++)
+		real_setsockopt(h, e->opt[i].level, e->opt[i].name, e->opt[i].v, e->opt[i].len);
 }
 
 EXPORT int socket(int domain, int type, int protocol)
 {
 	int fd = real_socket(domain, type, protocol);
 	struct ent *e = ent(fd);
+	if (e && domain == AF_INET && (type & 0xf) == SOCK_DGRAM && design == SLIMFAST) {
+		pthread_mutex_lock(&mu);
+		udp_forget(e);
+		memset(e, 0, sizeof(*e));
+		e->kind = K_UFRESH;
+		e->hfd = e->ofd = -1;
+		pthread_mutex_unlock(&mu);
+		return fd;
+	}
 	if (!e || domain != AF_INET || (type & 0xf) != SOCK_STREAM)
 		return fd;
 	pthread_mutex_lock(&mu);
@@ -298,7 +285,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t len)
 {
 	int rc = real_setsockopt(fd, level, name, v, len);
 	struct ent *e = ent(fd);
-	if (rc < 0 || !e || e->kind != K_FRESH)
+	if (rc < 0 || !e || (e->kind != K_FRESH && e->kind != K_UFRESH))
 		return rc;
 	if (e->hfd >= 0) /* Slim: the twin gets the same options */
 		real_setsockopt(e->hfd, level, name, v, len);
@@ -347,6 +334,8 @@ EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len)
 {
 	int rc = real_bind(fd, sa, len);
 	struct ent *e = ent(fd);
+	if (rc == 0 && e && e->kind == K_UFRESH)
+		return udp_bind(fd, e, sa, len);
 	if (rc < 0 || !e || e->kind != K_FRESH || e->hfd < 0)
 		return rc;
 	const struct sockaddr_in *in = (const void *)sa;
@@ -564,8 +553,7 @@ static int slimfast_connect(int fd, struct ent *e, const struct sockaddr *sa, so
 		return strict ? refused(EHOSTUNREACH) : real_connect(fd, sa, len);
 	if (rsp.err || h < 0)
 		return refused(rsp.err ? rsp.err : ECONNREFUSED);
-	for (int i = 0; i < e->nopt; i++)
-		real_setsockopt(h, e->opt[i].level, e->opt[i].name, e->opt[i].v, e->opt[i].len);
+	replay_opts(e, h);
 	set_nonblock(h, nonblocking(fd));
 	pthread_mutex_lock(&mu);
 	int old = swap(fd, h, false);
@@ -578,6 +566,8 @@ static int slimfast_connect(int fd, struct ent *e, const struct sockaddr *sa, so
 EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len)
 {
 	struct ent *e = ent(fd);
+	if (e && e->kind == K_UFRESH && in_cidr(sa, len))
+		return udp_connect(fd, e, sa, len);
 	if (!e || e->kind != K_FRESH || !in_cidr(sa, len) || (design == SLIM && e->hfd < 0))
 		return real_connect(fd, sa, len);
 	return design == SLIM ? slim_connect(fd, e, sa, len) : slimfast_connect(fd, e, sa, len);
@@ -610,6 +600,7 @@ EXPORT int close(int fd)
 			real_close(e->hfd);
 		if (e->ofd >= 0)
 			real_close(e->ofd);
+		udp_forget(e);
 		memset(e, 0, sizeof(*e));
 		pthread_mutex_unlock(&mu);
 	}

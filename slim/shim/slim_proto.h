@@ -15,7 +15,24 @@ enum {
 	OP_CONNECT = 4,
 	OP_REGISTER = 16,
 	OP_FCONNECT = 17,
+	OP_USOCKET = 18,
+	OP_ULOOKUP = 19,
 };
+
+#define SLIM_UDP_MAGIC 0x53465531u /* "SFU1", network order in the tag */
+#define SLIM_TAG_LEN 16
+
+/* SlimFast's UDP tag, in front of a datagram's payload (slim/proto.go Tag):
+ * big-endian. Client -> relay: a = destination overlay, b = client overlay;
+ * relay -> server: a = client overlay, b = client host; server -> client
+ * (until the client sends direct): a = server overlay. */
+struct slim_tag {
+	uint32_t magic;
+	uint32_t a_ip;
+	uint16_t a_port;
+	uint16_t b_port;
+	uint32_t b_ip;
+} __attribute__((packed));
 
 #define SLIM_FLAG_NONBLOCK 1
 
@@ -34,7 +51,7 @@ struct slim_rsp { /* 16 bytes */
 	int32_t err; /* 0 or an errno */
 	uint32_t ip;
 	uint16_t port;
-	uint16_t pad;
+	uint16_t relay; /* USOCKET: this host's relay port */
 	uint32_t n;
 } __attribute__((packed));
 
