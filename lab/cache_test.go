@@ -177,12 +177,14 @@ func TestCacheAgentRestart(t *testing.T) {
 // host too.
 func TestAddressMovesHost(t *testing.T) {
 	for _, mode := range []string{"cache", "auto"} {
-		t.Run(mode, func(t *testing.T) { addressMovesHost(t, mode) })
+		t.Run(mode, func(t *testing.T) { addressMovesHost(t, mode, "t"+mode[:2]+"move", nil) })
 	}
+	// The rewriting tunnel: no key of the old pair survives on h1.
+	t.Run("cache-rewrite", func(t *testing.T) { addressMovesHost(t, "cache", "trwmove", rewriteArgs) })
 }
 
-func addressMovesHost(t *testing.T, mode string) {
-	l := newLab(t, Config{Name: "t" + mode[:2] + "move", Hosts: 2, ContainersPerHost: 1, Mode: mode})
+func addressMovesHost(t *testing.T, mode, labName string, args []string) {
+	l := newLab(t, Config{Name: labName, Hosts: 2, ContainersPerHost: 1, Mode: mode, AgentArgs: args})
 	ctx := context.Background()
 	old, _ := l.IP("h2/c1")
 	oldHost, _ := l.IP("h2")
@@ -228,6 +230,11 @@ func addressMovesHost(t *testing.T, mode string) {
 	for _, e := range entries.EgressHosts {
 		if e.Host == oldHost {
 			t.Errorf("headers for departed host %s still cached", oldHost)
+		}
+	}
+	for _, k := range entries.TunnelKeys {
+		if k.Peer == oldHost && !k.Dead {
+			t.Errorf("a live tunnel key %d of departed host %s", k.Key, oldHost)
 		}
 	}
 	if sockets {
