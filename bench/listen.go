@@ -56,8 +56,10 @@ func waitListening(ctx context.Context, lab Lab, target string, want []listenPor
 // namespace: in sockets mode a container's listeners are host sockets.
 type ListenerLab interface {
 	Lab
-	// Listening returns the addresses target listens on elsewhere.
+	// Listening returns the addresses target listens on elsewhere (TCP),
+	// ListeningUDP its UDP sockets elsewhere.
 	Listening(ctx context.Context, target string) ([]netip.AddrPort, error)
+	ListeningUDP(ctx context.Context, target string) ([]netip.AddrPort, error)
 }
 
 // openPorts lists the listening TCP and bound UDP ports in target's namespace
@@ -72,6 +74,12 @@ func openPorts(ctx context.Context, lab Lab, target string, taken bool) (map[lis
 		}
 		for _, ap := range aps {
 			open[listenPort{Proto: "tcp", Port: int(ap.Port())}] = true
+		}
+		if aps, err = ll.ListeningUDP(ctx, target); err != nil {
+			return nil, fmt.Errorf("UDP sockets of %s: %w", target, err)
+		}
+		for _, ap := range aps {
+			open[listenPort{Proto: "udp", Port: int(ap.Port())}] = true
 		}
 	}
 	// grep -H prefixes each line with its file; a missing tcp6/udp6 (IPv6

@@ -253,6 +253,11 @@ func (s *labSet) Listening(ctx context.Context, target string) ([]netip.AddrPort
 	return l.Listening(ctx, t)
 }
 
+func (s *labSet) ListeningUDP(ctx context.Context, target string) ([]netip.AddrPort, error) {
+	l, t := s.pick(target)
+	return l.ListeningUDP(ctx, t)
+}
+
 func (s *labSet) Healthy(ctx context.Context) error {
 	var errs []error
 	for _, m := range s.order {

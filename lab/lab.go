@@ -604,7 +604,7 @@ func (l *Lab) Listening(ctx context.Context, target string) ([]netip.AddrPort, e
 		return nil, err
 	}
 	if l.Config.SlimRouters {
-		return l.slimListeners(c)
+		return l.slimListeners(c, 0)
 	}
 	if !l.Config.Runs("sockets") {
 		return nil, nil

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/skiffnet/skiff/slim"
@@ -65,16 +66,30 @@ func (l *Lab) slimEnv(cmd *exec.Cmd, c *Container) {
 		"SLIM_LIB="+filepath.Join(l.Config.BinDir, "libslim.so"))
 }
 
+// ListeningUDP returns a container's UDP sockets that are host sockets
+// (a SlimFast server's: none in its own namespace).
+func (l *Lab) ListeningUDP(_ context.Context, target string) ([]netip.AddrPort, error) {
+	if !l.Config.SlimRouters || !strings.Contains(target, "/") {
+		return nil, nil
+	}
+	c, err := l.Container(target)
+	if err != nil {
+		return nil, err
+	}
+	return l.slimListeners(c, slim.FlagUDP)
+}
+
 // slimListeners are the addresses of c that listen through the SlimFast
-// router (they have no listening socket of their own).
-func (l *Lab) slimListeners(c *Container) ([]netip.AddrPort, error) {
+// router (they have no listening socket of their own); flags: slim.FlagUDP
+// for its UDP sockets.
+func (l *Lab) slimListeners(c *Container, flags uint16) ([]netip.AddrPort, error) {
 	conn, err := net.Dial("unixpacket", l.SlimSocket(c.Host, slim.DesignSlimFast))
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := conn.Write(slim.Req{Op: slim.OpList}.Encode()); err != nil {
+	if _, err := conn.Write(slim.Req{Op: slim.OpList, Flags: flags}.Encode()); err != nil {
 		return nil, err
 	}
 	b := make([]byte, 1<<16)

@@ -65,9 +65,10 @@ func TestSlimDesigns(t *testing.T) {
 			port := 7800 + 10*i
 			startProc(t, slimCommand(t, l, "h1/c1", design, "server", "--port", fmt.Sprint(port)), false)
 			listening := func() bool {
-				if design == slim.DesignSlimFast {
+				if design == slim.DesignSlimFast { // through the router: TCP on P and P+1, UDP on P
 					ls, _ := l.Listening(context.Background(), "h1/c1")
-					return len(ls) == 2
+					us, _ := l.ListeningUDP(context.Background(), "h1/c1")
+					return len(ls) == 2 && len(us) == 1 && us[0].Port() == uint16(port)
 				}
 				cmd, _ := l.Command(context.Background(), "h1/c1", "ss", "-Hltn")
 				out, _ := cmd.Output()

@@ -53,12 +53,19 @@ func (r *router) register(c *net.UnixConn, req Req) {
 	}
 }
 
-func (r *router) list() []netip.AddrPort {
+func (r *router) list(udp bool) []netip.AddrPort {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []netip.AddrPort
 	for k := range r.reg {
-		out = append(out, k)
+		if !udp {
+			out = append(out, k)
+		}
+	}
+	for k := range r.ureg {
+		if udp {
+			out = append(out, k)
+		}
 	}
 	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	return out

@@ -52,8 +52,12 @@ const (
 	OpList     = 32 // SlimFast: the registered addresses
 )
 
-// FlagNonblock asks for a non-blocking host socket (SOCK_NONBLOCK).
-const FlagNonblock = 1
+// FlagNonblock asks for a non-blocking host socket (SOCK_NONBLOCK);
+// FlagUDP asks List for the registered UDP sockets.
+const (
+	FlagNonblock = 1
+	FlagUDP      = 2
+)
 
 // Req is a shim's request.
 type Req struct {

@@ -149,7 +149,7 @@ func (r *router) serve(c *net.UnixConn) {
 			rsp.Err = int32(unix.EHOSTUNREACH)
 		}
 	case r.o.Design == DesignSlimFast && req.Op == OpList:
-		rsp.List = r.list()
+		rsp.List = r.list(req.Flags&FlagUDP != 0)
 	default:
 		rsp.Err = int32(unix.EINVAL)
 	}
