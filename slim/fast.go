@@ -16,15 +16,23 @@ import (
 // register puts a listener's addresses in the table for as long as its
 // connection (dup'ed over the application's listening socket) lives.
 func (r *router) register(c *net.UnixConn, req Req) {
+	hold(r, r.reg, req, c, c, Rsp{}, -1)
+}
+
+// hold enters req's addresses (its address, and its extra addresses at its
+// port) into m with v, replies ok (with fd) on c, and removes them when c
+// ends (every process holding it closed it); an address m holds already
+// gets EADDRINUSE.
+func hold[V comparable](r *router, m map[netip.AddrPort]V, req Req, v V, c *net.UnixConn, ok Rsp, fd int) {
 	keys := []netip.AddrPort{req.Addr}
 	for _, a := range req.Extra {
 		keys = append(keys, netip.AddrPortFrom(a, req.Addr.Port()))
 	}
 	r.mu.Lock()
-	taken := slices.ContainsFunc(keys, func(k netip.AddrPort) bool { return r.reg[k] != nil })
+	taken := slices.ContainsFunc(keys, func(k netip.AddrPort) bool { _, in := m[k]; return in })
 	if !taken {
 		for _, k := range keys {
-			r.reg[k] = c
+			m[k] = v
 		}
 	}
 	r.mu.Unlock()
@@ -35,16 +43,15 @@ func (r *router) register(c *net.UnixConn, req Req) {
 	defer func() {
 		r.mu.Lock()
 		for _, k := range keys {
-			if r.reg[k] == c {
-				delete(r.reg, k)
+			if m[k] == v {
+				delete(m, k)
 			}
 		}
 		r.mu.Unlock()
 	}()
-	if reply(c, Rsp{}, -1) != nil {
+	if reply(c, ok, fd) != nil {
 		return
 	}
-	// The listener never writes: EOF (every process holding it closed it) ends it.
 	b := make([]byte, 64)
 	for {
 		if _, err := c.Read(b); err != nil {

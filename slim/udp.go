@@ -3,7 +3,6 @@ package slim
 import (
 	"net"
 	"net/netip"
-	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,46 +34,13 @@ func (r *router) usocket() (int, netip.AddrPort, int32) {
 // uregister gives a server's UDP socket a host twin and registers it under
 // its overlay addresses for as long as the connection lives.
 func (r *router) uregister(c *net.UnixConn, req Req) {
-	keys := []netip.AddrPort{req.Addr}
-	for _, a := range req.Extra {
-		keys = append(keys, netip.AddrPortFrom(a, req.Addr.Port()))
-	}
 	fd, host, errno := r.usocket()
 	if errno != 0 {
 		reply(c, Rsp{Err: errno}, -1)
 		return
 	}
 	defer unix.Close(fd)
-	r.mu.Lock()
-	taken := slices.ContainsFunc(keys, func(k netip.AddrPort) bool { _, ok := r.ureg[k]; return ok })
-	if !taken {
-		for _, k := range keys {
-			r.ureg[k] = host
-		}
-	}
-	r.mu.Unlock()
-	if taken {
-		reply(c, Rsp{Err: int32(unix.EADDRINUSE)}, -1)
-		return
-	}
-	defer func() {
-		r.mu.Lock()
-		for _, k := range keys {
-			if r.ureg[k] == host {
-				delete(r.ureg, k)
-			}
-		}
-		r.mu.Unlock()
-	}()
-	if reply(c, Rsp{Addr: host, Relay: uint16(r.o.RelayPort)}, fd) != nil {
-		return
-	}
-	b := make([]byte, 64)
-	for {
-		if _, err := c.Read(b); err != nil {
-			return
-		}
-	}
+	hold(r, r.ureg, req, host, c, Rsp{Addr: host, Relay: uint16(r.o.RelayPort)}, fd)
 }
 
 // relay serves the UDP relay port: a tagged datagram for a registered
